@@ -1,0 +1,286 @@
+//! `rmem bench`: benchmarks that print ratios measured in one run and write JSON.
+
+use crate::launch::{fresh_token, start_local_servers};
+use rmem_client::config::{Config, Placement};
+use rmem_client::store::remote::RemoteStore;
+use rmem_client::store::{Completion, PageStore};
+use rmem_client::{PageIndex, Runtime};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Latency of one remote 4 KiB fault against the raw 4 KiB round trip, in one run.
+    Fault(FaultArgs),
+    /// Sequential scan bandwidth of a region larger than the local budget, per page size.
+    Scan(ScanArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct FaultArgs {
+    /// Faults and round trips to time.
+    #[arg(long, default_value_t = 20000)]
+    pub samples: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ScanArgs {
+    /// Bytes scanned.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Local budget as a percentage of the size.
+    #[arg(long, default_value_t = 25)]
+    pub local_percent: u64,
+    /// Page sizes to measure, comma-separated.
+    #[arg(long, default_value = "4K,16K,64K,256K,1M")]
+    pub page_sizes: String,
+    /// Passes over the region (the first one fills it).
+    #[arg(long, default_value_t = 2)]
+    pub passes: usize,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(cmd: BenchCommand) -> i32 {
+    let r = match cmd {
+        BenchCommand::Fault(a) => fault(a),
+        BenchCommand::Scan(a) => scan(a),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rmem bench: {e}");
+            1
+        }
+    }
+}
+
+fn percentile_us(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+fn write_json(path: &Option<PathBuf>, v: &serde_json::Value) -> Result<(), String> {
+    if let Some(p) = path {
+        let s = serde_json::to_string_pretty(v).expect("json");
+        std::fs::write(p, s + "\n").map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// One memory server process and a configuration pointing at it.
+fn local_setup(
+    page_size: usize,
+    local_bytes: u64,
+    capacity: u64,
+) -> Result<(Vec<crate::launch::ServerProc>, Config), String> {
+    let token = fresh_token();
+    let servers = start_local_servers(1, capacity, &token)?;
+    let config = Config {
+        servers: servers.iter().map(|s| s.addr.clone()).collect(),
+        token: token.into_bytes(),
+        page_size,
+        local_bytes,
+        region_bytes: 1 << 36,
+        ..Config::default()
+    };
+    Ok((servers, config))
+}
+
+fn fault(a: FaultArgs) -> Result<(), String> {
+    const PS: usize = 4096;
+    let samples = a.samples.max(100);
+    let local_pages = 256u64;
+    let pages = (samples as u64).max(4 * local_pages) as usize;
+    let (_servers, config) = local_setup(
+        PS,
+        local_pages * PS as u64,
+        (pages as u64 + 16) * PS as u64 * 2,
+    )?;
+
+    // Raw round trips: the same store and transport, without userfaultfd.
+    let mut store = RemoteStore::connect(
+        &config.servers,
+        &config.token,
+        PS,
+        Placement::Priority,
+        config.connect_timeout,
+        config.server_timeout,
+        config.heartbeat,
+    )
+    .map_err(err)?;
+    let page = vec![0xA5u8; PS];
+    let raw_pages = 1024u64;
+    for p in 0..raw_pages {
+        store.store(PageIndex(p), &page).map_err(err)?;
+    }
+    store.flush().map_err(err)?;
+    let mut stored = 0;
+    while stored < raw_pages {
+        stored += store.poll(&mut |_| {}).map_err(err)? as u64;
+    }
+    let mut rtt = Vec::with_capacity(samples);
+    let mut x = 88172645463325252u64;
+    for i in 0..samples + 1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = PageIndex(x % raw_pages);
+        let t0 = Instant::now();
+        store.fetch(p).map_err(err)?;
+        let mut got = false;
+        while !got {
+            store
+                .poll(&mut |c| {
+                    if let Completion::Fetched { data, .. } = c {
+                        assert_eq!(data[0], 0xA5);
+                        got = true;
+                    }
+                })
+                .map_err(err)?;
+        }
+        if i >= 1000 {
+            rtt.push(t0.elapsed());
+        }
+    }
+    drop(store);
+
+    // Faults as the program sees them: touch a page that lives on the server.
+    let rt = Runtime::connect(&config).map_err(|e| format!("{e}: {}", source_chain(&e)))?;
+    let base = rt.alloc(pages * PS).ok_or("allocation failed")?;
+    for p in 0..pages {
+        // SAFETY: inside the allocation of pages * PS bytes.
+        unsafe { base.add(p * PS).write_volatile(p as u8 | 1) };
+    }
+    let mut order: Vec<usize> = (0..pages).collect();
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let before = rt.stats();
+    let mut faults = Vec::with_capacity(samples);
+    for &p in order.iter().cycle().take(samples + local_pages as usize) {
+        let t0 = Instant::now();
+        // SAFETY: inside the allocation.
+        let v = unsafe { base.add(p * PS).read_volatile() };
+        let d = t0.elapsed();
+        if v != (p as u8 | 1) {
+            return Err(format!("page {p} read {v}, expected {}", p as u8 | 1));
+        }
+        faults.push(d);
+    }
+    let after = rt.stats();
+    // The first touches may hit pages still resident from the fill; keep remote faults only.
+    faults.drain(..local_pages as usize);
+    rt.free(base).map_err(err)?;
+    drop(rt);
+    let swap_ins = after.swap_ins - before.swap_ins;
+    rtt.sort();
+    faults.sort();
+    let (f50, f99) = (percentile_us(&faults, 0.5), percentile_us(&faults, 0.99));
+    let (r50, r99) = (percentile_us(&rtt, 0.5), percentile_us(&rtt, 0.99));
+    println!(
+        "rmem bench fault: 4 KiB pages, one local memory server on loopback, {samples} samples"
+    );
+    println!("  raw 4 KiB round trip   p50 {r50:7.1} us   p99 {r99:7.1} us");
+    println!(
+        "  remote 4 KiB fault     p50 {f50:7.1} us   p99 {f99:7.1} us   ({swap_ins} swap-ins)"
+    );
+    println!(
+        "  fault / round trip     p50 {:5.2}x      p99 {:5.2}x   (target: p50 <= 1.50x)",
+        f50 / r50,
+        f99 / r99
+    );
+    write_json(
+        &a.json,
+        &serde_json::json!({
+            "fault_us_p50": f50, "fault_us_p99": f99, "rtt_us_p50": r50, "rtt_us_p99": r99,
+            "ratio_p50": f50 / r50, "samples": samples, "swap_ins": swap_ins, "page_size": PS,
+        }),
+    )
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = String::new();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(&x.to_string());
+        s.push_str("; ");
+        src = x.source();
+    }
+    s
+}
+
+fn scan(a: ScanArgs) -> Result<(), String> {
+    let size = rmem_proto::size::parse_size(&a.size).map_err(err)?;
+    let mut rows = Vec::new();
+    println!(
+        "rmem bench scan: sequential read+write of {} MiB, local {}%, {} passes",
+        size >> 20,
+        a.local_percent,
+        a.passes
+    );
+    println!(
+        "  {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "page", "MB/s", "swap_ins", "swap_outs", "seconds"
+    );
+    for ps_s in a.page_sizes.split(',') {
+        let ps = rmem_proto::size::parse_size(ps_s).map_err(err)? as usize;
+        let local = (size * a.local_percent / 100).max(8 * ps as u64) / ps as u64 * ps as u64;
+        let (_servers, config) = local_setup(ps, local, size * 2 + (64 << 20))?;
+        let rt = Runtime::connect(&config).map_err(|e| format!("{e}: {}", source_chain(&e)))?;
+        let words = size as usize / 8;
+        let base = rt.alloc(size as usize).ok_or("allocation failed")? as *mut u64;
+        // SAFETY: the allocation holds `words` u64s.
+        let mem = unsafe { std::slice::from_raw_parts_mut(base, words) };
+        for (i, w) in mem.iter_mut().enumerate().step_by(512) {
+            *w = i as u64;
+        }
+        let before = rt.stats();
+        let t0 = Instant::now();
+        let mut sum = 0u64;
+        for pass in 0..a.passes {
+            // Read every word; write one word per 4 KiB so every page is dirty.
+            for (i, w) in mem.iter_mut().enumerate() {
+                sum = sum.wrapping_add(*w);
+                if i % 512 == 0 {
+                    *w = i as u64 + pass as u64 + 1;
+                }
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let after = rt.stats();
+        std::hint::black_box(sum);
+        let mbs = (size as f64 * a.passes as f64) / secs / 1e6;
+        println!(
+            "  {:>8} {:>10.0} {:>10} {:>10} {:>10.3}",
+            ps_s,
+            mbs,
+            after.swap_ins - before.swap_ins,
+            after.swap_outs - before.swap_outs,
+            secs
+        );
+        rows.push(serde_json::json!({
+            "page_size": ps, "mb_per_s": mbs, "seconds": secs,
+            "swap_ins": after.swap_ins - before.swap_ins, "swap_outs": after.swap_outs - before.swap_outs,
+        }));
+        rt.free(base.cast()).map_err(err)?;
+    }
+    write_json(
+        &a.json,
+        &serde_json::json!({"size": size, "local_percent": a.local_percent, "results": rows}),
+    )
+}

@@ -1,0 +1,43 @@
+//! rmem: the command-line entry point.
+//!
+//! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
+//! `rmem bench` measures. Each subcommand lives in its own module.
+
+mod bench_cmd;
+mod launch;
+mod run_cmd;
+mod server_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rmem",
+    version,
+    about = "Run programs on the memory of other nodes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a memory server.
+    Server(server_cmd::ServerArgs),
+    /// Start memory servers, run PROGRAM on them, finalize them, report statistics.
+    Run(run_cmd::RunArgs),
+    /// Benchmarks that print ratios measured in one run and write JSON.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Server(a) => server_cmd::run(a),
+        Command::Run(a) => run_cmd::run(a),
+        Command::Bench(b) => bench_cmd::run(b),
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,292 @@
+//! `rmem run`: start memory servers, run a program on them, finalize, report.
+
+use crate::launch::{fresh_token, start_local_servers, ServerProc};
+use rmem_client::config::{Config, Placement};
+use rmem_proto::size::parse_size;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Local memory servers to start on loopback.
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// Local memory budget: most bytes of remote memory resident at once.
+    #[arg(long, default_value = "1G")]
+    pub local: String,
+    /// The DLM page size, the unit of paging: a power of two from 4K to 4M.
+    #[arg(long, default_value = "64K")]
+    pub page_size: String,
+    /// Replacement policy.
+    #[arg(long, default_value = "fifo")]
+    pub policy: String,
+    /// Capacity of each local memory server.
+    #[arg(long, default_value = "4G")]
+    pub server_capacity: String,
+    /// Placement of pages on servers: priority (fill in order) or stripe (round-robin).
+    #[arg(long, default_value = "priority")]
+    pub placement: String,
+    /// Only explicit allocations (rmem_alloc, dlm_alloc) go remote.
+    #[arg(long)]
+    pub api: bool,
+    /// Write the statistics as JSON to this file.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub program: Vec<String>,
+}
+
+/// Exit status when rmem itself cannot run the program.
+const EXIT_USAGE: i32 = 2;
+
+static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int) {
+    let pid = CHILD_PID.load(Ordering::Relaxed);
+    // SIGINT from a terminal already reached the program (same process group); forward the
+    // others, which were sent to rmem alone.
+    if pid > 0 && sig != libc::SIGINT {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+fn status_code(s: ExitStatus) -> i32 {
+    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+}
+
+fn describe(s: ExitStatus) -> String {
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (_, Some(sig)) => format!("signal {sig}"),
+        _ => "unknown status".into(),
+    }
+}
+
+/// Parse and check the configuration before starting anything.
+fn check(args: &RunArgs) -> Result<Config, String> {
+    let size = |name: &str, v: &str| parse_size(v).map_err(|e| format!("--{name} {v}: {e}"));
+    if args.servers == 0 {
+        return Err("--servers must be at least 1".into());
+    }
+    let placement = match args.placement.as_str() {
+        "priority" => Placement::Priority,
+        "stripe" | "round-robin" => Placement::Stripe,
+        p => return Err(format!("--placement {p}: expected priority or stripe")),
+    };
+    if rmem_policy::by_name(&args.policy).is_none() {
+        return Err(format!(
+            "--policy {}: known policies are {}",
+            args.policy,
+            rmem_policy::POLICY_NAMES.join(", ")
+        ));
+    }
+    let c = Config {
+        local_bytes: size("local", &args.local)?,
+        page_size: size("page-size", &args.page_size)? as usize,
+        policy: args.policy.clone(),
+        placement,
+        ..Config::default()
+    };
+    c.validate().map_err(|e| e.to_string())?;
+    let cap = size("server-capacity", &args.server_capacity)?;
+    if cap < c.page_size as u64 {
+        return Err(format!(
+            "--server-capacity {}: smaller than one page",
+            args.server_capacity
+        ));
+    }
+    Ok(c)
+}
+
+pub fn run(args: RunArgs) -> i32 {
+    let config = match check(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rmem run: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if !args.api {
+        eprintln!(
+            "rmem run: transparent mode (LD_PRELOAD) is not available yet; pass --api to run a program \
+             that allocates remote memory explicitly with rmem_alloc or dlm_alloc"
+        );
+        return EXIT_USAGE;
+    }
+    let capacity = parse_size(&args.server_capacity).expect("checked");
+    let token = fresh_token();
+    let mut servers = match start_local_servers(args.servers, capacity, &token) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rmem run: {e}");
+            return 1;
+        }
+    };
+    let tmp = std::env::temp_dir().join(format!("rmem-run-{}-{}", std::process::id(), &token[..8]));
+    let stats_path = match &args.stats_json {
+        Some(p) => p.clone(),
+        None => {
+            if let Err(e) = std::fs::create_dir_all(&tmp) {
+                eprintln!("rmem run: cannot create {}: {e}", tmp.display());
+                return 1;
+            }
+            tmp.join("stats.json")
+        }
+    };
+    let _ = std::fs::remove_file(&stats_path);
+    let addrs: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
+    let mut cmd = Command::new(&args.program[0]);
+    cmd.args(&args.program[1..])
+        .env("RMEM_SERVERS", addrs.join(","))
+        .env("RMEM_TOKEN", &token)
+        .env("RMEM_LOCAL", config.local_bytes.to_string())
+        .env("RMEM_PAGE_SIZE", config.page_size.to_string())
+        .env("RMEM_POLICY", &config.policy)
+        .env("RMEM_PLACEMENT", config.placement.name())
+        .env("RMEM_STATS_JSON", &stats_path)
+        .env("RMEM_MODE", "api");
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.to_path_buf()))
+    {
+        // So that a program linked with -lrmem finds the librmem.so beside this rmem.
+        let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        let new = if old.is_empty() {
+            dir.display().to_string()
+        } else {
+            format!("{}:{old}", dir.display())
+        };
+        cmd.env("LD_LIBRARY_PATH", new);
+    }
+    // SAFETY: the closure calls only async-signal-safe functions.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The program should die with us rather than run on without its servers.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rmem run: cannot run {}: {e}", args.program[0]);
+            return 127;
+        }
+    };
+    CHILD_PID.store(child.id() as i32, Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+        // SAFETY: installing a handler that only calls async-signal-safe functions.
+        unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
+    }
+    let started = Instant::now();
+    let (status, lost) = wait_watching(&mut child, &mut servers);
+    let elapsed = started.elapsed();
+    for s in &mut servers {
+        s.finalize(Duration::from_secs(2));
+    }
+    if let Ok(json) = std::fs::read_to_string(&stats_path) {
+        eprintln!("{}", summary(&json, elapsed));
+    }
+    if args.stats_json.is_none() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    let code = status_code(status);
+    if let Some(msg) = lost {
+        eprintln!("rmem run: {msg}");
+        return if code == 0 {
+            rmem_client::EXIT_SERVER_LOST
+        } else {
+            code
+        };
+    }
+    if !status.success() {
+        eprintln!(
+            "rmem run: {} ended with {}",
+            args.program[0],
+            describe(status)
+        );
+    }
+    code
+}
+
+/// Wait for the program; if a server dies first, stop the program and say which server.
+fn wait_watching(
+    child: &mut std::process::Child,
+    servers: &mut [ServerProc],
+) -> (ExitStatus, Option<String>) {
+    let mut lost = None;
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return (s, lost),
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("rmem run: waiting for the program failed: {e}");
+                let _ = child.kill();
+                return (child.wait().expect("wait after kill"), lost);
+            }
+        }
+        if lost.is_none() {
+            for s in servers.iter_mut() {
+                if let Some(st) = s.exited() {
+                    let msg = format!(
+                        "memory server {} (pid {}) died ({}); the program was stopped",
+                        s.addr,
+                        s.pid(),
+                        describe(st)
+                    );
+                    // Give the program's own runtime a moment to report the loss itself.
+                    let end = Instant::now() + Duration::from_secs(2);
+                    while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    if matches!(child.try_wait(), Ok(None)) {
+                        // SAFETY: signalling our own child.
+                        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                        let end = Instant::now() + Duration::from_secs(2);
+                        while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        let _ = child.kill();
+                    }
+                    lost = Some(msg);
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The statistics summary printed at the end of a run.
+fn summary(json: &str, elapsed: Duration) -> String {
+    let v: serde_json::Value = match serde_json::from_str(json) {
+        Ok(v) => v,
+        Err(e) => return format!("rmem: unreadable statistics ({e})"),
+    };
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    format!(
+        "rmem: {:.2} s, {} faults ({} swap-ins, {} zero-fills), {} swap-outs, {} evictions\n\
+         rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
+         rmem: fault latency p50 {:.1} us, p99 {:.1} us",
+        elapsed.as_secs_f64(),
+        n("faults"),
+        n("swap_ins"),
+        n("zero_fills"),
+        n("swap_outs"),
+        n("evictions"),
+        mib(n("bytes_fetched")),
+        mib(n("bytes_written_back")),
+        mib(n("local_bytes_max")),
+        n("page_size") / 1024,
+        v["policy"].as_str().unwrap_or("?"),
+        f("fault_us_p50"),
+        f("fault_us_p99"),
+    )
+}

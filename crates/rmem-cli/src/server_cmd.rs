@@ -1,0 +1,90 @@
+//! `rmem server`: a memory server daemon.
+
+use rmem_proto::size::parse_size;
+use rmem_server::{Server, ServerConfig};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct ServerArgs {
+    /// Address to listen on. Loopback unless told otherwise; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Most bytes of pages held for all clients together.
+    #[arg(long, default_value = "4G")]
+    pub capacity: String,
+    /// File holding the shared-secret token (else the RMEM_TOKEN environment variable).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Largest frame accepted, in bytes.
+    #[arg(long, default_value = "16M")]
+    pub frame_max: String,
+    /// Log every client disconnect.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+pub fn run(a: ServerArgs) -> i32 {
+    match serve(a) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rmem server: {e}");
+            1
+        }
+    }
+}
+
+fn serve(a: ServerArgs) -> Result<(), String> {
+    let capacity_bytes = parse_size(&a.capacity).map_err(|e| format!("--capacity: {e}"))?;
+    let frame = parse_size(&a.frame_max).map_err(|e| format!("--frame-max: {e}"))?;
+    let frame_len_max =
+        u32::try_from(frame + 64).map_err(|_| "--frame-max: at most 4G".to_string())?;
+    if frame < rmem_proto::PAGE_SIZE_MAX as u64 {
+        return Err(format!(
+            "--frame-max: must hold the largest page ({} bytes)",
+            rmem_proto::PAGE_SIZE_MAX
+        ));
+    }
+    let token = match (&a.token_file, std::env::var("RMEM_TOKEN")) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
+            .trim_end()
+            .as_bytes()
+            .to_vec(),
+        (None, Ok(t)) if !t.is_empty() => t.into_bytes(),
+        _ => {
+            return Err(
+                "no token: give --token-file PATH or set RMEM_TOKEN (never on the command line)"
+                    .into(),
+            );
+        }
+    };
+    if token.is_empty() {
+        return Err("the token is empty".into());
+    }
+    let server = Server::bind(ServerConfig {
+        listen: a.listen,
+        capacity_bytes,
+        token,
+        frame_len_max,
+        verbose: a.verbose,
+    })
+    .map_err(|e| {
+        format!(
+            "{e}: {}",
+            std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        )
+    })?;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "rmem-server listening on {} capacity {capacity_bytes}",
+        server.local_addr()
+    );
+    let _ = out.flush();
+    drop(out);
+    server.run().map_err(|e| e.to_string())
+}

@@ -1,0 +1,121 @@
+//! Helpers for tests that run the real `rmem` binary, real server processes and C programs.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn rmem() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rmem"))
+}
+
+pub fn target_dir() -> PathBuf {
+    rmem().parent().unwrap().to_path_buf()
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Compile `tests/c/NAME.c` (or a path under the repo) against librmem; returns the binary.
+pub fn build_c(rel: &str) -> PathBuf {
+    let lib = target_dir().join("librmem.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: run `cargo build --release --workspace` first",
+        lib.display()
+    );
+    let src = repo_root().join(rel);
+    let out_dir = target_dir().join("c-tests");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(src.file_stem().unwrap());
+    let status = Command::new("cc")
+        .args(["-O2", "-Wall", "-pthread", "-I"])
+        .arg(repo_root().join("include"))
+        .arg(&src)
+        .arg("-L")
+        .arg(target_dir())
+        .arg("-lrmem")
+        .arg(format!("-Wl,-rpath,{}", target_dir().display()))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("cc must be installed (scripts/deps.sh installs it)");
+    assert!(status.success(), "compiling {rel} failed");
+    out
+}
+
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// Wait for a child with a deadline; kill it (and fail) if it runs over.
+pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
+    let t = Instant::now();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Output {
+                status,
+                stdout: o.join().unwrap(),
+                stderr: e.join().unwrap(),
+                elapsed: t.elapsed(),
+            };
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} ran over {limit:?}; stderr:\n{}", e.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_bounded(child, limit, &what)
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A scratch directory under /tmp that anyone can write (for runs as `nobody`).
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rmem-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let _ = Command::new("chmod").arg("1777").arg(&d).status();
+    d
+}
+
+pub fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
+}

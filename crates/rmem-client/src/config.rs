@@ -1,0 +1,244 @@
+//! Runtime configuration, read from the environment that `rmem run` sets.
+//!
+//! Every variable and its default is listed in `docs/configuration.md`; keep the two in step.
+
+use rmem_proto::size::{format_size, parse_size};
+use std::time::Duration;
+
+/// Where a page that has never been written back goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Fill the first server up to its capacity, then the next (DLM's hosts-file order).
+    Priority,
+    /// Page i goes to server i mod N, or the next one with room (JumboMem).
+    Stripe,
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Priority => "priority",
+            Placement::Stripe => "stripe",
+        }
+    }
+}
+
+/// What the runtime needs to start.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Memory servers, `host:port`, in priority order.
+    pub servers: Vec<String>,
+    /// Shared secret presented to every server.
+    pub token: Vec<u8>,
+    /// Most bytes of region pages resident locally (the local memory budget).
+    pub local_bytes: u64,
+    /// The DLM page size: the unit of paging.
+    pub page_size: usize,
+    /// Replacement policy name.
+    pub policy: String,
+    pub placement: Placement,
+    /// Virtual address space reserved for the region.
+    pub region_bytes: u64,
+    /// Dirty victims whose write-back may be in flight at once.
+    pub writeback_max: usize,
+    /// How long the pager spins after its last event before sleeping in poll(2).
+    pub spin: Duration,
+    /// A request unanswered for this long means the server is lost.
+    pub server_timeout: Duration,
+    /// Idle connections are pinged this often.
+    pub heartbeat: Duration,
+    /// Connecting to a server gives up after this long.
+    pub connect_timeout: Duration,
+    /// Where to write statistics as JSON at exit, if anywhere.
+    pub stats_json: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            servers: Vec::new(),
+            token: Vec::new(),
+            local_bytes: 1 << 30,
+            page_size: 64 << 10,
+            policy: "fifo".into(),
+            placement: Placement::Priority,
+            region_bytes: 1 << 40,
+            writeback_max: 64,
+            spin: Duration::from_micros(200),
+            server_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(5),
+            stats_json: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var}={value:?}: {reason}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("no memory servers: set RMEM_SERVERS=host:port[,host:port...] (rmem run does this)")]
+    NoServers,
+    #[error("no token: set RMEM_TOKEN or RMEM_TOKEN_FILE (rmem run does this)")]
+    NoToken,
+    #[error("cannot read RMEM_TOKEN_FILE {path}")]
+    TokenFile {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn size_var(name: &'static str, default: u64) -> Result<u64, ConfigError> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => parse_size(&v).map_err(|e| ConfigError::Invalid {
+            var: name,
+            value: v,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn ms_var(name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|e| ConfigError::Invalid {
+                var: name,
+                value: v,
+                reason: e.to_string(),
+            }),
+    }
+}
+
+impl Config {
+    /// Read the configuration from `RMEM_*` environment variables over the defaults.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let d = Config::default();
+        let servers: Vec<String> = var("RMEM_SERVERS")
+            .ok_or(ConfigError::NoServers)?
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if servers.is_empty() {
+            return Err(ConfigError::NoServers);
+        }
+        let token = match (var("RMEM_TOKEN"), var("RMEM_TOKEN_FILE")) {
+            (Some(t), _) => t.into_bytes(),
+            (None, Some(path)) => std::fs::read_to_string(&path)
+                .map_err(|source| ConfigError::TokenFile { path, source })?
+                .trim_end()
+                .as_bytes()
+                .to_vec(),
+            (None, None) => return Err(ConfigError::NoToken),
+        };
+        let placement = match var("RMEM_PLACEMENT").as_deref() {
+            None | Some("priority") => Placement::Priority,
+            Some("stripe") | Some("round-robin") => Placement::Stripe,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "RMEM_PLACEMENT",
+                    value: other.into(),
+                    reason: "expected priority or stripe".into(),
+                })
+            }
+        };
+        let writeback_max = match var("RMEM_WRITEBACK_MAX") {
+            None => d.writeback_max,
+            Some(v) => {
+                v.trim()
+                    .parse()
+                    .map_err(|e: std::num::ParseIntError| ConfigError::Invalid {
+                        var: "RMEM_WRITEBACK_MAX",
+                        value: v,
+                        reason: e.to_string(),
+                    })?
+            }
+        };
+        let spin =
+            match var("RMEM_SPIN_US") {
+                None => d.spin,
+                Some(v) => Duration::from_micros(v.trim().parse().map_err(
+                    |e: std::num::ParseIntError| ConfigError::Invalid {
+                        var: "RMEM_SPIN_US",
+                        value: v.clone(),
+                        reason: e.to_string(),
+                    },
+                )?),
+            };
+        let c = Config {
+            servers,
+            token,
+            local_bytes: size_var("RMEM_LOCAL", d.local_bytes)?,
+            page_size: size_var("RMEM_PAGE_SIZE", d.page_size as u64)? as usize,
+            policy: var("RMEM_POLICY").unwrap_or(d.policy),
+            placement,
+            region_bytes: size_var("RMEM_REGION", d.region_bytes)?,
+            writeback_max,
+            spin,
+            server_timeout: ms_var("RMEM_SERVER_TIMEOUT_MS", d.server_timeout)?,
+            heartbeat: ms_var("RMEM_HEARTBEAT_MS", d.heartbeat)?,
+            connect_timeout: ms_var("RMEM_CONNECT_TIMEOUT_MS", d.connect_timeout)?,
+            stats_json: var("RMEM_STATS_JSON"),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Check the limits every runtime relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let ps = self.page_size as u64;
+        let bad = |var: &'static str, value: String, reason: String| {
+            Err(ConfigError::Invalid { var, value, reason })
+        };
+        if !ps.is_power_of_two()
+            || ps < rmem_proto::PAGE_SIZE_MIN as u64
+            || ps > rmem_proto::PAGE_SIZE_MAX as u64
+        {
+            return bad(
+                "RMEM_PAGE_SIZE",
+                format_size(ps),
+                "must be a power of two from 4 KiB to 4 MiB".into(),
+            );
+        }
+        if self.local_bytes < 4 * ps {
+            return bad(
+                "RMEM_LOCAL",
+                format_size(self.local_bytes),
+                format!("must hold at least 4 pages ({})", format_size(4 * ps)),
+            );
+        }
+        if self.region_bytes < ps {
+            return bad(
+                "RMEM_REGION",
+                format_size(self.region_bytes),
+                "smaller than one page".into(),
+            );
+        }
+        if self.writeback_max == 0 {
+            return bad(
+                "RMEM_WRITEBACK_MAX",
+                "0".into(),
+                "must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Pages the local budget holds.
+    pub fn local_pages(&self) -> u64 {
+        self.local_bytes / self.page_size as u64
+    }
+}

@@ -1,0 +1,30 @@
+//! rmem-client: the client runtime that makes memory servers' RAM look local.
+//!
+//! Entry point: [`Runtime::start`] (or [`Runtime::from_env`], which reads the configuration
+//! `rmem run` puts in the environment). A runtime reserves one large virtual region, registers
+//! it with userfaultfd, and runs a pager thread that resolves every fault in it: a page never
+//! written is zero-filled locally; any other page is fetched from its [`store::PageStore`] and
+//! installed atomically. A local budget bounds resident pages; victims chosen by a
+//! [`rmem_policy::Policy`] are written back only when dirty. [`Runtime::alloc`] and
+//! [`Runtime::free`] hand out memory inside the region.
+//!
+//! Module pipeline, in the order a fault travels: [`region`] (the reserved range) ->
+//! [`pager`] (fault loop, eviction) -> [`pages`] (per-page state machine) -> [`store`] (where
+//! pages live: [`store::remote`] over TCP, [`store::mem`] in-process for tests).
+
+pub mod alloc;
+pub mod config;
+pub mod pager;
+pub mod pages;
+pub mod region;
+pub mod runtime;
+pub mod stats;
+pub mod store;
+
+pub use config::Config;
+pub use rmem_policy::PageIndex;
+pub use runtime::{Runtime, RuntimeError};
+pub use stats::{Stats, StatsSnapshot};
+
+/// Exit status of a program stopped because a memory server died (EX_UNAVAILABLE).
+pub const EXIT_SERVER_LOST: i32 = 69;

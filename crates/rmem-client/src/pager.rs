@@ -1,0 +1,694 @@
+//! The pager: one thread that owns every page's state and resolves every fault in the region.
+//!
+//! Fault path, end to end (see ARCHITECTURE.md):
+//!
+//! 1. A program thread touches a page that is not mapped; the kernel queues a userfaultfd
+//!    message and puts the thread to sleep.
+//! 2. The pager reads the message ([`Pager::run`] spins on the non-blocking descriptor for
+//!    `RMEM_SPIN_US` after its last event, then sleeps in poll(2)).
+//! 3. By the page's [`PageState`]: an `Untouched` page is zero-filled locally; a `Remote` page
+//!    is fetched from the [`PageStore`]; if the budget is full a victim is chosen by the
+//!    policy first. A clean victim is simply dropped (its server copy is current); a dirty
+//!    one is moved out of the region with `UFFDIO_MOVE` into a staging slot, so the program
+//!    can no longer change it, and written back - in the same round trip as the fetch when
+//!    both pages live on the same server.
+//! 4. When the page arrives it is installed with `UFFDIO_COPY`, which maps it atomically and
+//!    wakes every thread waiting on it. Pages are installed write-protected unless the fault
+//!    was a write, so the first write to a clean page raises a write-protect fault that marks
+//!    it dirty: clean victims cost no network traffic.
+//!
+//! The pager never reads or writes the region itself: data leaves it by `UFFDIO_MOVE` and
+//! enters it by `UFFDIO_COPY`, so it cannot fault on its own memory.
+
+use crate::pages::{PageState, PageTable};
+use crate::region::{Geometry, Mapping, Staging};
+use crate::stats::Stats;
+use crate::store::{Completion, PageStore, StoreError};
+use crate::PageIndex;
+use rmem_policy::{Admission, Policy};
+use rmem_uffd::{Fault, Uffd, UffdError};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Why the pager stopped the program.
+#[derive(Debug, thiserror::Error)]
+pub enum PagerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Uffd(#[from] UffdError),
+    #[error("pager stuck with faults waiting and nothing in flight (a bug): {0}")]
+    Stuck(String),
+    #[error("madvise on the region failed")]
+    Madvise(#[source] std::io::Error),
+}
+
+/// A request from a program thread to the pager.
+pub enum Command {
+    /// The program freed these pages: drop them locally and remotely; they read as zero again.
+    Release {
+        first: PageIndex,
+        count: u64,
+        done: Arc<Done>,
+    },
+    Stop {
+        done: Arc<Done>,
+    },
+}
+
+/// A one-shot completion flag a program thread waits on.
+#[derive(Default)]
+pub struct Done {
+    flag: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Done {
+    pub fn signal(&self) {
+        *self.flag.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    pub fn wait(&self) {
+        let mut f = self.flag.lock().unwrap();
+        while !*f {
+            f = self.cv.wait(f).unwrap();
+        }
+    }
+}
+
+/// The command queue shared by program threads and the pager.
+pub struct Mailbox {
+    queue: Mutex<Vec<Command>>,
+    pending: AtomicBool,
+    eventfd: OwnedFd,
+}
+
+impl Mailbox {
+    pub fn new() -> std::io::Result<Mailbox> {
+        // SAFETY: eventfd creates a new descriptor; we take ownership on success.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is fresh and owned by nobody else.
+        let eventfd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        Ok(Mailbox {
+            queue: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+            eventfd,
+        })
+    }
+
+    /// Queue a command and wake the pager.
+    pub fn send(&self, c: Command) {
+        self.queue.lock().unwrap().push(c);
+        self.pending.store(true, Ordering::Release);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn take(&self) -> Vec<Command> {
+        self.pending.store(false, Ordering::Release);
+        let mut buf = 0u64;
+        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+        std::mem::take(&mut *self.queue.lock().unwrap())
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Fill {
+    write: bool,
+    t0: Instant,
+}
+
+#[derive(Clone, Copy)]
+struct Leave {
+    slot: u32,
+    wanted: Option<Fill>,
+}
+
+/// Everything the pager owns except the store (so completions can borrow both).
+///
+/// Field order is drop order: the region is unmapped before the userfaultfd closes, so a
+/// thread still touching it gets SIGSEGV rather than silent zero pages.
+struct Core {
+    region: Mapping,
+    staging: Staging,
+    uffd: Uffd,
+    geo: Geometry,
+    pages: PageTable,
+    policy: Box<dyn Policy>,
+    /// Most pages mapped or being filled at once: the budget less the staging slots.
+    resident_max: u64,
+    stats: Arc<Stats>,
+    filling: HashMap<PageIndex, Fill>,
+    leaving: HashMap<PageIndex, Leave>,
+    /// Pages the program freed while an operation on them was in flight.
+    released: HashSet<PageIndex>,
+    /// Written-back pages the program wanted meanwhile, to be reinstalled from their slots.
+    reinstall: VecDeque<PageIndex>,
+    /// Remote copies to forget once the store is free to take requests.
+    frees: Vec<PageIndex>,
+    /// Faults that found no room (every resident page in flight); retried as pages settle.
+    blocked: VecDeque<(Fault, Instant)>,
+    zeros: Vec<u8>,
+}
+
+/// The pager thread's state.
+pub struct Pager {
+    core: Core,
+    store: Box<dyn PageStore>,
+    mailbox: Arc<Mailbox>,
+    spin: Duration,
+    heartbeat: Duration,
+}
+
+/// What the runtime hands the pager.
+pub struct PagerSetup {
+    pub region: Mapping,
+    pub staging: Staging,
+    pub uffd: Uffd,
+    pub page_size: u64,
+    pub budget_pages: u64,
+    pub policy: Box<dyn Policy>,
+    pub store: Box<dyn PageStore>,
+    pub stats: Arc<Stats>,
+    pub mailbox: Arc<Mailbox>,
+    pub spin: Duration,
+    pub heartbeat: Duration,
+}
+
+impl Pager {
+    pub fn new(s: PagerSetup) -> Pager {
+        let geo = Geometry {
+            base: s.region.base(),
+            len: s.region.len(),
+            page_size: s.page_size,
+        };
+        let slots = s.staging.available() as u64;
+        assert!(
+            s.budget_pages > slots,
+            "budget must exceed the staging slots"
+        );
+        Pager {
+            core: Core {
+                zeros: vec![0; s.page_size as usize],
+                region: s.region,
+                staging: s.staging,
+                uffd: s.uffd,
+                geo,
+                pages: PageTable::new(),
+                policy: s.policy,
+                resident_max: s.budget_pages - slots,
+                stats: s.stats,
+                filling: HashMap::new(),
+                leaving: HashMap::new(),
+                released: HashSet::new(),
+                reinstall: VecDeque::new(),
+                frees: Vec::new(),
+                blocked: VecDeque::new(),
+            },
+            store: s.store,
+            mailbox: s.mailbox,
+            spin: s.spin,
+            heartbeat: s.heartbeat,
+        }
+    }
+
+    /// Serve faults until told to stop; returns the stop request's completion, to be
+    /// signalled once the pager (and with it the region) is dropped. An error is fatal for
+    /// the program: its memory can no longer be trusted. The pager stays alive, region
+    /// mapped, until the caller has reported it, so threads keep waiting rather than crash.
+    pub fn run(&mut self) -> Result<Arc<Done>, PagerError> {
+        let mut faults = Vec::with_capacity(64);
+        let mut last_work = Instant::now();
+        let mut last_tick = Instant::now();
+        let mut fds = Vec::new();
+        loop {
+            let mut work = 0;
+            if self.mailbox.pending.load(Ordering::Acquire) {
+                for cmd in self.mailbox.take() {
+                    match cmd {
+                        Command::Release { first, count, done } => {
+                            self.core.release(&mut *self.store, first, count)?;
+                            done.signal();
+                        }
+                        Command::Stop { done } => {
+                            self.store.flush()?;
+                            return Ok(done);
+                        }
+                    }
+                    work += 1;
+                }
+            }
+            faults.clear();
+            work += self.core.uffd.read_events(&mut faults)?;
+            let now = Instant::now();
+            for f in faults.drain(..) {
+                self.core.fault(&mut *self.store, f, now)?;
+            }
+            let core = &mut self.core;
+            let mut result = Ok(());
+            let completed = self.store.poll(&mut |c| {
+                if result.is_ok() {
+                    result = core.complete(c);
+                }
+            })?;
+            result?;
+            work += completed;
+            if completed > 0 || !self.core.reinstall.is_empty() {
+                self.core.settle(&mut *self.store)?;
+            }
+            if !self.core.frees.is_empty() {
+                for p in self.core.frees.drain(..) {
+                    self.store.free(p)?;
+                }
+            }
+            self.store.flush()?;
+            let now = Instant::now();
+            if work > 0 {
+                last_work = now;
+            }
+            if now.duration_since(last_tick) > Duration::from_millis(50) {
+                self.store.tick(now)?;
+                last_tick = now;
+            }
+            if work > 0 || now.duration_since(last_work) < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !self.core.blocked.is_empty() && self.store.in_flight() == 0 {
+                // Nothing in flight will retry the waiting faults: retry them now. If they
+                // still find no room, no event can ever give them any, so fail loudly rather
+                // than hang the program.
+                self.core.settle(&mut *self.store)?;
+                self.store.flush()?;
+                if !self.core.blocked.is_empty() && self.store.in_flight() == 0 {
+                    return Err(PagerError::Stuck(self.core.describe()));
+                }
+                continue;
+            }
+            // Idle: sleep until a fault, a command, or a server speaks.
+            fds.clear();
+            fds.push(libc::pollfd {
+                fd: self.core.uffd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            fds.push(libc::pollfd {
+                fd: self.mailbox.eventfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            self.store.wait_fds(&mut fds);
+            let timeout_ms = if self.store.in_flight() > 0 {
+                10
+            } else {
+                self.heartbeat.as_millis().clamp(1, 1000) as i32
+            };
+            // SAFETY: `fds` is a valid array of pollfd of the given length.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+            let now = Instant::now();
+            self.store.tick(now)?;
+            last_tick = now;
+        }
+    }
+}
+
+impl Core {
+    fn addr(&self, page: PageIndex) -> u64 {
+        self.geo.addr_of(page)
+    }
+
+    fn ps(&self) -> u64 {
+        self.geo.page_size
+    }
+
+    /// A one-line account of the pager's state, for error reports.
+    fn describe(&self) -> String {
+        format!(
+            "local {} of {} pages, policy holds {}, filling {}, leaving {}, reinstall {}, blocked {}, free slots {}",
+            self.pages.local_pages(),
+            self.resident_max,
+            self.policy.len(),
+            self.filling.len(),
+            self.leaving.len(),
+            self.reinstall.len(),
+            self.blocked.len(),
+            self.staging.available()
+        )
+    }
+
+    /// Pages mapped or being filled: at most `resident_max`, so that with the staged victims
+    /// (at most one per staging slot) the budget holds.
+    fn resident(&self) -> u64 {
+        self.pages.local_pages() - self.leaving.len() as u64
+    }
+
+    fn update_local_bytes(&self) {
+        // Mapped, filling and staged pages: everything that holds local memory.
+        self.stats
+            .set_local_bytes(self.pages.local_pages() * self.ps());
+    }
+
+    fn fault(
+        &mut self,
+        store: &mut dyn PageStore,
+        f: Fault,
+        t0: Instant,
+    ) -> Result<(), PagerError> {
+        let Some(page) = self.geo.page_of(f.address) else {
+            // Not ours (the staging area is never touched by the program): let it retry.
+            self.uffd.wake(f.address & !4095, 4096)?;
+            return Ok(());
+        };
+        let addr = self.addr(page);
+        let ps = self.ps();
+        match self.pages.get(page) {
+            PageState::Untouched => {
+                if !self.make_room(store)? {
+                    self.blocked.push_back((f, t0));
+                    return Ok(());
+                }
+                let state = if f.write {
+                    PageState::Dirty
+                } else {
+                    PageState::ZeroClean
+                };
+                self.pages.transition(page, state);
+                self.uffd.copy(addr, self.zeros.as_ptr(), ps, !f.write)?;
+                self.policy.insert(page, Admission::ZeroFilled);
+                if f.write {
+                    self.policy.on_write(page);
+                }
+                Stats::add(&self.stats.zero_fills, 1);
+                Stats::add(&self.stats.faults, 1);
+                self.stats.record_fault(t0.elapsed());
+                self.update_local_bytes();
+            }
+            PageState::Remote => {
+                if !self.shrink_to(self.resident_max, store)? {
+                    self.blocked.push_back((f, t0));
+                    return Ok(());
+                }
+                let victim = if self.resident() >= self.resident_max {
+                    match self.pick_victim() {
+                        Some(v) => Some(v),
+                        None => {
+                            self.blocked.push_back((f, t0));
+                            return Ok(());
+                        }
+                    }
+                } else {
+                    None
+                };
+                self.pages.transition(page, PageState::Filling);
+                self.filling.insert(page, Fill { write: f.write, t0 });
+                match victim {
+                    Some(v) if self.pages.get(v) == PageState::Dirty => {
+                        let slot = self.move_out(v)?;
+                        // SAFETY: the slot was just filled by move_out and is released only
+                        // when the write-back completes.
+                        let data = unsafe { self.staging.bytes(slot) };
+                        store.swap(v, data, page)?;
+                    }
+                    Some(v) => {
+                        // Send the fetch first and drop the clean victim while it travels.
+                        store.fetch(page)?;
+                        self.drop_clean(v)?;
+                    }
+                    None => store.fetch(page)?,
+                }
+                self.update_local_bytes();
+            }
+            PageState::Filling => {
+                if f.write {
+                    self.filling
+                        .get_mut(&page)
+                        .expect("filling page has a fill")
+                        .write = true;
+                }
+            }
+            PageState::ZeroClean | PageState::Clean => {
+                if f.write_protect {
+                    self.pages.transition(page, PageState::Dirty);
+                    self.policy.on_write(page);
+                    self.uffd.write_protect(addr, ps, false, false)?;
+                    Stats::add(&self.stats.wp_faults, 1);
+                } else {
+                    // A message queued before the page was installed: the thread retries.
+                    self.uffd.wake(addr, ps)?;
+                }
+            }
+            PageState::Dirty => self.uffd.wake(addr, ps)?,
+            PageState::Leaving => {
+                self.pages.transition(page, PageState::LeavingWanted);
+                self.leaving
+                    .get_mut(&page)
+                    .expect("leaving page has a slot")
+                    .wanted = Some(Fill { write: f.write, t0 });
+            }
+            PageState::LeavingWanted => {
+                if f.write {
+                    let l = self
+                        .leaving
+                        .get_mut(&page)
+                        .expect("leaving page has a slot");
+                    l.wanted.as_mut().expect("wanted").write = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A victim the pager can evict right now, or None if every candidate is busy.
+    fn pick_victim(&mut self) -> Option<PageIndex> {
+        let t = Instant::now();
+        let v = self.policy.select_victim();
+        self.stats.record_select(t.elapsed());
+        let v = v?;
+        debug_assert!(
+            self.pages.get(v).is_mapped(),
+            "policy chose page {} in state {:?}",
+            v.0,
+            self.pages.get(v)
+        );
+        if self.pages.get(v) == PageState::Dirty && self.staging.available() == 0 {
+            // Every write-back slot is busy: keep the page and wait for an acknowledgement.
+            self.policy.insert(v, Admission::Fetched);
+            return None;
+        }
+        Some(v)
+    }
+
+    /// Evict until a page can be mapped. False if nothing can be evicted yet.
+    fn make_room(&mut self, store: &mut dyn PageStore) -> Result<bool, PagerError> {
+        self.shrink_to(self.resident_max - 1, store)
+    }
+
+    /// Evict until at most `limit` pages are resident. False if nothing can be evicted yet.
+    fn shrink_to(&mut self, limit: u64, store: &mut dyn PageStore) -> Result<bool, PagerError> {
+        while self.resident() > limit {
+            let Some(v) = self.pick_victim() else {
+                return Ok(false);
+            };
+            if self.pages.get(v) == PageState::Dirty {
+                let slot = self.move_out(v)?;
+                // SAFETY: the slot was just filled and is held until the write completes.
+                let data = unsafe { self.staging.bytes(slot) };
+                store.store(v, data)?;
+            } else {
+                self.drop_clean(v)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Drop a clean (write-protected) victim: its contents are on the server, or zero.
+    fn drop_clean(&mut self, v: PageIndex) -> Result<(), PagerError> {
+        let to = match self.pages.get(v) {
+            PageState::Clean => PageState::Remote,
+            PageState::ZeroClean => PageState::Untouched,
+            s => unreachable!("drop_clean of page {} in state {s:?}", v.0),
+        };
+        // A thread writing it right now is blocked on write protection; after the drop its
+        // write-protect fault finds the page gone, is woken, and faults it back in.
+        self.region
+            .discard(self.addr(v), self.ps())
+            .map_err(PagerError::Madvise)?;
+        self.pages.transition(v, to);
+        Stats::add(&self.stats.evictions, 1);
+        Ok(())
+    }
+
+    /// Move a dirty victim out of the region into a staging slot, atomically with respect to
+    /// the program: from here on its threads fault on it and wait.
+    fn move_out(&mut self, v: PageIndex) -> Result<u32, PagerError> {
+        let slot = self
+            .staging
+            .take()
+            .expect("pick_victim checked for a free slot");
+        let dst = self.staging.addr(slot);
+        let ps = self.ps();
+        let moved = self.uffd.move_pages(dst, self.addr(v), ps)?;
+        if moved < ps {
+            // Parts of the page were discarded by the program (madvise): they read as zero.
+            // Fill the holes so the pager never reads a missing staging page.
+            for off in (0..ps).step_by(4096) {
+                self.uffd.zeropage(dst + off, 4096)?;
+            }
+        }
+        self.pages.transition(v, PageState::Leaving);
+        self.leaving.insert(v, Leave { slot, wanted: None });
+        Stats::add(&self.stats.evictions, 1);
+        Stats::add(&self.stats.swap_outs, 1);
+        Stats::add(&self.stats.bytes_written_back, ps);
+        Ok(slot)
+    }
+
+    /// A store operation finished.
+    fn complete(&mut self, c: Completion<'_>) -> Result<(), PagerError> {
+        match c {
+            Completion::Fetched { page, data } => {
+                let fill = self
+                    .filling
+                    .remove(&page)
+                    .expect("fetched page was being filled");
+                let addr = self.addr(page);
+                let ps = self.ps();
+                if self.released.remove(&page) {
+                    self.pages.transition(page, PageState::Untouched);
+                    self.frees.push(page);
+                    self.uffd.wake(addr, ps)?;
+                    return Ok(());
+                }
+                let state = if fill.write {
+                    PageState::Dirty
+                } else {
+                    PageState::Clean
+                };
+                self.pages.transition(page, state);
+                self.uffd.copy(addr, data.as_ptr(), ps, !fill.write)?;
+                self.policy.insert(page, Admission::Fetched);
+                if fill.write {
+                    self.policy.on_write(page);
+                }
+                Stats::add(&self.stats.swap_ins, 1);
+                Stats::add(&self.stats.bytes_fetched, ps);
+                Stats::add(&self.stats.faults, 1);
+                self.stats.record_fault(fill.t0.elapsed());
+            }
+            Completion::Stored { page } => {
+                let leave = *self.leaving.get(&page).expect("stored page was leaving");
+                if self.released.remove(&page) {
+                    self.leaving.remove(&page);
+                    self.pages.transition(page, PageState::Untouched);
+                    self.frees.push(page);
+                    self.staging
+                        .release(leave.slot)
+                        .map_err(PagerError::Madvise)?;
+                    self.uffd.wake(self.addr(page), self.ps())?;
+                } else if leave.wanted.is_some() {
+                    self.reinstall.push_back(page);
+                } else {
+                    self.leaving.remove(&page);
+                    self.pages.transition(page, PageState::Remote);
+                    self.staging
+                        .release(leave.slot)
+                        .map_err(PagerError::Madvise)?;
+                }
+            }
+        }
+        self.update_local_bytes();
+        Ok(())
+    }
+
+    /// After completions: reinstall written-back pages that were wanted meanwhile, then retry
+    /// faults that were waiting for room.
+    fn settle(&mut self, store: &mut dyn PageStore) -> Result<(), PagerError> {
+        // Reinstall first and make room after: the room may need a staging slot for a dirty
+        // victim, and the slot may be the one this reinstall frees. Waiting for room first
+        // deadlocks when every slot holds a wanted page. The budget holds meanwhile: the page
+        // leaves its slot as it enters the region.
+        while let Some(page) = self.reinstall.pop_front() {
+            let leave = self
+                .leaving
+                .remove(&page)
+                .expect("reinstalled page was leaving");
+            if self.released.remove(&page) {
+                self.pages.transition(page, PageState::Untouched);
+                self.frees.push(page);
+                self.staging
+                    .release(leave.slot)
+                    .map_err(PagerError::Madvise)?;
+                self.uffd.wake(self.addr(page), self.ps())?;
+                continue;
+            }
+            let want = leave.wanted.expect("reinstalled page was wanted");
+            let state = if want.write {
+                PageState::Dirty
+            } else {
+                PageState::Clean
+            };
+            self.pages.transition(page, state);
+            // SAFETY: the slot holds the page's contents until released just below.
+            let src = unsafe { self.staging.bytes(leave.slot) }.as_ptr();
+            self.uffd
+                .copy(self.addr(page), src, self.ps(), !want.write)?;
+            self.staging
+                .release(leave.slot)
+                .map_err(PagerError::Madvise)?;
+            self.policy.insert(page, Admission::Fetched);
+            Stats::add(&self.stats.faults, 1);
+            self.stats.record_fault(want.t0.elapsed());
+            // If every other resident page is in flight this stays one over until one lands;
+            // the next fault or completion evicts it.
+            self.shrink_to(self.resident_max, store)?;
+        }
+        for _ in 0..self.blocked.len() {
+            let (f, t0) = self.blocked.pop_front().expect("counted");
+            self.fault(store, f, t0)?;
+        }
+        self.update_local_bytes();
+        Ok(())
+    }
+
+    /// The program freed `count` pages from `first`: they become untouched (zero) again.
+    fn release(
+        &mut self,
+        store: &mut dyn PageStore,
+        first: PageIndex,
+        count: u64,
+    ) -> Result<(), PagerError> {
+        for i in 0..count {
+            let page = PageIndex(first.0 + i);
+            match self.pages.get(page) {
+                PageState::Untouched => {}
+                PageState::Remote => {
+                    store.free(page)?;
+                    self.pages.transition(page, PageState::Untouched);
+                }
+                PageState::ZeroClean | PageState::Clean | PageState::Dirty => {
+                    self.policy.remove(page);
+                    store.free(page)?;
+                    self.pages.transition(page, PageState::Untouched);
+                }
+                PageState::Filling | PageState::Leaving | PageState::LeavingWanted => {
+                    self.released.insert(page);
+                }
+            }
+        }
+        let ps = self.ps();
+        self.region
+            .discard(self.addr(first), count * ps)
+            .map_err(PagerError::Madvise)?;
+        self.update_local_bytes();
+        Ok(())
+    }
+}

@@ -1,0 +1,172 @@
+//! The per-page state machine and its compact table.
+//!
+//! One byte per DLM page, in chunks allocated only for pages the program has touched, so the
+//! table grows with the memory in use and never with the reserved address space.
+
+use crate::PageIndex;
+
+/// Where a page's contents are. Transitions are checked by [`PageTable::transition`].
+///
+/// ```text
+///  Untouched --zero-fill--> ZeroClean --write--> Dirty
+///  Untouched --zero-fill(write)--> Dirty
+///  Remote --fetch--> Filling --install--> Clean | Dirty(write fault)
+///  Clean --write--> Dirty
+///  Clean --evict--> Remote         ZeroClean --evict--> Untouched
+///  Dirty --evict(move out)--> Leaving --written--> Remote
+///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
+///  any --free--> Untouched
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PageState {
+    /// Never written: reads as zero, no copy anywhere.
+    Untouched = 0,
+    /// Only the server's copy exists.
+    Remote = 1,
+    /// A fetch is in flight.
+    Filling = 2,
+    /// Resident, write-protected, zero, and without a remote copy.
+    ZeroClean = 3,
+    /// Resident, write-protected, equal to the server's copy.
+    Clean = 4,
+    /// Resident and writable; the server's copy, if any, is stale.
+    Dirty = 5,
+    /// Moved out to staging; its write-back is in flight.
+    Leaving = 6,
+    /// As `Leaving`, and the program faulted on it meanwhile.
+    LeavingWanted = 7,
+}
+
+impl PageState {
+    fn from_u8(v: u8) -> PageState {
+        match v {
+            0 => PageState::Untouched,
+            1 => PageState::Remote,
+            2 => PageState::Filling,
+            3 => PageState::ZeroClean,
+            4 => PageState::Clean,
+            5 => PageState::Dirty,
+            6 => PageState::Leaving,
+            7 => PageState::LeavingWanted,
+            _ => unreachable!("corrupt page state {v}"),
+        }
+    }
+
+    /// Holds local memory (counts against the budget).
+    pub fn is_local(self) -> bool {
+        !matches!(self, PageState::Untouched | PageState::Remote)
+    }
+
+    /// Mapped in the region right now.
+    pub fn is_mapped(self) -> bool {
+        matches!(
+            self,
+            PageState::ZeroClean | PageState::Clean | PageState::Dirty
+        )
+    }
+
+    fn may_become(self, to: PageState) -> bool {
+        use PageState::*;
+        matches!(
+            (self, to),
+            (Untouched, ZeroClean)
+                | (Untouched, Dirty)
+                | (Remote, Filling)
+                | (Filling, Clean)
+                | (Filling, Dirty)
+                | (ZeroClean, Dirty)
+                | (Clean, Dirty)
+                | (Clean, Remote)
+                | (ZeroClean, Untouched)
+                | (Dirty, Leaving)
+                | (Leaving, Remote)
+                | (Leaving, LeavingWanted)
+                | (LeavingWanted, Clean)
+                | (LeavingWanted, Dirty)
+                | (_, Untouched)
+        )
+    }
+}
+
+const CHUNK_PAGES: usize = 1 << 16;
+
+/// Page states, one byte each, in 64 Ki-page chunks allocated on first touch.
+#[derive(Default)]
+pub struct PageTable {
+    chunks: Vec<Option<Box<[u8; CHUNK_PAGES]>>>,
+    /// Pages whose state holds local memory.
+    local: u64,
+}
+
+impl PageTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, page: PageIndex) -> PageState {
+        let c = (page.0 as usize) / CHUNK_PAGES;
+        match self.chunks.get(c) {
+            Some(Some(chunk)) => PageState::from_u8(chunk[(page.0 as usize) % CHUNK_PAGES]),
+            _ => PageState::Untouched,
+        }
+    }
+
+    /// Move `page` to `to`, asserting the transition is legal: an illegal one is a bug in the
+    /// pager and would corrupt memory if it went on.
+    pub fn transition(&mut self, page: PageIndex, to: PageState) {
+        let from = self.get(page);
+        assert!(
+            from.may_become(to),
+            "page {} illegal transition {from:?} -> {to:?}",
+            page.0
+        );
+        let c = (page.0 as usize) / CHUNK_PAGES;
+        if c >= self.chunks.len() {
+            self.chunks.resize_with(c + 1, || None);
+        }
+        let chunk = self.chunks[c].get_or_insert_with(|| Box::new([0u8; CHUNK_PAGES]));
+        chunk[(page.0 as usize) % CHUNK_PAGES] = to as u8;
+        match (from.is_local(), to.is_local()) {
+            (false, true) => self.local += 1,
+            (true, false) => self.local -= 1,
+            _ => {}
+        }
+    }
+
+    /// Pages holding local memory.
+    pub fn local_pages(&self) -> u64 {
+        self.local
+    }
+
+    /// Bytes of metadata held.
+    pub fn heap_bytes(&self) -> usize {
+        self.chunks.capacity() * 8 + self.chunks.iter().flatten().count() * CHUNK_PAGES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untouched_by_default_and_counts_local_pages() {
+        let mut t = PageTable::new();
+        let p = PageIndex(5_000_000);
+        assert_eq!(t.get(p), PageState::Untouched);
+        t.transition(p, PageState::ZeroClean);
+        t.transition(p, PageState::Dirty);
+        assert_eq!(t.local_pages(), 1);
+        t.transition(p, PageState::Leaving);
+        t.transition(p, PageState::Remote);
+        assert_eq!(t.local_pages(), 0);
+        assert!(t.heap_bytes() < 200_000);
+    }
+
+    #[test]
+    #[should_panic(expected = "illegal transition")]
+    fn illegal_transitions_panic() {
+        let mut t = PageTable::new();
+        t.transition(PageIndex(1), PageState::Clean);
+    }
+}

@@ -1,0 +1,176 @@
+//! The reserved virtual region that holds remote memory, and the staging area that dirty
+//! victims are moved into while their write-back is in flight.
+
+use crate::PageIndex;
+use std::io;
+
+/// A private anonymous mapping reserved with `MAP_NORESERVE`: no memory is committed until a
+/// page is installed. Huge pages are disabled (the paging unit is the DLM page) and the
+/// mapping is not inherited by `fork` children, which would otherwise read zeros where data
+/// should be: a child that touches it gets SIGSEGV instead.
+#[derive(Debug)]
+pub struct Mapping {
+    base: u64,
+    len: u64,
+    /// The raw mmap (before alignment), for munmap.
+    raw_base: u64,
+    raw_len: u64,
+}
+
+impl Mapping {
+    /// Reserve `len` bytes aligned to `align` (a power of two).
+    pub fn reserve(len: u64, align: u64) -> io::Result<Mapping> {
+        let raw_len = len
+            .checked_add(align)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: an anonymous mapping at a kernel-chosen address touches no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                raw_len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let raw_base = p as u64;
+        let base = (raw_base + align - 1) & !(align - 1);
+        let m = Mapping {
+            base,
+            len,
+            raw_base,
+            raw_len,
+        };
+        for advice in [libc::MADV_NOHUGEPAGE, libc::MADV_DONTFORK] {
+            // SAFETY: advising our own fresh mapping.
+            if unsafe { libc::madvise(base as *mut _, len as usize, advice) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(m)
+    }
+
+    /// Reserve up to `len` bytes, halving on failure down to `min` (a strict overcommit policy
+    /// or a small address-space limit may refuse a terabyte).
+    pub fn reserve_up_to(mut len: u64, min: u64, align: u64) -> io::Result<Mapping> {
+        loop {
+            match Mapping::reserve(len, align) {
+                Ok(m) => return Ok(m),
+                Err(e) if len / 2 >= min => {
+                    let _ = e;
+                    len /= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr - self.base < self.len
+    }
+
+    /// Drop the pages of a range: they read as missing again.
+    pub fn discard(&self, addr: u64, len: u64) -> io::Result<()> {
+        debug_assert!(self.contains(addr) && addr + len <= self.base + self.len);
+        // SAFETY: the range lies inside our own mapping; MADV_DONTNEED only drops pages.
+        if unsafe { libc::madvise(addr as *mut _, len as usize, libc::MADV_DONTNEED) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping we created; nothing else refers to it once the
+        // pager has stopped.
+        unsafe { libc::munmap(self.raw_base as *mut _, self.raw_len as usize) };
+    }
+}
+
+/// Geometry of the region: where page `i` lives.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub base: u64,
+    pub len: u64,
+    pub page_size: u64,
+}
+
+impl Geometry {
+    pub fn page_of(&self, addr: u64) -> Option<PageIndex> {
+        (addr >= self.base && addr - self.base < self.len)
+            .then(|| PageIndex((addr - self.base) / self.page_size))
+    }
+
+    pub fn addr_of(&self, page: PageIndex) -> u64 {
+        self.base + page.0 * self.page_size
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.len / self.page_size
+    }
+}
+
+/// Fixed slots in the staging mapping, one per in-flight write-back.
+#[derive(Debug)]
+pub struct Staging {
+    pub mapping: Mapping,
+    slot_size: u64,
+    free: Vec<u32>,
+}
+
+impl Staging {
+    pub fn new(slots: usize, slot_size: u64) -> io::Result<Staging> {
+        let mapping = Mapping::reserve(slots as u64 * slot_size, slot_size.max(4096))?;
+        Ok(Staging {
+            mapping,
+            slot_size,
+            free: (0..slots as u32).rev().collect(),
+        })
+    }
+
+    pub fn take(&mut self) -> Option<u32> {
+        self.free.pop()
+    }
+
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Empty a slot and return it to the free list.
+    pub fn release(&mut self, slot: u32) -> io::Result<()> {
+        self.mapping.discard(self.addr(slot), self.slot_size)?;
+        self.free.push(slot);
+        Ok(())
+    }
+
+    pub fn addr(&self, slot: u32) -> u64 {
+        self.mapping.base() + slot as u64 * self.slot_size
+    }
+
+    /// The bytes of a slot that holds a moved page.
+    ///
+    /// # Safety
+    /// The slot must hold a page moved in with `UFFDIO_MOVE` and not yet released; the
+    /// staging range is never touched by the application, so nothing else writes it.
+    pub unsafe fn bytes(&self, slot: u32) -> &[u8] {
+        // SAFETY: per the contract above, the slot is populated and stable.
+        unsafe { std::slice::from_raw_parts(self.addr(slot) as *const u8, self.slot_size as usize) }
+    }
+}

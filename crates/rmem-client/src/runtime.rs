@@ -1,0 +1,277 @@
+//! [`Runtime`]: one region, one pager thread, one allocator.
+
+use crate::alloc::Allocator;
+use crate::config::{Config, ConfigError};
+use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup};
+use crate::region::{Mapping, Staging};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::store::remote::RemoteStore;
+use crate::store::{PageStore, StoreError};
+use crate::PageIndex;
+use rmem_uffd::{OpenMode, Uffd, UffdError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("bad configuration")]
+    Config(#[from] ConfigError),
+    #[error("unknown policy {0:?} (known: {known})", known = rmem_policy::POLICY_NAMES.join(", "))]
+    Policy(String),
+    #[error("cannot reserve {bytes} bytes of address space for the region")]
+    Reserve { bytes: u64, source: std::io::Error },
+    #[error("userfaultfd")]
+    Uffd(#[from] UffdError),
+    #[error("the kernel lacks UFFDIO_MOVE (Linux 6.8 or later is required)")]
+    NoMove,
+    #[error("memory servers")]
+    Store(#[from] StoreError),
+    #[error("cannot start the pager thread")]
+    Thread(#[source] std::io::Error),
+}
+
+/// What happens when the pager hits an error it cannot recover from (a lost server).
+pub type FatalHandler = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Report and end the process: memory on a lost server cannot be trusted, so going on would
+/// hand the program zeros or stale data.
+pub fn exit_on_fatal(message: &str) {
+    eprintln!("rmem: fatal: {message}");
+    eprintln!("rmem: stopping the program: part of its memory was on that server");
+    // SAFETY: _exit ends the process at once without running atexit handlers, which could
+    // touch remote memory and hang.
+    unsafe { libc::_exit(crate::EXIT_SERVER_LOST) };
+}
+
+/// A running rmem client: the region, its pager and its allocator.
+pub struct Runtime {
+    base: u64,
+    len: u64,
+    page_size: u64,
+    policy: String,
+    stats: Arc<Stats>,
+    mailbox: Arc<Mailbox>,
+    pager: Mutex<Option<JoinHandle<()>>>,
+    alloc: Mutex<Allocator>,
+    capacity_bytes: u64,
+    mode: OpenMode,
+    servers: String,
+}
+
+impl Runtime {
+    /// Start from the `RMEM_*` environment, connecting to the servers it names.
+    pub fn from_env() -> Result<Runtime, RuntimeError> {
+        let config = Config::from_env()?;
+        Runtime::connect(&config)
+    }
+
+    /// Connect to the configured servers and start.
+    pub fn connect(config: &Config) -> Result<Runtime, RuntimeError> {
+        config.validate()?;
+        let store = RemoteStore::connect(
+            &config.servers,
+            &config.token,
+            config.page_size,
+            config.placement,
+            config.connect_timeout,
+            config.server_timeout,
+            config.heartbeat,
+        )?;
+        Runtime::start(config, Box::new(store), Box::new(exit_on_fatal))
+    }
+
+    /// Start over any page store. `on_fatal` runs on the pager thread if it must give up.
+    pub fn start(
+        config: &Config,
+        store: Box<dyn PageStore>,
+        on_fatal: FatalHandler,
+    ) -> Result<Runtime, RuntimeError> {
+        config.validate()?;
+        let policy = rmem_policy::by_name(&config.policy)
+            .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
+        let ps = config.page_size as u64;
+        let uffd = Uffd::open()?;
+        if !uffd.has_move() {
+            return Err(RuntimeError::NoMove);
+        }
+        let min = (64 * ps).min(config.region_bytes);
+        let region =
+            Mapping::reserve_up_to(config.region_bytes / ps * ps, min, ps).map_err(|source| {
+                RuntimeError::Reserve {
+                    bytes: config.region_bytes,
+                    source,
+                }
+            })?;
+        uffd.register(region.base(), region.len())?;
+        let budget_pages = config.local_pages();
+        let slots = (config.writeback_max as u64).min(budget_pages / 4).max(1);
+        let staging = Staging::new(slots as usize, ps).map_err(|source| RuntimeError::Reserve {
+            bytes: slots * ps,
+            source,
+        })?;
+        uffd.register_missing(staging.mapping.base(), staging.mapping.len())?;
+        let (base, len) = (region.base(), region.len());
+        let capacity_bytes = store.capacity_bytes();
+        let servers = store.describe();
+        let stats = Arc::new(Stats::default());
+        let mailbox = Arc::new(Mailbox::new().map_err(RuntimeError::Thread)?);
+        let mode = uffd.mode();
+        let mut pager = Pager::new(PagerSetup {
+            region,
+            staging,
+            uffd,
+            page_size: ps,
+            budget_pages,
+            policy,
+            store,
+            stats: stats.clone(),
+            mailbox: mailbox.clone(),
+            spin: config.spin,
+            heartbeat: config.heartbeat,
+        });
+        let handle = std::thread::Builder::new()
+            .name("rmem-pager".into())
+            .spawn(move || match pager.run() {
+                Ok(done) => {
+                    drop(pager);
+                    done.signal();
+                }
+                Err(e) => {
+                    let mut msg = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        msg.push_str(": ");
+                        msg.push_str(&s.to_string());
+                        src = s.source();
+                    }
+                    on_fatal(&msg);
+                    // Only reached when the handler returns (tests): the region goes away
+                    // with the pager, so late touches fault with SIGSEGV, never zeros.
+                }
+            })
+            .map_err(RuntimeError::Thread)?;
+        Ok(Runtime {
+            base,
+            len,
+            page_size: ps,
+            policy: config.policy.clone(),
+            stats,
+            mailbox,
+            pager: Mutex::new(Some(handle)),
+            alloc: Mutex::new(Allocator::new(ps, len / ps, capacity_bytes / ps)),
+            capacity_bytes,
+            mode,
+            servers,
+        })
+    }
+
+    /// Allocate `size` zeroed bytes in remote memory. Sizes of a quarter page or more are
+    /// page-aligned. `None` when the servers' capacity or the region is exhausted.
+    pub fn alloc(&self, size: usize) -> Option<*mut u8> {
+        let (off, reused) = self.alloc.lock().unwrap().alloc(size as u64)?;
+        let p = (self.base + off) as *mut u8;
+        if reused {
+            // SAFETY: [p, p+size) is a live allocation just handed to us inside the region;
+            // the pager resolves any fault this write takes.
+            unsafe { std::ptr::write_bytes(p, 0, size.max(1)) };
+        }
+        Some(p)
+    }
+
+    /// Free an allocation. Its pages go back to the servers once no other object uses them.
+    /// Returns an error for a pointer that is not a live allocation of this runtime.
+    pub fn free(&self, p: *mut u8) -> Result<(), &'static str> {
+        let addr = p as u64;
+        if !self.contains(addr) {
+            return Err("pointer is not in the rmem region");
+        }
+        let mut a = self.alloc.lock().unwrap();
+        if let Some(freed) = a.free(addr - self.base)? {
+            // Release before the pages can be handed out again: the lock is held until the
+            // pager has dropped them.
+            self.release(freed.first, freed.count);
+        }
+        Ok(())
+    }
+
+    /// Usable size of a live allocation.
+    pub fn usable_size(&self, p: *const u8) -> Option<usize> {
+        let addr = p as u64;
+        if !self.contains(addr) {
+            return None;
+        }
+        self.alloc
+            .lock()
+            .unwrap()
+            .usable_size(addr - self.base)
+            .map(|s| s as usize)
+    }
+
+    fn release(&self, first: PageIndex, count: u64) {
+        let done = Arc::new(Done::default());
+        self.mailbox.send(Command::Release {
+            first,
+            count,
+            done: done.clone(),
+        });
+        done.wait();
+    }
+
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr - self.base < self.len
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot(self.page_size as usize, &self.policy)
+    }
+
+    /// Write the statistics as JSON (atomically: to a temporary name, then renamed).
+    pub fn write_stats_json(&self, path: &str) -> std::io::Result<()> {
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, self.stats().to_json())?;
+        std::fs::rename(&tmp, path)
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size as usize
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    pub fn uffd_mode(&self) -> OpenMode {
+        self.mode
+    }
+
+    pub fn servers(&self) -> &str {
+        &self.servers
+    }
+
+    /// Region bounds.
+    pub fn region(&self) -> (u64, u64) {
+        (self.base, self.len)
+    }
+
+    /// Stop the pager and unmap the region; later touches of region memory get SIGSEGV.
+    pub fn shutdown(&self) {
+        let Some(handle) = self.pager.lock().unwrap().take() else {
+            return;
+        };
+        if handle.is_finished() {
+            // The pager already gave up (a fatal error whose handler did not exit).
+            let _ = handle.join();
+            return;
+        }
+        let done = Arc::new(Done::default());
+        self.mailbox.send(Command::Stop { done: done.clone() });
+        done.wait();
+        let _ = handle.join();
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

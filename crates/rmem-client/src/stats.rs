@@ -1,0 +1,269 @@
+//! Statistics counted from the first fault: swap-ins, swap-outs, evictions, zero-fills and a
+//! fault latency histogram. The pager is the only writer; anyone may read a snapshot.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Latency histogram buckets: 4 per power of two of nanoseconds, up to ~2^40 ns.
+const BUCKETS: usize = 4 * 41;
+
+/// Live counters, shared between the pager (writer) and readers.
+pub struct Stats {
+    pub swap_ins: AtomicU64,
+    pub swap_outs: AtomicU64,
+    pub evictions: AtomicU64,
+    pub zero_fills: AtomicU64,
+    pub faults: AtomicU64,
+    pub wp_faults: AtomicU64,
+    pub bytes_fetched: AtomicU64,
+    pub bytes_written_back: AtomicU64,
+    pub local_bytes: AtomicU64,
+    pub local_bytes_max: AtomicU64,
+    pub select_ns_total: AtomicU64,
+    pub select_ns_max: AtomicU64,
+    latency: [AtomicU64; BUCKETS],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            swap_ins: AtomicU64::new(0),
+            swap_outs: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            zero_fills: AtomicU64::new(0),
+            faults: AtomicU64::new(0),
+            wp_faults: AtomicU64::new(0),
+            bytes_fetched: AtomicU64::new(0),
+            bytes_written_back: AtomicU64::new(0),
+            local_bytes: AtomicU64::new(0),
+            local_bytes_max: AtomicU64::new(0),
+            select_ns_total: AtomicU64::new(0),
+            select_ns_max: AtomicU64::new(0),
+            latency: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+fn bucket_of(ns: u64) -> usize {
+    if ns < 4 {
+        return ns as usize;
+    }
+    let log = 63 - ns.leading_zeros() as usize; // >= 2
+    let sub = ((ns >> (log - 2)) & 3) as usize;
+    (4 * (log - 1) + sub).min(BUCKETS - 1)
+}
+
+/// Upper bound of a bucket in nanoseconds.
+fn bucket_upper_ns(b: usize) -> u64 {
+    if b < 4 {
+        return b as u64 + 1;
+    }
+    let log = b / 4 + 1;
+    let sub = (b % 4) as u64;
+    ((4 + sub + 1) << (log - 2)) - 1
+}
+
+impl Stats {
+    /// Record one resolved fault's latency.
+    pub fn record_fault(&self, d: Duration) {
+        self.latency[bucket_of(d.as_nanos() as u64)].fetch_add(1, Relaxed);
+    }
+
+    pub fn add(counter: &AtomicU64, v: u64) {
+        counter.fetch_add(v, Relaxed);
+    }
+
+    pub fn set_local_bytes(&self, bytes: u64) {
+        self.local_bytes.store(bytes, Relaxed);
+        if bytes > self.local_bytes_max.load(Relaxed) {
+            self.local_bytes_max.store(bytes, Relaxed);
+        }
+    }
+
+    pub fn record_select(&self, d: Duration) {
+        let ns = d.as_nanos() as u64;
+        self.select_ns_total.fetch_add(ns, Relaxed);
+        if ns > self.select_ns_max.load(Relaxed) {
+            self.select_ns_max.store(ns, Relaxed);
+        }
+    }
+
+    fn percentile_us(&self, counts: &[u64], q: f64) -> f64 {
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, &c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return bucket_upper_ns(b) as f64 / 1000.0;
+            }
+        }
+        bucket_upper_ns(BUCKETS - 1) as f64 / 1000.0
+    }
+
+    pub fn snapshot(&self, page_size: usize, policy: &str) -> StatsSnapshot {
+        let counts: Vec<u64> = self.latency.iter().map(|a| a.load(Relaxed)).collect();
+        StatsSnapshot {
+            swap_ins: self.swap_ins.load(Relaxed),
+            swap_outs: self.swap_outs.load(Relaxed),
+            evictions: self.evictions.load(Relaxed),
+            zero_fills: self.zero_fills.load(Relaxed),
+            faults: self.faults.load(Relaxed),
+            wp_faults: self.wp_faults.load(Relaxed),
+            fault_us_p50: self.percentile_us(&counts, 0.50),
+            fault_us_p99: self.percentile_us(&counts, 0.99),
+            bytes_fetched: self.bytes_fetched.load(Relaxed),
+            bytes_written_back: self.bytes_written_back.load(Relaxed),
+            local_bytes_max: self.local_bytes_max.load(Relaxed),
+            page_size: page_size as u64,
+            policy: policy.to_string(),
+            select_us_total: self.select_ns_total.load(Relaxed) as f64 / 1000.0,
+            select_us_max: self.select_ns_max.load(Relaxed) as f64 / 1000.0,
+        }
+    }
+}
+
+/// A point-in-time copy of the statistics, in the units the JSON report uses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatsSnapshot {
+    /// Pages fetched from servers.
+    pub swap_ins: u64,
+    /// Pages written back to servers.
+    pub swap_outs: u64,
+    pub evictions: u64,
+    pub zero_fills: u64,
+    /// Missing-page faults taken in the region (write-protect faults are counted apart).
+    pub faults: u64,
+    pub wp_faults: u64,
+    pub fault_us_p50: f64,
+    pub fault_us_p99: f64,
+    pub bytes_fetched: u64,
+    pub bytes_written_back: u64,
+    pub local_bytes_max: u64,
+    pub page_size: u64,
+    pub policy: String,
+    pub select_us_total: f64,
+    pub select_us_max: f64,
+}
+
+impl StatsSnapshot {
+    /// The JSON report written by `--stats-json`.
+    pub fn to_json(&self) -> String {
+        let mut s = String::from("{\n");
+        let ints = [
+            ("swap_ins", self.swap_ins),
+            ("swap_outs", self.swap_outs),
+            ("evictions", self.evictions),
+            ("zero_fills", self.zero_fills),
+            ("faults", self.faults),
+            ("wp_faults", self.wp_faults),
+            ("bytes_fetched", self.bytes_fetched),
+            ("bytes_written_back", self.bytes_written_back),
+            ("local_bytes_max", self.local_bytes_max),
+            ("page_size", self.page_size),
+        ];
+        for (k, v) in ints {
+            let _ = writeln!(s, "  \"{k}\": {v},");
+        }
+        for (k, v) in [
+            ("fault_us_p50", self.fault_us_p50),
+            ("fault_us_p99", self.fault_us_p99),
+            ("select_us_total", self.select_us_total),
+            ("select_us_max", self.select_us_max),
+        ] {
+            let _ = writeln!(s, "  \"{k}\": {v:.3},");
+        }
+        let policy: String = self
+            .policy
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .collect();
+        let _ = writeln!(s, "  \"policy\": \"{policy}\"");
+        s.push_str("}\n");
+        s
+    }
+
+    /// A short human summary, one line per group.
+    pub fn summary(&self) -> String {
+        format!(
+            "rmem: {} faults ({} zero-fill, {} swap-in), {} swap-out, {} evictions, {} write-protect faults\n\
+             rmem: fetched {} B, wrote back {} B, local max {} B, page {} B, policy {}\n\
+             rmem: fault latency p50 {:.1} us, p99 {:.1} us",
+            self.faults,
+            self.zero_fills,
+            self.swap_ins,
+            self.swap_outs,
+            self.evictions,
+            self.wp_faults,
+            self.bytes_fetched,
+            self.bytes_written_back,
+            self.local_bytes_max,
+            self.page_size,
+            self.policy,
+            self.fault_us_p50,
+            self.fault_us_p99
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_bound_their_values() {
+        let mut last = 0;
+        for ns in [
+            0u64,
+            1,
+            3,
+            4,
+            5,
+            7,
+            8,
+            100,
+            1000,
+            17_000,
+            1 << 30,
+            u64::MAX / 2,
+        ] {
+            let b = bucket_of(ns);
+            assert!(b >= last);
+            last = b;
+            if b < BUCKETS - 1 {
+                assert!(
+                    bucket_upper_ns(b) >= ns,
+                    "ns {ns} bucket {b} upper {}",
+                    bucket_upper_ns(b)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn percentiles_follow_the_recorded_latencies() {
+        let s = Stats::default();
+        for _ in 0..90 {
+            s.record_fault(Duration::from_micros(10));
+        }
+        for _ in 0..10 {
+            s.record_fault(Duration::from_micros(1000));
+        }
+        let snap = s.snapshot(4096, "fifo");
+        assert!(
+            snap.fault_us_p50 >= 10.0 && snap.fault_us_p50 < 13.0,
+            "{}",
+            snap.fault_us_p50
+        );
+        assert!(
+            snap.fault_us_p99 >= 1000.0 && snap.fault_us_p99 < 1300.0,
+            "{}",
+            snap.fault_us_p99
+        );
+        assert!(snap.to_json().contains("\"policy\": \"fifo\""));
+    }
+}

@@ -1,0 +1,113 @@
+//! An in-process page store: the same interface as the memory servers, for tests and
+//! simulations that must not depend on the network.
+
+use super::{Completion, PageStore, StoreError};
+use crate::PageIndex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+enum Done {
+    Fetched(PageIndex),
+    Stored(PageIndex),
+}
+
+/// Pages kept in a map behind an `Arc`, so a test can look at what was written back.
+pub struct MemStore {
+    pages: Arc<Mutex<HashMap<u64, Box<[u8]>>>>,
+    capacity_bytes: u64,
+    page_size: usize,
+    done: VecDeque<Done>,
+    buf: Vec<u8>,
+}
+
+impl MemStore {
+    pub fn new(page_size: usize, capacity_bytes: u64) -> MemStore {
+        MemStore {
+            pages: Arc::default(),
+            capacity_bytes,
+            page_size,
+            done: VecDeque::new(),
+            buf: vec![0; page_size],
+        }
+    }
+
+    /// A handle on the stored pages.
+    pub fn pages(&self) -> Arc<Mutex<HashMap<u64, Box<[u8]>>>> {
+        self.pages.clone()
+    }
+}
+
+impl PageStore for MemStore {
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
+    fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
+        self.done.push_back(Done::Fetched(page));
+        Ok(())
+    }
+
+    fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
+        assert_eq!(data.len(), self.page_size);
+        let mut pages = self.pages.lock().unwrap();
+        if !pages.contains_key(&page.0)
+            && (pages.len() as u64 + 1) * self.page_size as u64 > self.capacity_bytes
+        {
+            return Err(StoreError::AllFull {
+                capacity: self.capacity_bytes,
+                page: page.0,
+            });
+        }
+        pages.insert(page.0, data.into());
+        self.done.push_back(Done::Stored(page));
+        Ok(())
+    }
+
+    fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {
+        self.pages.lock().unwrap().remove(&page.0);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
+        let n = self.done.len();
+        while let Some(d) = self.done.pop_front() {
+            match d {
+                Done::Fetched(page) => {
+                    let pages = self.pages.lock().unwrap();
+                    let data = pages.get(&page.0).ok_or_else(|| StoreError::Server {
+                        server: "in-process".into(),
+                        code: rmem_proto::ErrorCode::NotFound,
+                        message: format!("page {} was never stored", page.0),
+                    })?;
+                    self.buf.copy_from_slice(data);
+                    drop(pages);
+                    f(Completion::Fetched {
+                        page,
+                        data: &self.buf,
+                    });
+                }
+                Done::Stored(page) => f(Completion::Stored { page }),
+            }
+        }
+        Ok(n)
+    }
+
+    fn wait_fds(&self, _out: &mut Vec<libc::pollfd>) {}
+
+    fn tick(&mut self, _now: Instant) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+
+    fn describe(&self) -> String {
+        "in-process store".into()
+    }
+}

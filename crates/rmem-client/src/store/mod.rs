@@ -1,0 +1,85 @@
+//! Page stores: where pages live when they are not resident.
+//!
+//! The pager speaks only to [`PageStore`], never to sockets, so the same fault path runs over
+//! TCP memory servers ([`remote::RemoteStore`]) or in-process memory ([`mem::MemStore`]).
+//! Operations are submitted and complete later through [`PageStore::poll`], so many may be in
+//! flight at once; a store decides placement (and later replication) itself.
+
+pub mod mem;
+pub mod remote;
+
+use crate::PageIndex;
+use std::time::Instant;
+
+/// A finished operation. Page data borrows the store's receive buffer until the callback
+/// returns.
+#[derive(Debug)]
+pub enum Completion<'a> {
+    Fetched { page: PageIndex, data: &'a [u8] },
+    Stored { page: PageIndex },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot connect to memory server {server}")]
+    Connect {
+        server: String,
+        source: std::io::Error,
+    },
+    #[error("memory server {server} refused the connection: {message}")]
+    Refused { server: String, message: String },
+    #[error("memory server {server} closed the connection{detail}")]
+    Closed { server: String, detail: String },
+    #[error("memory server {server} did not answer for {secs:.1} s{detail}")]
+    Timeout {
+        server: String,
+        secs: f64,
+        detail: String,
+    },
+    #[error("memory server {server} sent a bad frame: {what}")]
+    Protocol { server: String, what: String },
+    #[error("memory server {server} answered {code}: {message}")]
+    Server {
+        server: String,
+        code: rmem_proto::ErrorCode,
+        message: String,
+    },
+    #[error(
+        "all memory servers are full ({capacity} bytes in all): cannot write back page {page}"
+    )]
+    AllFull { capacity: u64, page: u64 },
+    #[error("i/o error with memory server {server}")]
+    Io {
+        server: String,
+        source: std::io::Error,
+    },
+}
+
+/// A place pages live when they are not resident.
+pub trait PageStore: Send {
+    /// Bytes of pages this client may store in all.
+    fn capacity_bytes(&self) -> u64;
+    /// Start fetching `page`'s contents; completes with [`Completion::Fetched`].
+    fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError>;
+    /// Start storing `data` as `page`'s contents; completes with [`Completion::Stored`].
+    fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError>;
+    /// Store `victim` and fetch `page`, in one round trip where the store can.
+    fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
+        self.store(victim, data)?;
+        self.fetch(page)
+    }
+    /// Forget `page`; its space returns to the server. No completion.
+    fn free(&mut self, page: PageIndex) -> Result<(), StoreError>;
+    /// Push buffered requests out.
+    fn flush(&mut self) -> Result<(), StoreError>;
+    /// Deliver finished operations to `f` without blocking. Returns how many.
+    fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError>;
+    /// Descriptors to wait on when the pager sleeps (readable, or writable with unsent data).
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>);
+    /// Periodic upkeep: heartbeats and request deadlines.
+    fn tick(&mut self, now: Instant) -> Result<(), StoreError>;
+    /// Requests in flight.
+    fn in_flight(&self) -> usize;
+    /// One line naming the servers, for logs.
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,127 @@
+//! The fault path over the in-process store: no network, same pager.
+
+use rmem_client::store::mem::MemStore;
+use rmem_client::{Config, Runtime};
+use std::sync::Arc;
+
+fn runtime(page_size: usize, local_pages: u64, capacity_pages: u64) -> Runtime {
+    let config = Config {
+        page_size,
+        local_bytes: local_pages * page_size as u64,
+        region_bytes: 1 << 32,
+        ..Config::default()
+    };
+    let store = MemStore::new(page_size, capacity_pages * page_size as u64);
+    Runtime::start(
+        &config,
+        Box::new(store),
+        Box::new(|m: &str| panic!("pager failed: {m}")),
+    )
+    .unwrap()
+}
+
+#[test]
+fn fresh_memory_is_zero_and_data_survives_eviction() {
+    for ps in [4096usize, 65536] {
+        let rt = runtime(ps, 8, 1024);
+        let pages = 64;
+        let p = rt.alloc(pages * ps).unwrap();
+        // SAFETY: p points to pages*ps bytes of live rmem memory.
+        let mem = unsafe { std::slice::from_raw_parts_mut(p, pages * ps) };
+        assert!(
+            mem.iter().step_by(997).all(|&b| b == 0),
+            "fresh memory reads as zero"
+        );
+        for round in 0..3u8 {
+            for (i, chunk) in mem.chunks_mut(ps).enumerate() {
+                chunk[0] = round.wrapping_add(i as u8);
+                chunk[ps - 1] = !round;
+            }
+            for (i, chunk) in mem.chunks(ps).enumerate() {
+                assert_eq!(
+                    chunk[0],
+                    round.wrapping_add(i as u8),
+                    "page {i} round {round}"
+                );
+                assert_eq!(chunk[ps - 1], !round);
+            }
+        }
+        let s = rt.stats();
+        assert!(s.swap_outs > 0 && s.swap_ins > 0, "{s:?}");
+        assert!(
+            s.local_bytes_max <= 8 * ps as u64,
+            "budget respected: {s:?}"
+        );
+        rt.free(p).unwrap();
+    }
+}
+
+#[test]
+fn clean_pages_are_not_written_back() {
+    let ps = 4096;
+    let rt = runtime(ps, 8, 1024);
+    let pages = 32;
+    let p = rt.alloc(pages * ps).unwrap();
+    // SAFETY: live allocation of pages*ps bytes.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p, pages * ps) };
+    for c in mem.chunks_mut(ps) {
+        c[7] = 7;
+    }
+    let after_write = rt.stats().swap_outs;
+    assert!(after_write >= (pages - 8) as u64);
+    // Read-only passes: every page is evicted clean, so no more write-backs.
+    for _ in 0..3 {
+        for c in mem.chunks(ps) {
+            // SAFETY: volatile, so the optimizer cannot merge the passes into one.
+            assert_eq!(unsafe { std::ptr::read_volatile(&c[7]) }, 7);
+        }
+    }
+    let s = rt.stats();
+    assert!(
+        s.swap_outs <= after_write + 8,
+        "read-only passes wrote back: {s:?}"
+    );
+    assert!(s.swap_ins >= 3 * (pages - 8) as u64);
+}
+
+#[test]
+fn threads_share_pages_without_losing_writes() {
+    let ps = 4096;
+    let rt = runtime(ps, 16, 4096);
+    let rt = Arc::new(rt);
+    let words = 128 * ps / 8;
+    let p = rt.alloc(words * 8).unwrap() as usize;
+    let threads = 8;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            std::thread::spawn(move || {
+                // SAFETY: each thread only writes words i with i % threads == t.
+                let mem = unsafe { std::slice::from_raw_parts_mut(p as *mut u64, words) };
+                let mine: Vec<usize> = (t..words).step_by(threads).collect();
+                let mut shadow = vec![0u64; mine.len()];
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let k = (x % mine.len() as u64) as usize;
+                    if x & 1 == 0 {
+                        shadow[k] = x;
+                        // SAFETY: volatile so the compiler keeps every access.
+                        unsafe { std::ptr::write_volatile(&mut mem[mine[k]], x) };
+                    } else {
+                        let v = unsafe { std::ptr::read_volatile(&mem[mine[k]]) };
+                        assert_eq!(v, shadow[k], "thread {t} word {}", mine[k]);
+                    }
+                }
+                for (k, &i) in mine.iter().enumerate() {
+                    assert_eq!(unsafe { std::ptr::read_volatile(&mem[i]) }, shadow[k]);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(rt.stats().swap_ins > 0);
+}

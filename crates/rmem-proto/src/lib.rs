@@ -1,0 +1,693 @@
+//! rmem-proto: the wire protocol spoken between the client runtime and memory servers.
+//!
+//! Entry points: [`Request::encode`] / [`Request::decode`] on the client and server side,
+//! [`Response::encode`] / [`Response::decode`], and [`parse_header`] to frame a byte stream.
+//!
+//! Every frame is a fixed 16-byte [`Header`] followed by `len` body bytes:
+//!
+//! ```text
+//! offset 0  u32 len    body length, checked against the receiver's max frame size
+//! offset 4  u8  op     request or response code (see [`Op`])
+//! offset 5  u8  flags  reserved, must be 0
+//! offset 6  u16 rsvd   reserved, must be 0
+//! offset 8  u64 tag    request id chosen by the client, echoed in the response
+//! ```
+//!
+//! All integers are little-endian. A connection opens with `Hello` (magic, protocol version,
+//! page size, shared-secret token) answered by `Welcome` or `Error`. After that the client may
+//! keep many requests in flight; the server answers each connection's requests in order.
+//! `Read` and `Write` carry `count` consecutive pages, and `Swap` writes a victim and reads a
+//! page in one round trip (DLM's swap). Decoding never trusts a length: every field is
+//! bounds-checked, and trailing bytes are an error.
+#![forbid(unsafe_code)]
+
+pub mod size;
+
+use std::fmt;
+
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 16;
+/// Magic bytes that open a `Hello` body.
+pub const MAGIC: [u8; 4] = *b"RMEM";
+/// Protocol version spoken by this build. Bumped on any incompatible change.
+pub const VERSION: u16 = 1;
+/// Largest token accepted in a `Hello`.
+pub const TOKEN_LEN_MAX: usize = 256;
+/// Largest error message carried in an `Error` frame.
+pub const MESSAGE_LEN_MAX: usize = 1024;
+/// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
+pub const FRAME_LEN_MAX_DEFAULT: u32 = 16 * 1024 * 1024 + 64;
+/// Smallest and largest page sizes the protocol accepts (the DLM page size range).
+pub const PAGE_SIZE_MIN: u32 = 4096;
+pub const PAGE_SIZE_MAX: u32 = 4 * 1024 * 1024;
+/// Most keys one `Free` request may carry.
+pub const FREE_KEYS_MAX: usize = 65536;
+
+/// A page's name on a server: the client's page index. Servers treat it as opaque.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageKey(pub u64);
+
+/// Frame operation codes. Requests have the high bit clear, responses set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Hello = 0x01,
+    Read = 0x02,
+    Write = 0x03,
+    Swap = 0x04,
+    Free = 0x05,
+    Ping = 0x06,
+    Welcome = 0x81,
+    ReadOk = 0x82,
+    WriteOk = 0x83,
+    SwapOk = 0x84,
+    FreeOk = 0x85,
+    Pong = 0x86,
+    Error = 0xFF,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            0x01 => Op::Hello,
+            0x02 => Op::Read,
+            0x03 => Op::Write,
+            0x04 => Op::Swap,
+            0x05 => Op::Free,
+            0x06 => Op::Ping,
+            0x81 => Op::Welcome,
+            0x82 => Op::ReadOk,
+            0x83 => Op::WriteOk,
+            0x84 => Op::SwapOk,
+            0x85 => Op::FreeOk,
+            0x86 => Op::Pong,
+            0xFF => Op::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Error codes carried by an `Error` response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The token did not match.
+    Unauthorized = 1,
+    /// The client speaks a protocol version the server does not.
+    VersionMismatch = 2,
+    /// Storing the pages would exceed the server's capacity; nothing was stored.
+    Full = 3,
+    /// A read named a page the server does not hold.
+    NotFound = 4,
+    /// The request was well-framed but invalid (wrong data length, bad page size, ...).
+    BadRequest = 5,
+    /// Anything else.
+    Internal = 6,
+}
+
+impl ErrorCode {
+    pub fn from_u16(v: u16) -> ErrorCode {
+        match v {
+            1 => ErrorCode::Unauthorized,
+            2 => ErrorCode::VersionMismatch,
+            3 => ErrorCode::Full,
+            4 => ErrorCode::NotFound,
+            5 => ErrorCode::BadRequest,
+            _ => ErrorCode::Internal,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::VersionMismatch => "protocol version mismatch",
+            ErrorCode::Full => "server full",
+            ErrorCode::NotFound => "page not found",
+            ErrorCode::BadRequest => "bad request",
+            ErrorCode::Internal => "internal error",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Why a frame was rejected. The receiver closes the connection on any of these.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    /// frame length {len} exceeds the limit of {max} bytes
+    #[error("frame length {len} exceeds the limit of {max} bytes")]
+    Oversized { len: u32, max: u32 },
+    #[error("unknown operation code {0:#04x}")]
+    UnknownOp(u8),
+    #[error("reserved header bits are set")]
+    ReservedBits,
+    #[error("{op:?} body is truncated: need {need} bytes, have {have}")]
+    Truncated { op: Op, need: usize, have: usize },
+    #[error("{op:?} body has {extra} trailing bytes")]
+    Trailing { op: Op, extra: usize },
+    #[error("bad magic in hello")]
+    BadMagic,
+    #[error("{0}")]
+    Invalid(&'static str),
+    #[error("{0:?} is not valid in this direction")]
+    WrongDirection(Op),
+}
+
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub len: u32,
+    pub op: Op,
+    pub tag: u64,
+}
+
+impl Header {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.push(self.op as u8);
+        out.push(0);
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.tag.to_le_bytes());
+    }
+}
+
+/// Parse a header from the front of `buf`. `Ok(None)` means fewer than [`HEADER_LEN`] bytes
+/// are buffered yet. A length above `frame_len_max` or a bad op is an error.
+pub fn parse_header(buf: &[u8], frame_len_max: u32) -> Result<Option<Header>, ProtoError> {
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(buf[0..4].try_into().unwrap());
+    let op = Op::from_u8(buf[4]).ok_or(ProtoError::UnknownOp(buf[4]))?;
+    if buf[5] != 0 || buf[6] != 0 || buf[7] != 0 {
+        return Err(ProtoError::ReservedBits);
+    }
+    if len > frame_len_max {
+        return Err(ProtoError::Oversized {
+            len,
+            max: frame_len_max,
+        });
+    }
+    let tag = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    Ok(Some(Header { len, op, tag }))
+}
+
+/// Bounds-checked little-endian reader over a frame body.
+struct Cursor<'a> {
+    op: Op,
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(op: Op, buf: &'a [u8]) -> Self {
+        Cursor { op, buf, pos: 0 }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or(ProtoError::Truncated {
+                op: self.op,
+                need: self.pos.saturating_add(n),
+                have: self.buf.len(),
+            })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u16(&mut self) -> Result<u16, ProtoError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        let s = &self.buf[self.pos..];
+        self.pos = self.buf.len();
+        s
+    }
+    fn finish(self) -> Result<(), ProtoError> {
+        match self.buf.len() - self.pos {
+            0 => Ok(()),
+            extra => Err(ProtoError::Trailing { op: self.op, extra }),
+        }
+    }
+}
+
+/// A request from a client. Page payloads borrow from the receive buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    Hello {
+        version: u16,
+        page_size: u32,
+        token: &'a [u8],
+    },
+    /// Read `count` consecutive pages starting at `key`.
+    Read {
+        key: PageKey,
+        count: u32,
+    },
+    /// Store `count` consecutive pages starting at `key`; `data` is `count` pages.
+    Write {
+        key: PageKey,
+        count: u32,
+        data: &'a [u8],
+    },
+    /// Store one page under `write_key`, then read `read_key`: one round trip for a swap.
+    Swap {
+        write_key: PageKey,
+        read_key: PageKey,
+        data: &'a [u8],
+    },
+    /// Forget these pages (their space returns to the server).
+    Free {
+        keys: Vec<PageKey>,
+    },
+    Ping,
+}
+
+impl Request<'_> {
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Hello { .. } => Op::Hello,
+            Request::Read { .. } => Op::Read,
+            Request::Write { .. } => Op::Write,
+            Request::Swap { .. } => Op::Swap,
+            Request::Free { .. } => Op::Free,
+            Request::Ping => Op::Ping,
+        }
+    }
+
+    /// Append the whole frame (header and body) to `out`.
+    pub fn encode(&self, tag: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        Header {
+            len: 0,
+            op: self.op(),
+            tag,
+        }
+        .encode(out);
+        match self {
+            Request::Hello {
+                version,
+                page_size,
+                token,
+            } => {
+                out.extend_from_slice(&MAGIC);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&0u16.to_le_bytes());
+                out.extend_from_slice(&page_size.to_le_bytes());
+                out.extend_from_slice(&(token.len() as u16).to_le_bytes());
+                out.extend_from_slice(token);
+            }
+            Request::Read { key, count } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+            }
+            Request::Write { key, count, data } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(data);
+            }
+            Request::Swap {
+                write_key,
+                read_key,
+                data,
+            } => {
+                out.extend_from_slice(&write_key.0.to_le_bytes());
+                out.extend_from_slice(&read_key.0.to_le_bytes());
+                out.extend_from_slice(data);
+            }
+            Request::Free { keys } => {
+                out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+                for k in keys {
+                    out.extend_from_slice(&k.0.to_le_bytes());
+                }
+            }
+            Request::Ping => {}
+        }
+        patch_len(out, start);
+    }
+
+    /// Decode a request body. Page payload lengths are checked by the caller, which knows
+    /// the connection's page size.
+    pub fn decode(op: Op, body: &[u8]) -> Result<Request<'_>, ProtoError> {
+        let mut c = Cursor::new(op, body);
+        let req = match op {
+            Op::Hello => {
+                if c.take(4)? != MAGIC {
+                    return Err(ProtoError::BadMagic);
+                }
+                let version = c.u16()?;
+                let _reserved = c.u16()?;
+                let page_size = c.u32()?;
+                let token_len = c.u16()? as usize;
+                if token_len > TOKEN_LEN_MAX {
+                    return Err(ProtoError::Invalid("token too long"));
+                }
+                Request::Hello {
+                    version,
+                    page_size,
+                    token: c.take(token_len)?,
+                }
+            }
+            Op::Read => Request::Read {
+                key: PageKey(c.u64()?),
+                count: c.u32()?,
+            },
+            Op::Write => Request::Write {
+                key: PageKey(c.u64()?),
+                count: c.u32()?,
+                data: c.rest(),
+            },
+            Op::Swap => Request::Swap {
+                write_key: PageKey(c.u64()?),
+                read_key: PageKey(c.u64()?),
+                data: c.rest(),
+            },
+            Op::Free => {
+                let n = c.u32()? as usize;
+                if n > FREE_KEYS_MAX {
+                    return Err(ProtoError::Invalid("too many keys in free"));
+                }
+                let mut keys = Vec::with_capacity(n);
+                for _ in 0..n {
+                    keys.push(PageKey(c.u64()?));
+                }
+                Request::Free { keys }
+            }
+            Op::Ping => Request::Ping,
+            other => return Err(ProtoError::WrongDirection(other)),
+        };
+        c.finish()?;
+        Ok(req)
+    }
+}
+
+/// A response from a server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response<'a> {
+    Welcome {
+        version: u16,
+        frame_len_max: u32,
+        capacity_bytes: u64,
+        used_bytes: u64,
+    },
+    ReadOk {
+        key: PageKey,
+        count: u32,
+        data: &'a [u8],
+    },
+    WriteOk {
+        key: PageKey,
+        count: u32,
+    },
+    SwapOk {
+        read_key: PageKey,
+        data: &'a [u8],
+    },
+    FreeOk {
+        count: u32,
+    },
+    Pong {
+        used_bytes: u64,
+        capacity_bytes: u64,
+    },
+    Error {
+        code: ErrorCode,
+        message: &'a str,
+    },
+}
+
+impl Response<'_> {
+    pub fn op(&self) -> Op {
+        match self {
+            Response::Welcome { .. } => Op::Welcome,
+            Response::ReadOk { .. } => Op::ReadOk,
+            Response::WriteOk { .. } => Op::WriteOk,
+            Response::SwapOk { .. } => Op::SwapOk,
+            Response::FreeOk { .. } => Op::FreeOk,
+            Response::Pong { .. } => Op::Pong,
+            Response::Error { .. } => Op::Error,
+        }
+    }
+
+    /// Append the whole frame to `out`.
+    pub fn encode(&self, tag: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        Header {
+            len: 0,
+            op: self.op(),
+            tag,
+        }
+        .encode(out);
+        match self {
+            Response::Welcome {
+                version,
+                frame_len_max,
+                capacity_bytes,
+                used_bytes,
+            } => {
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(&0u16.to_le_bytes());
+                out.extend_from_slice(&frame_len_max.to_le_bytes());
+                out.extend_from_slice(&capacity_bytes.to_le_bytes());
+                out.extend_from_slice(&used_bytes.to_le_bytes());
+            }
+            Response::ReadOk { key, count, data } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(data);
+            }
+            Response::WriteOk { key, count } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+            }
+            Response::SwapOk { read_key, data } => {
+                out.extend_from_slice(&read_key.0.to_le_bytes());
+                out.extend_from_slice(data);
+            }
+            Response::FreeOk { count } => out.extend_from_slice(&count.to_le_bytes()),
+            Response::Pong {
+                used_bytes,
+                capacity_bytes,
+            } => {
+                out.extend_from_slice(&used_bytes.to_le_bytes());
+                out.extend_from_slice(&capacity_bytes.to_le_bytes());
+            }
+            Response::Error { code, message } => {
+                let m = truncate_utf8(message, MESSAGE_LEN_MAX);
+                out.extend_from_slice(&(*code as u16).to_le_bytes());
+                out.extend_from_slice(&(m.len() as u16).to_le_bytes());
+                out.extend_from_slice(m.as_bytes());
+            }
+        }
+        patch_len(out, start);
+    }
+
+    pub fn decode(op: Op, body: &[u8]) -> Result<Response<'_>, ProtoError> {
+        let mut c = Cursor::new(op, body);
+        let resp = match op {
+            Op::Welcome => {
+                let version = c.u16()?;
+                let _reserved = c.u16()?;
+                Response::Welcome {
+                    version,
+                    frame_len_max: c.u32()?,
+                    capacity_bytes: c.u64()?,
+                    used_bytes: c.u64()?,
+                }
+            }
+            Op::ReadOk => Response::ReadOk {
+                key: PageKey(c.u64()?),
+                count: c.u32()?,
+                data: c.rest(),
+            },
+            Op::WriteOk => Response::WriteOk {
+                key: PageKey(c.u64()?),
+                count: c.u32()?,
+            },
+            Op::SwapOk => Response::SwapOk {
+                read_key: PageKey(c.u64()?),
+                data: c.rest(),
+            },
+            Op::FreeOk => Response::FreeOk { count: c.u32()? },
+            Op::Pong => Response::Pong {
+                used_bytes: c.u64()?,
+                capacity_bytes: c.u64()?,
+            },
+            Op::Error => {
+                let code = ErrorCode::from_u16(c.u16()?);
+                let n = c.u16()? as usize;
+                if n > MESSAGE_LEN_MAX {
+                    return Err(ProtoError::Invalid("error message too long"));
+                }
+                let message = std::str::from_utf8(c.take(n)?)
+                    .map_err(|_| ProtoError::Invalid("error message is not UTF-8"))?;
+                Response::Error { code, message }
+            }
+            other => return Err(ProtoError::WrongDirection(other)),
+        };
+        c.finish()?;
+        Ok(resp)
+    }
+}
+
+fn patch_len(out: &mut [u8], start: usize) {
+    let body = out.len() - start - HEADER_LEN;
+    let body = u32::try_from(body).expect("frame body fits in u32");
+    out[start..start + 4].copy_from_slice(&body.to_le_bytes());
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip_req(r: Request<'_>) {
+        let mut buf = Vec::new();
+        r.encode(42, &mut buf);
+        let h = parse_header(&buf, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
+        assert_eq!(h.tag, 42);
+        assert_eq!(h.len as usize, buf.len() - HEADER_LEN);
+        assert_eq!(Request::decode(h.op, &buf[HEADER_LEN..]).unwrap(), r);
+    }
+
+    fn roundtrip_resp(r: Response<'_>) {
+        let mut buf = Vec::new();
+        r.encode(7, &mut buf);
+        let h = parse_header(&buf, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
+        assert_eq!(Response::decode(h.op, &buf[HEADER_LEN..]).unwrap(), r);
+    }
+
+    #[test]
+    fn requests_roundtrip() {
+        let page = vec![0xA5u8; 4096];
+        roundtrip_req(Request::Hello {
+            version: VERSION,
+            page_size: 4096,
+            token: b"secret",
+        });
+        roundtrip_req(Request::Read {
+            key: PageKey(9),
+            count: 3,
+        });
+        roundtrip_req(Request::Write {
+            key: PageKey(1),
+            count: 1,
+            data: &page,
+        });
+        roundtrip_req(Request::Swap {
+            write_key: PageKey(1),
+            read_key: PageKey(2),
+            data: &page,
+        });
+        roundtrip_req(Request::Free {
+            keys: vec![PageKey(1), PageKey(u64::MAX)],
+        });
+        roundtrip_req(Request::Ping);
+    }
+
+    #[test]
+    fn responses_roundtrip() {
+        let page = vec![0x5Au8; 8192];
+        roundtrip_resp(Response::Welcome {
+            version: 1,
+            frame_len_max: 99,
+            capacity_bytes: 1 << 40,
+            used_bytes: 3,
+        });
+        roundtrip_resp(Response::ReadOk {
+            key: PageKey(3),
+            count: 2,
+            data: &page,
+        });
+        roundtrip_resp(Response::WriteOk {
+            key: PageKey(3),
+            count: 2,
+        });
+        roundtrip_resp(Response::SwapOk {
+            read_key: PageKey(3),
+            data: &page[..4096],
+        });
+        roundtrip_resp(Response::FreeOk { count: 5 });
+        roundtrip_resp(Response::Pong {
+            used_bytes: 1,
+            capacity_bytes: 2,
+        });
+        roundtrip_resp(Response::Error {
+            code: ErrorCode::Full,
+            message: "server full",
+        });
+    }
+
+    #[test]
+    fn oversized_and_garbage_headers_are_rejected() {
+        let mut buf = Vec::new();
+        Request::Ping.encode(1, &mut buf);
+        buf[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            parse_header(&buf, 1024),
+            Err(ProtoError::Oversized { .. })
+        ));
+        let garbage = [0x47u8; 16];
+        assert!(parse_header(&garbage, 1024).is_err());
+        assert_eq!(parse_header(&garbage[..5], 1024), Ok(None));
+    }
+
+    #[test]
+    fn truncated_and_trailing_bodies_are_rejected() {
+        assert!(matches!(
+            Request::decode(Op::Read, &[0; 11]),
+            Err(ProtoError::Truncated { .. })
+        ));
+        assert!(matches!(
+            Request::decode(Op::Read, &[0; 13]),
+            Err(ProtoError::Trailing { .. })
+        ));
+        let mut free = 4u32.to_le_bytes().to_vec();
+        free.extend_from_slice(&[0; 8]);
+        assert!(matches!(
+            Request::decode(Op::Free, &free),
+            Err(ProtoError::Truncated { .. })
+        ));
+        assert!(Request::decode(Op::Free, &u32::MAX.to_le_bytes()).is_err());
+        assert!(matches!(
+            Request::decode(Op::ReadOk, &[]),
+            Err(ProtoError::WrongDirection(_))
+        ));
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics() {
+        // A cheap deterministic fuzz: every op over many pseudo-random bodies.
+        let mut x: u64 = 0x9E3779B97F4A7C15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 64) as usize;
+            let body: Vec<u8> = (0..len).map(|i| (x >> (i % 8 * 8)) as u8).collect();
+            let op = Op::from_u8((x >> 56) as u8).unwrap_or(Op::Free);
+            let _ = Request::decode(op, &body);
+            let _ = Response::decode(op, &body);
+            let _ = parse_header(&body, 1 << 20);
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! rmem-server: the memory server, which keeps clients' pages in its RAM.
+//!
+//! Entry point: [`Server::bind`] with a [`ServerConfig`], then [`Server::run`] (blocking) or
+//! [`Server::spawn`] (a background thread, for in-process tests). Each connection gets a
+//! thread: it authenticates the client with a shared-secret token, then answers its requests
+//! strictly in order. A client's pages are private to its connection and freed when it
+//! closes. Capacity is global across clients. Any malformed frame closes that one connection
+//! with a logged reason; other clients never notice.
+//!
+//! Not yet: JumboMem locks server memory so it is never swapped out; a `--lock` flag
+//! (mlockall) belongs here once a server's memory can be sized up front.
+#![forbid(unsafe_code)]
+
+use rmem_proto::{parse_header, ErrorCode, Op, PageKey, ProtoError, Request, Response, HEADER_LEN};
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most connections served at once; more are refused (each costs a thread).
+pub const CONNECTIONS_MAX: usize = 1024;
+/// A client must say hello within this long.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const IO_BUFFER: usize = 256 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub capacity_bytes: u64,
+    pub token: Vec<u8>,
+    pub frame_len_max: u32,
+    /// Log every disconnect, not only the abnormal ones.
+    pub verbose: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("accept failed")]
+    Accept(#[source] io::Error),
+    #[error("an empty token would let anyone in")]
+    EmptyToken,
+}
+
+/// Shared accounting, readable by tests and the CLI.
+#[derive(Debug, Default)]
+pub struct ServerState {
+    used_bytes: AtomicU64,
+    connections: AtomicUsize,
+}
+
+impl ServerState {
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes.load(Ordering::Relaxed)
+    }
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+}
+
+pub struct Server {
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+    state: Arc<ServerState>,
+    addr: SocketAddr,
+}
+
+impl Server {
+    pub fn bind(config: ServerConfig) -> Result<Server, ServerError> {
+        if config.token.is_empty() {
+            return Err(ServerError::EmptyToken);
+        }
+        let listener = TcpListener::bind(config.listen).map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        Ok(Server {
+            listener,
+            config: Arc::new(config),
+            state: Arc::default(),
+            addr,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn state(&self) -> Arc<ServerState> {
+        self.state.clone()
+    }
+
+    /// Accept and serve clients forever.
+    pub fn run(self) -> Result<(), ServerError> {
+        loop {
+            let (sock, peer) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Out of descriptors or similar: log, back off, keep serving the others.
+                Err(e) => {
+                    eprintln!("rmem-server {}: accept failed: {e}", self.addr);
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            if self.state.connections() >= CONNECTIONS_MAX {
+                eprintln!(
+                    "rmem-server {}: refusing {peer}: {CONNECTIONS_MAX} connections already",
+                    self.addr
+                );
+                continue;
+            }
+            self.state.connections.fetch_add(1, Ordering::Relaxed);
+            let config = self.config.clone();
+            let state = self.state.clone();
+            let me = self.addr;
+            let spawned = std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
+                let mut conn = Connection { config: &config, state: &state, me, pages: HashMap::new(), page_size: 0 };
+                match conn.serve(sock) {
+                    Ok(()) => {}
+                    // A client that exits mid-answer is not news; anything else is.
+                    Err(Close::Io(e)) if !config.verbose && is_disconnect(&e) => {}
+                    Err(reason) => eprintln!("rmem-server {me}: closing {peer}: {reason}"),
+                }
+                let freed = conn.pages.len() as u64;
+                let bytes = freed * conn.page_size as u64;
+                state.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                state.connections.fetch_sub(1, Ordering::Relaxed);
+                if config.verbose {
+                    eprintln!("rmem-server {me}: client {peer} disconnected, freed {freed} pages ({bytes} bytes)");
+                }
+            });
+            if let Err(e) = spawned {
+                self.state.connections.fetch_sub(1, Ordering::Relaxed);
+                eprintln!("rmem-server {}: cannot serve {peer}: {e}", self.addr);
+            }
+        }
+    }
+
+    /// Run on a background thread.
+    pub fn spawn(self) -> std::thread::JoinHandle<Result<(), ServerError>> {
+        std::thread::spawn(move || self.run())
+    }
+}
+
+/// Why a connection was closed.
+#[derive(Debug, thiserror::Error)]
+enum Close {
+    #[error("{0}")]
+    Proto(#[from] ProtoError),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Refused(String),
+    #[error("bad request: {0}")]
+    Bad(String),
+}
+
+struct Connection<'a> {
+    config: &'a ServerConfig,
+    state: &'a ServerState,
+    me: SocketAddr,
+    pages: HashMap<u64, Box<[u8]>>,
+    page_size: usize,
+}
+
+fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof
+    )
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Read one frame into `body`; Ok(None) on a clean EOF between frames.
+fn read_frame<R: Read>(
+    r: &mut R,
+    max: u32,
+    body: &mut Vec<u8>,
+) -> Result<Option<rmem_proto::Header>, Close> {
+    let mut hdr = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match r.read(&mut hdr[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => {
+                return Err(Close::Bad(format!(
+                    "truncated header ({got} of {HEADER_LEN} bytes)"
+                )))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let h = parse_header(&hdr, max)?.expect("full header");
+    body.resize(h.len as usize, 0);
+    r.read_exact(body).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => Close::Bad(format!(
+            "truncated {:?} frame (body of {} bytes)",
+            h.op, h.len
+        )),
+        _ => Close::Io(e),
+    })?;
+    Ok(Some(h))
+}
+
+impl Connection<'_> {
+    fn serve(&mut self, sock: TcpStream) -> Result<(), Close> {
+        sock.set_nodelay(true)?;
+        sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let mut reader = BufReader::with_capacity(IO_BUFFER, sock.try_clone()?);
+        let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
+        let mut body = Vec::new();
+        let mut out = Vec::new();
+        // Handshake.
+        let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
+            return Ok(());
+        };
+        if h.op != Op::Hello {
+            return Err(Close::Bad(format!("expected hello, got {:?}", h.op)));
+        }
+        let Request::Hello {
+            version,
+            page_size,
+            token,
+        } = Request::decode(h.op, &body)?
+        else {
+            unreachable!()
+        };
+        let refuse = |code, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<(), Close> {
+            let mut out = Vec::new();
+            Response::Error {
+                code,
+                message: &msg,
+            }
+            .encode(h.tag, &mut out);
+            let _ = writer.write_all(&out).and_then(|_| writer.flush());
+            Err(Close::Refused(msg))
+        };
+        if version != rmem_proto::VERSION {
+            let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
+            return refuse(ErrorCode::VersionMismatch, msg, &mut writer);
+        }
+        if !constant_time_eq(token, &self.config.token) {
+            return refuse(ErrorCode::Unauthorized, "wrong token".into(), &mut writer);
+        }
+        if !page_size.is_power_of_two()
+            || !(rmem_proto::PAGE_SIZE_MIN..=rmem_proto::PAGE_SIZE_MAX).contains(&page_size)
+            || page_size as u64 + 64 > self.config.frame_len_max as u64
+        {
+            return refuse(
+                ErrorCode::BadRequest,
+                format!("unsupported page size {page_size}"),
+                &mut writer,
+            );
+        }
+        self.page_size = page_size as usize;
+        Response::Welcome {
+            version: rmem_proto::VERSION,
+            frame_len_max: self.config.frame_len_max,
+            capacity_bytes: self.config.capacity_bytes,
+            used_bytes: self.state.used_bytes(),
+        }
+        .encode(h.tag, &mut out);
+        writer.write_all(&out)?;
+        writer.flush()?;
+        sock.set_read_timeout(None)?;
+        // Requests, answered in order; flush only when no further request is buffered.
+        loop {
+            let Some(h) = read_frame(&mut reader, self.config.frame_len_max, &mut body)? else {
+                return Ok(());
+            };
+            let req = Request::decode(h.op, &body)?;
+            out.clear();
+            self.answer(req, h.tag, &mut out)?;
+            writer.write_all(&out)?;
+            if reader.buffer().is_empty() {
+                writer.flush()?;
+            }
+        }
+    }
+
+    fn check_data(&self, count: u32, data: &[u8]) -> Result<(), Close> {
+        if count == 0 || data.len() as u64 != count as u64 * self.page_size as u64 {
+            return Err(Close::Bad(format!(
+                "{count} pages with {} bytes of data",
+                data.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn full(&self, want: u64, out: &mut Vec<u8>, tag: u64) {
+        let msg = format!(
+            "server {} full: capacity {} bytes, used {}, {} more needed",
+            self.me,
+            self.config.capacity_bytes,
+            self.state.used_bytes(),
+            want
+        );
+        Response::Error {
+            code: ErrorCode::Full,
+            message: &msg,
+        }
+        .encode(tag, out);
+    }
+
+    /// Reserve capacity for `new_pages` new pages; false if the server is full.
+    fn reserve(&self, new_pages: u64) -> bool {
+        let want = new_pages * self.page_size as u64;
+        let cap = self.config.capacity_bytes;
+        self.state
+            .used_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u + want <= cap).then_some(u + want)
+            })
+            .is_ok()
+    }
+
+    fn store(&mut self, key: u64, data: &[u8]) -> bool {
+        let new = (0..(data.len() / self.page_size) as u64)
+            .filter(|i| !self.pages.contains_key(&(key + i)))
+            .count();
+        if !self.reserve(new as u64) {
+            return false;
+        }
+        for (i, chunk) in data.chunks(self.page_size).enumerate() {
+            let k = key.wrapping_add(i as u64);
+            match self.pages.get_mut(&k) {
+                Some(p) => p.copy_from_slice(chunk),
+                None => {
+                    self.pages.insert(k, chunk.into());
+                }
+            }
+        }
+        true
+    }
+
+    fn answer(&mut self, req: Request<'_>, tag: u64, out: &mut Vec<u8>) -> Result<(), Close> {
+        match req {
+            Request::Hello { .. } => return Err(Close::Bad("second hello".into())),
+            Request::Read { key, count } => {
+                if count == 0
+                    || count as u64 * self.page_size as u64 + 64 > self.config.frame_len_max as u64
+                {
+                    return Err(Close::Bad(format!("read of {count} pages")));
+                }
+                let missing =
+                    (0..count as u64).find(|i| !self.pages.contains_key(&key.0.wrapping_add(*i)));
+                if let Some(i) = missing {
+                    let msg = format!("page {} is not stored here", key.0.wrapping_add(i));
+                    Response::Error {
+                        code: ErrorCode::NotFound,
+                        message: &msg,
+                    }
+                    .encode(tag, out);
+                    return Ok(());
+                }
+                let mut data = Vec::with_capacity(count as usize * self.page_size);
+                for i in 0..count as u64 {
+                    data.extend_from_slice(&self.pages[&key.0.wrapping_add(i)]);
+                }
+                Response::ReadOk {
+                    key,
+                    count,
+                    data: &data,
+                }
+                .encode(tag, out);
+            }
+            Request::Write { key, count, data } => {
+                self.check_data(count, data)?;
+                if self.store(key.0, data) {
+                    Response::WriteOk { key, count }.encode(tag, out);
+                } else {
+                    self.full(data.len() as u64, out, tag);
+                }
+            }
+            Request::Swap {
+                write_key,
+                read_key,
+                data,
+            } => {
+                self.check_data(1, data)?;
+                if !self.store(write_key.0, data) {
+                    self.full(data.len() as u64, out, tag);
+                    return Ok(());
+                }
+                match self.pages.get(&read_key.0) {
+                    Some(p) => Response::SwapOk { read_key, data: p }.encode(tag, out),
+                    None => {
+                        let msg = format!("page {} is not stored here", read_key.0);
+                        Response::Error {
+                            code: ErrorCode::NotFound,
+                            message: &msg,
+                        }
+                        .encode(tag, out)
+                    }
+                }
+            }
+            Request::Free { keys } => {
+                let removed = keys
+                    .iter()
+                    .filter(|k: &&PageKey| self.pages.remove(&k.0).is_some())
+                    .count();
+                self.state
+                    .used_bytes
+                    .fetch_sub(removed as u64 * self.page_size as u64, Ordering::Relaxed);
+                Response::FreeOk {
+                    count: removed as u32,
+                }
+                .encode(tag, out);
+            }
+            Request::Ping => Response::Pong {
+                used_bytes: self.state.used_bytes(),
+                capacity_bytes: self.config.capacity_bytes,
+            }
+            .encode(tag, out),
+        }
+        Ok(())
+    }
+}

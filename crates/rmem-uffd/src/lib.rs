@@ -1,0 +1,567 @@
+//! rmem-uffd: the userfaultfd layer under rmem's fault path.
+//!
+//! Entry point: [`Uffd::open`], which opens a userfaultfd the most capable way this process
+//! is allowed to ([`OpenMode`]): `/dev/userfaultfd`, then the `userfaultfd(2)` syscall with
+//! kernel-mode faults, then `UFFD_USER_MODE_ONLY` for unprivileged users. It negotiates the
+//! features rmem needs (write-protect faults, and `UFFDIO_MOVE` where present) and exposes
+//! the ioctls as safe methods over raw addresses ([`Uffd::copy`], [`Uffd::write_protect`],
+//! [`Uffd::move_pages`], [`Uffd::wake`], [`Uffd::read_events`]).
+//!
+//! Written on libc ioctls because the `userfaultfd` crate needs libclang, lacks WP_ASYNC and
+//! MOVE, and fails instead of falling back when `/dev/userfaultfd` exists but cannot be opened.
+//! The kernel headers on Debian 12 predate MOVE, so the constants are defined here.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const UFFDIO: u64 = 0xAA;
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
+    (dir << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+
+const UFFD_API: u64 = 0xAA;
+const USERFAULTFD_IOC_NEW: u64 = ioc(0, 0x00, 0);
+const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, 0x3F, 24);
+const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, 0x00, 32);
+const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, 0x01, 16);
+const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, 16);
+const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, 0x03, 40);
+const UFFDIO_ZEROPAGE: u64 = ioc(IOC_READ | IOC_WRITE, 0x04, 32);
+const UFFDIO_MOVE: u64 = ioc(IOC_READ | IOC_WRITE, 0x05, 40);
+const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, 0x06, 24);
+
+/// `UFFD_USER_MODE_ONLY`: only user-mode faults are reported; kernel accesses get EFAULT.
+const UFFD_USER_MODE_ONLY: libc::c_int = 1;
+
+/// Feature bits of `UFFDIO_API`.
+pub mod feature {
+    pub const PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+    pub const THREAD_ID: u64 = 1 << 8;
+    pub const EXACT_ADDRESS: u64 = 1 << 11;
+    pub const WP_UNPOPULATED: u64 = 1 << 13;
+    pub const POISON: u64 = 1 << 14;
+    pub const WP_ASYNC: u64 = 1 << 15;
+    pub const MOVE: u64 = 1 << 16;
+}
+
+const REGISTER_MODE_MISSING: u64 = 1 << 0;
+const REGISTER_MODE_WP: u64 = 1 << 1;
+const COPY_MODE_WP: u64 = 1 << 1;
+const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
+const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
+
+const EVENT_PAGEFAULT: u8 = 0x12;
+const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+const PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+
+#[repr(C)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+#[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+/// `struct uffd_msg`: 32 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RawMsg {
+    event: u8,
+    reserved1: u8,
+    reserved2: u16,
+    reserved3: u32,
+    arg0: u64,
+    arg1: u64,
+    arg2: u64,
+}
+
+/// How the userfaultfd was opened; decides whether kernel-mode accesses (a `read(2)` into a
+/// non-resident buffer) are resolved or fail with EFAULT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Through `/dev/userfaultfd`: kernel-mode faults are handled.
+    DevNode,
+    /// Through the syscall with kernel-mode faults (root, CAP_SYS_PTRACE, or
+    /// vm.unprivileged_userfaultfd=1).
+    Syscall,
+    /// Through the syscall with `UFFD_USER_MODE_ONLY`: kernel accesses to missing pages fail
+    /// with EFAULT instead of faulting.
+    UserModeOnly,
+}
+
+impl OpenMode {
+    pub fn handles_kernel_faults(self) -> bool {
+        !matches!(self, OpenMode::UserModeOnly)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            OpenMode::DevNode => "dev-userfaultfd",
+            OpenMode::Syscall => "syscall",
+            OpenMode::UserModeOnly => "user-mode-only",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UffdError {
+    /// Every way of opening a userfaultfd failed.
+    #[error("cannot open a userfaultfd (/dev/userfaultfd: {dev}; syscall: {syscall}; user-mode-only syscall: {user})")]
+    Open {
+        dev: io::Error,
+        syscall: io::Error,
+        user: io::Error,
+    },
+    #[error("UFFDIO_API handshake failed")]
+    Api(#[source] io::Error),
+    #[error(
+        "the kernel lacks userfaultfd write-protect support for anonymous memory (features {0:#x})"
+    )]
+    NoWriteProtect(u64),
+    #[error("UFFDIO_REGISTER of {len} bytes at {start:#x} failed")]
+    Register {
+        start: u64,
+        len: u64,
+        source: io::Error,
+    },
+    #[error("{op} of {len} bytes at {addr:#x} failed")]
+    Ioctl {
+        op: &'static str,
+        addr: u64,
+        len: u64,
+        source: io::Error,
+    },
+    #[error("reading userfaultfd events failed")]
+    Read(#[source] io::Error),
+}
+
+/// One page-fault event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// Faulting address (page-aligned by the kernel unless EXACT_ADDRESS was negotiated).
+    pub address: u64,
+    /// The access was a write.
+    pub write: bool,
+    /// A write-protect fault (the page is present but write-protected), not a missing page.
+    pub write_protect: bool,
+}
+
+/// Result of a resolve ioctl that may legitimately lose a race.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolve {
+    Done,
+    /// The destination was already populated (EEXIST): another resolution won.
+    AlreadyMapped,
+}
+
+/// An open userfaultfd.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+    mode: OpenMode,
+    features: u64,
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn open_raw() -> Result<(OwnedFd, OpenMode), UffdError> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    let dev = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+    {
+        Ok(f) => {
+            // SAFETY: USERFAULTFD_IOC_NEW takes the open flags by value and returns a new fd.
+            let fd = unsafe { libc::ioctl(f.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+            if fd >= 0 {
+                // SAFETY: fd is a fresh descriptor returned by the kernel and owned by nobody else.
+                return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, OpenMode::DevNode));
+            }
+            errno()
+        }
+        Err(e) => e,
+    };
+    // SAFETY: the userfaultfd syscall takes an int flags argument and returns an fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
+    if fd >= 0 {
+        // SAFETY: fresh descriptor from the kernel.
+        return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, OpenMode::Syscall));
+    }
+    let syscall = errno();
+    // SAFETY: as above, with UFFD_USER_MODE_ONLY.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) } as RawFd;
+    if fd >= 0 {
+        // SAFETY: fresh descriptor from the kernel.
+        return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, OpenMode::UserModeOnly));
+    }
+    Err(UffdError::Open {
+        dev,
+        syscall,
+        user: errno(),
+    })
+}
+
+fn api(fd: RawFd, features: u64) -> io::Result<u64> {
+    let mut a = UffdioApi {
+        api: UFFD_API,
+        features,
+        ioctls: 0,
+    };
+    // SAFETY: `a` is a valid, exclusively borrowed uffdio_api for the duration of the call.
+    if unsafe { libc::ioctl(fd, UFFDIO_API as _, &mut a) } != 0 {
+        return Err(errno());
+    }
+    Ok(a.features)
+}
+
+impl Uffd {
+    /// Open a userfaultfd (non-blocking, close-on-exec) and negotiate write-protect faults plus
+    /// MOVE when the kernel has it. Fails if write-protect is unavailable: rmem's dirty
+    /// tracking depends on it.
+    pub fn open() -> Result<Uffd, UffdError> {
+        // Probe the available features on a throwaway descriptor: UFFDIO_API may be issued
+        // only once per descriptor.
+        let (probe, _) = open_raw()?;
+        let available = api(probe.as_raw_fd(), 0).map_err(UffdError::Api)?;
+        drop(probe);
+        if available & feature::PAGEFAULT_FLAG_WP == 0 {
+            return Err(UffdError::NoWriteProtect(available));
+        }
+        let wanted = feature::PAGEFAULT_FLAG_WP | feature::MOVE;
+        let (fd, mode) = open_raw()?;
+        let features = api(fd.as_raw_fd(), wanted & available).map_err(UffdError::Api)?;
+        Ok(Uffd { fd, mode, features })
+    }
+
+    pub fn mode(&self) -> OpenMode {
+        self.mode
+    }
+
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    pub fn has_move(&self) -> bool {
+        self.features & feature::MOVE != 0
+    }
+
+    /// Register `[start, start+len)` for missing and write-protect faults.
+    pub fn register(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        let mut r = UffdioRegister {
+            range: UffdioRange { start, len },
+            mode: REGISTER_MODE_MISSING | REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        // SAFETY: `r` is a valid uffdio_register; the kernel validates the range.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut r) } != 0 {
+            return Err(UffdError::Register {
+                start,
+                len,
+                source: errno(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Register `[start, start+len)` for missing faults only (a staging area for MOVE).
+    pub fn register_missing(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        let mut r = UffdioRegister {
+            range: UffdioRange { start, len },
+            mode: REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        // SAFETY: `r` is a valid uffdio_register; the kernel validates the range.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut r) } != 0 {
+            return Err(UffdError::Register {
+                start,
+                len,
+                source: errno(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn unregister(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        let mut r = UffdioRange { start, len };
+        // SAFETY: `r` is a valid uffdio_range.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_UNREGISTER as _, &mut r) } != 0 {
+            return Err(UffdError::Ioctl {
+                op: "UFFDIO_UNREGISTER",
+                addr: start,
+                len,
+                source: errno(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Atomically install `len` bytes from `src` at `dst` (a missing range), write-protected
+    /// if `write_protect`, and wake the threads waiting on it.
+    ///
+    /// `src` must point to `len` readable bytes outside any range registered with this
+    /// userfaultfd; the kernel reads it with copy_from_user and fails with EFAULT otherwise.
+    pub fn copy(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: u64,
+        write_protect: bool,
+    ) -> Result<Resolve, UffdError> {
+        let mode = if write_protect { COPY_MODE_WP } else { 0 };
+        loop {
+            let mut c = UffdioCopy {
+                dst,
+                src: src as u64,
+                len,
+                mode,
+                copy: 0,
+            };
+            // SAFETY: `c` is a valid uffdio_copy; the kernel validates both ranges and reads
+            // `src` through copy_from_user, so a bad pointer yields EFAULT, not UB.
+            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY as _, &mut c) };
+            if rc == 0 {
+                return Ok(Resolve::Done);
+            }
+            let e = errno();
+            match e.raw_os_error() {
+                Some(libc::EEXIST) => {
+                    self.wake(dst, len)?;
+                    return Ok(Resolve::AlreadyMapped);
+                }
+                // EAGAIN: the mm changed under us (a racing mremap/fork); the partial count is
+                // in c.copy. Retry the remainder.
+                Some(libc::EAGAIN) if c.copy > 0 && (c.copy as u64) < len => {
+                    let done = c.copy as u64;
+                    return self.copy(
+                        dst + done,
+                        src.wrapping_add(done as usize),
+                        len - done,
+                        write_protect,
+                    );
+                }
+                Some(libc::EAGAIN) => continue,
+                _ => {
+                    return Err(UffdError::Ioctl {
+                        op: "UFFDIO_COPY",
+                        addr: dst,
+                        len,
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Map the zero page over a missing range and wake waiters.
+    pub fn zeropage(&self, dst: u64, len: u64) -> Result<Resolve, UffdError> {
+        let mut z = UffdioZeropage {
+            range: UffdioRange { start: dst, len },
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: `z` is a valid uffdio_zeropage.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_ZEROPAGE as _, &mut z) } != 0 {
+            let e = errno();
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                self.wake(dst, len)?;
+                return Ok(Resolve::AlreadyMapped);
+            }
+            return Err(UffdError::Ioctl {
+                op: "UFFDIO_ZEROPAGE",
+                addr: dst,
+                len,
+                source: e,
+            });
+        }
+        Ok(Resolve::Done)
+    }
+
+    /// Set (`protect`) or clear write protection on a present range. Clearing also wakes
+    /// threads blocked on write-protect faults there, unless `dont_wake`.
+    pub fn write_protect(
+        &self,
+        start: u64,
+        len: u64,
+        protect: bool,
+        dont_wake: bool,
+    ) -> Result<(), UffdError> {
+        let mut mode = if protect { WRITEPROTECT_MODE_WP } else { 0 };
+        if dont_wake {
+            mode |= WRITEPROTECT_MODE_DONTWAKE;
+        }
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange { start, len },
+            mode,
+        };
+        // SAFETY: `w` is a valid uffdio_writeprotect.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut w) } != 0 {
+            return Err(UffdError::Ioctl {
+                op: "UFFDIO_WRITEPROTECT",
+                addr: start,
+                len,
+                source: errno(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Move the present pages of `[src, src+len)` to `dst` (missing, and registered with this
+    /// userfaultfd), leaving `src` unmapped. Holes in `src` are allowed. Returns the bytes moved.
+    pub fn move_pages(&self, dst: u64, src: u64, len: u64) -> Result<u64, UffdError> {
+        let mut m = UffdioMove {
+            dst,
+            src,
+            len,
+            mode: MOVE_MODE_ALLOW_SRC_HOLES,
+            moved: 0,
+        };
+        // SAFETY: `m` is a valid uffdio_move; the kernel validates both ranges.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) } != 0 {
+            return Err(UffdError::Ioctl {
+                op: "UFFDIO_MOVE",
+                addr: src,
+                len,
+                source: errno(),
+            });
+        }
+        Ok(m.moved as u64)
+    }
+
+    /// Wake threads waiting on faults in a range without resolving anything: they retry the
+    /// access and fault again if the page is still not there.
+    pub fn wake(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        let mut r = UffdioRange { start, len };
+        // SAFETY: `r` is a valid uffdio_range.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE as _, &mut r) } != 0 {
+            return Err(UffdError::Ioctl {
+                op: "UFFDIO_WAKE",
+                addr: start,
+                len,
+                source: errno(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Read pending page-fault events without blocking, appending them to `out`. Returns how
+    /// many were read (0 when none is pending). Events other than page faults are ignored:
+    /// none are negotiated.
+    pub fn read_events(&self, out: &mut Vec<Fault>) -> Result<usize, UffdError> {
+        let mut msgs = [RawMsg::default(); 64];
+        // SAFETY: `msgs` is a writable buffer of 64 uffd_msg-sized entries.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr().cast(),
+                std::mem::size_of_val(&msgs),
+            )
+        };
+        if n < 0 {
+            let e = errno();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(0),
+                _ => Err(UffdError::Read(e)),
+            };
+        }
+        let count = n as usize / std::mem::size_of::<RawMsg>();
+        for m in &msgs[..count] {
+            if m.event == EVENT_PAGEFAULT {
+                out.push(Fault {
+                    address: m.arg1,
+                    write: m.arg0 & PAGEFAULT_FLAG_WRITE != 0,
+                    write_protect: m.arg0 & PAGEFAULT_FLAG_WP != 0,
+                });
+            }
+        }
+        Ok(count)
+    }
+}
+
+impl AsRawFd for Uffd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_sizes_match_the_kernel_abi() {
+        assert_eq!(std::mem::size_of::<UffdioApi>(), 24);
+        assert_eq!(std::mem::size_of::<UffdioRegister>(), 32);
+        assert_eq!(std::mem::size_of::<UffdioCopy>(), 40);
+        assert_eq!(std::mem::size_of::<UffdioZeropage>(), 32);
+        assert_eq!(std::mem::size_of::<UffdioMove>(), 40);
+        assert_eq!(std::mem::size_of::<UffdioWriteprotect>(), 24);
+        assert_eq!(std::mem::size_of::<RawMsg>(), 32);
+        // Values from linux/userfaultfd.h on x86-64.
+        assert_eq!(UFFDIO_API, 0xc018aa3f);
+        assert_eq!(UFFDIO_REGISTER, 0xc020aa00);
+        assert_eq!(UFFDIO_COPY, 0xc028aa03);
+        assert_eq!(UFFDIO_WRITEPROTECT, 0xc018aa06);
+        assert_eq!(UFFDIO_WAKE, 0x8010aa02);
+    }
+
+    #[test]
+    fn opens_with_write_protect() {
+        let u = Uffd::open().expect("userfaultfd must be available on the machines rmem supports");
+        assert!(u.features() & feature::PAGEFAULT_FLAG_WP != 0);
+        eprintln!(
+            "userfaultfd mode {:?}, features {:#x}",
+            u.mode(),
+            u.features()
+        );
+    }
+}
