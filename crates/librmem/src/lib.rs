@@ -4,12 +4,27 @@
 //! runtime is configured from the environment that `rmem run` sets
 //! ([`rmem_client::Config::from_env`]). One runtime per process, created once and kept for
 //! the life of the process; `rmem_exit` stops it, and a later allocation starts a new one.
+//!
+//! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
+//! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode, and
+//! [`fork`] what a fork() child sees. A constructor starts the runtime before any constructor
+//! of the program when `rmem run` asks for transparent mode.
+
+mod fork;
+mod io;
+mod malloc;
+
+#[global_allocator]
+static ALLOC: malloc::LibcAlloc = malloc::LibcAlloc;
+
+/// Default of `RMEM_MIN_ALLOC` (`rmem run --min-alloc`); see docs/configuration.md for why.
+pub const MIN_ALLOC_DEFAULT: usize = 64 << 10;
 
 use rmem_client::Runtime;
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// The live runtime, or null. Runtimes are leaked on purpose: pointers into a stopped one
@@ -18,6 +33,31 @@ static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(null_mut());
 static INIT_LOCK: Mutex<()> = Mutex::new(());
 static ATEXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 static INIT_ERROR_REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Bounds of the region of the latest runtime (kept after rmem_exit, so its pointers are
+/// still recognised as rmem's).
+pub(crate) static REGION_BASE: AtomicU64 = AtomicU64::new(0);
+pub(crate) static REGION_LEN: AtomicU64 = AtomicU64::new(0);
+
+/// `addr` lies in rmem's region.
+pub(crate) fn region_contains(addr: u64) -> bool {
+    let base = REGION_BASE.load(Ordering::Relaxed);
+    addr.wrapping_sub(base) < REGION_LEN.load(Ordering::Relaxed)
+}
+
+/// `[a, b]` covers the whole region.
+pub(crate) fn region_within(a: u64, b: u64) -> bool {
+    let (base, len) = (
+        REGION_BASE.load(Ordering::Relaxed),
+        REGION_LEN.load(Ordering::Relaxed),
+    );
+    len > 0 && a <= base && b >= base + len - 1
+}
+
+/// Say something on stderr as rmem.
+pub(crate) fn report(msg: &str) {
+    eprintln!("rmem: {msg}");
+}
 
 fn current() -> Option<&'static Runtime> {
     let p = RUNTIME.load(Ordering::Acquire);
@@ -37,6 +77,9 @@ fn guard<T>(f: impl FnOnce() -> T) -> T {
 }
 
 extern "C" fn at_exit() {
+    if malloc::FORKED.load(Ordering::Relaxed) {
+        return;
+    }
     if let Some(rt) = current() {
         write_stats(rt);
     }
@@ -72,6 +115,17 @@ fn init() -> Option<&'static Runtime> {
                 );
             }
             let rt: &'static Runtime = Box::leak(Box::new(rt));
+            let (base, len) = rt.region();
+            REGION_LEN.store(0, Ordering::Relaxed);
+            REGION_BASE.store(base, Ordering::Relaxed);
+            REGION_LEN.store(len, Ordering::Relaxed);
+            let ps = rt.page_size();
+            io::PAGE.store(ps, Ordering::Relaxed);
+            // A system call's region buffer is faulted in a chunk at a time, small enough that
+            // the chunk stays resident while the call runs.
+            let chunk = (rt.local_bytes() / 4).min(8 << 20).max(ps as u64);
+            io::CHUNK.store(chunk as usize, Ordering::Relaxed);
+            io::PREFAULT.store(!rt.uffd_mode().handles_kernel_faults(), Ordering::Relaxed);
             RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);
             if !ATEXIT_REGISTERED.swap(true, Ordering::AcqRel) {
                 // SAFETY: registering a plain extern "C" fn with no captured state.
@@ -104,6 +158,12 @@ pub extern "C" fn rmem_init() -> c_int {
 /// See `rmem.h`.
 #[no_mangle]
 pub extern "C" fn rmem_alloc(size: usize) -> *mut c_void {
+    if malloc::FORKED.load(Ordering::Relaxed) {
+        report("rmem_alloc in a fork() child: remote memory belongs to the parent; returning NULL");
+        // SAFETY: errno is thread-local.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        return null_mut();
+    }
     guard(|| match init().and_then(|rt| rt.alloc(size)) {
         Some(p) => p.cast(),
         None => {
@@ -117,7 +177,7 @@ pub extern "C" fn rmem_alloc(size: usize) -> *mut c_void {
 /// See `rmem.h`.
 #[no_mangle]
 pub extern "C" fn rmem_free(ptr: *mut c_void) {
-    if ptr.is_null() {
+    if ptr.is_null() || malloc::FORKED.load(Ordering::Relaxed) {
         return;
     }
     guard(|| match current() {
@@ -242,4 +302,48 @@ pub extern "C" fn dlm_free(ptr: *mut c_void) {
 #[no_mangle]
 pub extern "C" fn dlm_exit() {
     rmem_exit()
+}
+
+/// Runs when the library is loaded, before any constructor of the program: turns on
+/// transparent mode when `rmem run` asked for it.
+#[used]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = constructor;
+
+extern "C" fn constructor() {
+    fork::install();
+    if std::env::var_os("RMEM_MODE").is_none_or(|m| m != "transparent") {
+        return;
+    }
+    // Only the program `rmem run` started: its children inherit LD_PRELOAD, not the runtime.
+    if let Some(pid) = std::env::var("RMEM_RUN_PID")
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        // SAFETY: getppid has no preconditions.
+        if pid != unsafe { libc::getppid() } {
+            return;
+        }
+    }
+    guard(transparent_start);
+}
+
+/// Start the runtime for transparent mode, or end the process: a program that asked for
+/// remote memory must not silently run without it.
+fn transparent_start() {
+    if let Ok(v) = std::env::var("RMEM_MIN_ALLOC") {
+        match rmem_proto::size::parse_size(&v) {
+            Ok(n) => malloc::MIN_ALLOC.store(n as usize, Ordering::Relaxed),
+            Err(e) => {
+                report(&format!("fatal: RMEM_MIN_ALLOC={v:?}: {e}"));
+                // SAFETY: ending the process before the program starts.
+                unsafe { libc::_exit(rmem_client::EXIT_SERVER_LOST) };
+            }
+        }
+    }
+    if init().is_none() {
+        // SAFETY: as above; init() has said why.
+        unsafe { libc::_exit(rmem_client::EXIT_SERVER_LOST) };
+    }
+    malloc::TRANSPARENT.store(true, Ordering::Release);
 }

@@ -128,6 +128,8 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     store.flush().map_err(err)?;
     let mut stored = 0;
     while stored < raw_pages {
+        // The socket may not take every request at once: keep sending while waiting.
+        store.flush().map_err(err)?;
         stored += store.poll(&mut |_| {}).map_err(err)? as u64;
     }
     let mut rtt = Vec::with_capacity(samples);
@@ -141,6 +143,7 @@ fn fault(a: FaultArgs) -> Result<(), String> {
         store.fetch(p).map_err(err)?;
         let mut got = false;
         while !got {
+            store.flush().map_err(err)?;
             store
                 .poll(&mut |c| {
                     if let Completion::Fetched { data, .. } = c {

@@ -29,9 +29,13 @@ pub struct RunArgs {
     /// Placement of pages on servers: priority (fill in order) or stripe (round-robin).
     #[arg(long, default_value = "priority")]
     pub placement: String,
-    /// Only explicit allocations (rmem_alloc, dlm_alloc) go remote.
+    /// Only explicit allocations (rmem_alloc, dlm_alloc) go remote; without it, every
+    /// allocation of at least --min-alloc bytes does (transparent mode, through LD_PRELOAD).
     #[arg(long)]
     pub api: bool,
+    /// Transparent mode: smallest allocation that goes remote (0: every allocation).
+    #[arg(long, default_value = "64K")]
+    pub min_alloc: String,
     /// Write the statistics as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
@@ -111,13 +115,24 @@ pub fn run(args: RunArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
-    if !args.api {
-        eprintln!(
-            "rmem run: transparent mode (LD_PRELOAD) is not available yet; pass --api to run a program \
-             that allocates remote memory explicitly with rmem_alloc or dlm_alloc"
-        );
-        return EXIT_USAGE;
-    }
+    let min_alloc = match parse_size(&args.min_alloc) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("rmem run: --min-alloc {}: {e}", args.min_alloc);
+            return EXIT_USAGE;
+        }
+    };
+    let preload = if args.api {
+        None
+    } else {
+        match librmem_path() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("rmem run: {e}");
+                return EXIT_USAGE;
+            }
+        }
+    };
     let capacity = parse_size(&args.server_capacity).expect("checked");
     let token = fresh_token();
     let mut servers = match start_local_servers(args.servers, capacity, &token) {
@@ -149,7 +164,23 @@ pub fn run(args: RunArgs) -> i32 {
         .env("RMEM_POLICY", &config.policy)
         .env("RMEM_PLACEMENT", config.placement.name())
         .env("RMEM_STATS_JSON", &stats_path)
-        .env("RMEM_MODE", "api");
+        .env("RMEM_RUN_PID", std::process::id().to_string());
+    match &preload {
+        None => {
+            cmd.env("RMEM_MODE", "api");
+        }
+        Some(lib) => {
+            let old = std::env::var("LD_PRELOAD").unwrap_or_default();
+            let new = if old.is_empty() {
+                lib.display().to_string()
+            } else {
+                format!("{}:{old}", lib.display())
+            };
+            cmd.env("RMEM_MODE", "transparent")
+                .env("RMEM_MIN_ALLOC", min_alloc.to_string())
+                .env("LD_PRELOAD", new);
+        }
+    }
     if let Some(dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(|d| d.to_path_buf()))
@@ -212,6 +243,24 @@ pub fn run(args: RunArgs) -> i32 {
         );
     }
     code
+}
+
+/// librmem.so, which transparent mode preloads: beside this rmem binary, or in ../lib.
+fn librmem_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the rmem binary: {e}"))?;
+    let dir = exe.parent().ok_or("the rmem binary has no directory")?;
+    let candidates = [dir.join("librmem.so"), dir.join("../lib/librmem.so")];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
+        .ok_or_else(|| {
+            format!(
+                "librmem.so not found beside {} (looked in {}); build it with cargo build --release",
+                exe.display(),
+                candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            )
+        })
 }
 
 /// Wait for the program; if a server dies first, stop the program and say which server.

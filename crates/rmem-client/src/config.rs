@@ -51,6 +51,8 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Where to write statistics as JSON at exit, if anywhere.
     pub stats_json: Option<String>,
+    /// Open userfaultfd in `UFFD_USER_MODE_ONLY` mode even where kernel faults are allowed.
+    pub uffd_user_mode_only: bool,
 }
 
 impl Default for Config {
@@ -69,6 +71,7 @@ impl Default for Config {
             heartbeat: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             stats_json: None,
+            uffd_user_mode_only: false,
         }
     }
 }
@@ -192,6 +195,7 @@ impl Config {
             heartbeat: ms_var("RMEM_HEARTBEAT_MS", d.heartbeat)?,
             connect_timeout: ms_var("RMEM_CONNECT_TIMEOUT_MS", d.connect_timeout)?,
             stats_json: var("RMEM_STATS_JSON"),
+            uffd_user_mode_only: var("RMEM_UFFD_USER_MODE_ONLY").is_some_and(|v| v.trim() != "0"),
         };
         c.validate()?;
         Ok(c)

@@ -28,3 +28,14 @@ pub use stats::{Stats, StatsSnapshot};
 
 /// Exit status of a program stopped because a memory server died (EX_UNAVAILABLE).
 pub const EXIT_SERVER_LOST: i32 = 69;
+
+thread_local! {
+    /// Set on the pager thread: it must never allocate in, or touch, the region it serves.
+    static PAGER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True on a runtime's pager thread. An allocator that interposes `malloc` must send this
+/// thread's allocations elsewhere: a fault it took on the region would wait for itself.
+pub fn on_pager_thread() -> bool {
+    PAGER_THREAD.with(|t| t.get())
+}

@@ -155,6 +155,10 @@ impl Staging {
 
     /// Empty a slot and return it to the free list.
     pub fn release(&mut self, slot: u32) -> io::Result<()> {
+        assert!(
+            !self.free.contains(&slot),
+            "staging slot {slot} released twice"
+        );
         self.mapping.discard(self.addr(slot), self.slot_size)?;
         self.free.push(slot);
         Ok(())

@@ -56,6 +56,7 @@ pub struct Runtime {
     capacity_bytes: u64,
     mode: OpenMode,
     servers: String,
+    local_bytes: u64,
 }
 
 impl Runtime {
@@ -90,7 +91,7 @@ impl Runtime {
         let policy = rmem_policy::by_name(&config.policy)
             .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
         let ps = config.page_size as u64;
-        let uffd = Uffd::open()?;
+        let uffd = Uffd::open_as(config.uffd_user_mode_only)?;
         if !uffd.has_move() {
             return Err(RuntimeError::NoMove);
         }
@@ -131,22 +132,27 @@ impl Runtime {
         });
         let handle = std::thread::Builder::new()
             .name("rmem-pager".into())
-            .spawn(move || match pager.run() {
-                Ok(done) => {
-                    drop(pager);
-                    done.signal();
-                }
-                Err(e) => {
-                    let mut msg = e.to_string();
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        msg.push_str(": ");
-                        msg.push_str(&s.to_string());
-                        src = s.source();
+            .spawn(move || {
+                match {
+                    crate::PAGER_THREAD.with(|t| t.set(true));
+                    pager.run()
+                } {
+                    Ok(done) => {
+                        drop(pager);
+                        done.signal();
                     }
-                    on_fatal(&msg);
-                    // Only reached when the handler returns (tests): the region goes away
-                    // with the pager, so late touches fault with SIGSEGV, never zeros.
+                    Err(e) => {
+                        let mut msg = e.to_string();
+                        let mut src = std::error::Error::source(&e);
+                        while let Some(s) = src {
+                            msg.push_str(": ");
+                            msg.push_str(&s.to_string());
+                            src = s.source();
+                        }
+                        on_fatal(&msg);
+                        // Only reached when the handler returns (tests): the region goes away
+                        // with the pager, so late touches fault with SIGSEGV, never zeros.
+                    }
                 }
             })
             .map_err(RuntimeError::Thread)?;
@@ -162,6 +168,7 @@ impl Runtime {
             capacity_bytes,
             mode,
             servers,
+            local_bytes: budget_pages * ps,
         })
     }
 
@@ -242,6 +249,11 @@ impl Runtime {
 
     pub fn uffd_mode(&self) -> OpenMode {
         self.mode
+    }
+
+    /// The local memory budget in bytes.
+    pub fn local_bytes(&self) -> u64 {
+        self.local_bytes
     }
 
     pub fn servers(&self) -> &str {

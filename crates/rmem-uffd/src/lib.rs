@@ -213,8 +213,23 @@ fn errno() -> io::Error {
     io::Error::last_os_error()
 }
 
-fn open_raw() -> Result<(OwnedFd, OpenMode), UffdError> {
+fn open_raw(user_mode_only: bool) -> Result<(OwnedFd, OpenMode), UffdError> {
     let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    if user_mode_only {
+        // SAFETY: the userfaultfd syscall takes an int flags argument and returns an fd or -1.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, flags | UFFD_USER_MODE_ONLY) } as RawFd;
+        if fd >= 0 {
+            // SAFETY: fresh descriptor from the kernel.
+            return Ok((unsafe { OwnedFd::from_raw_fd(fd) }, OpenMode::UserModeOnly));
+        }
+        let e = errno();
+        return Err(UffdError::Open {
+            dev: io::Error::from_raw_os_error(libc::EPERM),
+            syscall: io::Error::from_raw_os_error(libc::EPERM),
+            user: e,
+        });
+    }
     let dev = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -269,16 +284,22 @@ impl Uffd {
     /// MOVE when the kernel has it. Fails if write-protect is unavailable: rmem's dirty
     /// tracking depends on it.
     pub fn open() -> Result<Uffd, UffdError> {
+        Uffd::open_as(false)
+    }
+
+    /// As [`Uffd::open`]; with `user_mode_only`, go straight to `UFFD_USER_MODE_ONLY` even
+    /// where kernel-mode faults are allowed (to run and test the unprivileged path as root).
+    pub fn open_as(user_mode_only: bool) -> Result<Uffd, UffdError> {
         // Probe the available features on a throwaway descriptor: UFFDIO_API may be issued
         // only once per descriptor.
-        let (probe, _) = open_raw()?;
+        let (probe, _) = open_raw(user_mode_only)?;
         let available = api(probe.as_raw_fd(), 0).map_err(UffdError::Api)?;
         drop(probe);
         if available & feature::PAGEFAULT_FLAG_WP == 0 {
             return Err(UffdError::NoWriteProtect(available));
         }
         let wanted = feature::PAGEFAULT_FLAG_WP | feature::MOVE;
-        let (fd, mode) = open_raw()?;
+        let (fd, mode) = open_raw(user_mode_only)?;
         let features = api(fd.as_raw_fd(), wanted & available).map_err(UffdError::Api)?;
         Ok(Uffd { fd, mode, features })
     }

@@ -1,0 +1,94 @@
+//! What a fork() child sees of remote memory.
+//!
+//! The region is mapped `MADV_DONTFORK`, and its pager thread does not exist in a child, so a
+//! child cannot share it. Rather than let a child read zeros where data should be, the child
+//! keeps the region's address range reserved with no access, and a child that touches it is
+//! stopped with a message that says why. fork() followed by exec(), `system()`, `popen()` and
+//! `posix_spawn` are unaffected. Allocations in the child are local from then on.
+
+use crate::malloc::FORKED;
+use crate::{region_contains, REGION_BASE, REGION_LEN};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Exit status of a fork() child that touched its parent's remote memory.
+pub const EXIT_FORK_TOUCH: i32 = 70;
+
+/// Register the fork handler (once, from the library constructor).
+pub fn install() {
+    // SAFETY: registering a plain extern "C" fn without state.
+    unsafe { libc::pthread_atfork(None, None, Some(child)) };
+}
+
+extern "C" fn child() {
+    let (base, len) = (REGION_BASE.load(Relaxed), REGION_LEN.load(Relaxed));
+    if len == 0 {
+        return;
+    }
+    FORKED.store(true, Relaxed);
+    // SAFETY: reserving, with no access, the range that DONTFORK left empty in this child;
+    // FIXED_NOREPLACE fails instead of clobbering anything that could be there.
+    unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_segv as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::addr_of_mut!(PREVIOUS));
+    }
+}
+
+/// The SIGSEGV action the program had before the fork handler replaced it.
+static mut PREVIOUS: libc::sigaction = unsafe { std::mem::zeroed() };
+
+extern "C" fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    if !region_contains(addr) {
+        // Not rmem's: put the program's own action back; the faulting access repeats and
+        // gets it.
+        // SAFETY: PREVIOUS was filled by sigaction in `child` before this handler existed.
+        unsafe {
+            libc::sigaction(
+                libc::SIGSEGV,
+                std::ptr::addr_of!(PREVIOUS),
+                std::ptr::null_mut(),
+            )
+        };
+        return;
+    }
+    let mut msg = [0u8; 200];
+    let mut n = 0;
+    for part in [
+        b"rmem: fatal: a fork() child touched its parent's remote memory at 0x".as_slice(),
+        &hex(addr),
+        b"; remote memory is not shared with fork() children (exec a program, or use threads)\n",
+    ] {
+        let k = part.len().min(msg.len() - n);
+        msg[n..n + k].copy_from_slice(&part[..k]);
+        n += k;
+    }
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; msg is a valid buffer of n bytes.
+    unsafe {
+        libc::syscall(libc::SYS_write, 2, msg.as_ptr(), n);
+        libc::_exit(EXIT_FORK_TOUCH);
+    }
+}
+
+fn hex(v: u64) -> [u8; 16] {
+    let mut out = [b'0'; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let d = (v >> (60 - 4 * i)) & 0xf;
+        *o = b"0123456789abcdef"[d as usize];
+    }
+    out
+}

@@ -1,0 +1,472 @@
+//! Kernel-mode access to remote memory in `UFFD_USER_MODE_ONLY` mode.
+//!
+//! Without the privilege to handle kernel faults, a system call whose buffer lies on a remote
+//! page that is not resident fails with EFAULT instead of faulting. The I/O calls below are
+//! interposed: when their buffer lies in the region they fault it in from the calling thread
+//! first (a write-touch when the kernel will write the buffer, so the page is also dirty and
+//! writable), in chunks small enough to stay resident, and retry a chunk that still got EFAULT
+//! because another thread evicted it meanwhile (JumboMem section IV-C did the same). Where
+//! kernel faults are handled natively the calls pass straight through.
+
+use crate::region_contains;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
+
+/// Buffers in the region must be faulted in before a system call touches them.
+pub static PREFAULT: AtomicBool = AtomicBool::new(false);
+/// Bytes of region buffer handed to one system call; set at start from the budget.
+pub static CHUNK: AtomicUsize = AtomicUsize::new(1 << 20);
+/// The DLM page size, for touching once per page.
+pub static PAGE: AtomicUsize = AtomicUsize::new(4096);
+/// A chunk that still fails with EFAULT after this many prefaults gives up with EFAULT.
+const EFAULT_RETRIES: usize = 16;
+
+/// The next definition of `name` after this library (glibc's), as an address. Aborts if
+/// there is none: rmem cannot forward the call.
+pub fn next_symbol(name: &CStr) -> usize {
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT searches the libraries after ours.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    if f == 0 {
+        crate::report(&format!("cannot find {name:?} in the C library"));
+        std::process::abort();
+    }
+    f
+}
+
+/// Declare `$name` as an interposer and `real` as the C library's definition.
+macro_rules! real {
+    ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
+        static REAL: AtomicUsize = AtomicUsize::new(0);
+        let mut f = REAL.load(Relaxed);
+        if f == 0 {
+            f = next_symbol($name);
+            REAL.store(f, Relaxed);
+        }
+        // SAFETY: f is the C library's definition of this very function, same signature.
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(f) }
+    }};
+}
+
+/// The region part of `[buf, buf+len)` needs faulting in before the kernel touches it.
+fn needs_prefault(buf: *const c_void, len: usize) -> bool {
+    if len == 0 || !PREFAULT.load(Relaxed) {
+        return false;
+    }
+    let (a, b) = (buf as u64, buf as u64 + len as u64 - 1);
+    region_contains(a) || region_contains(b) || crate::region_within(a, b)
+}
+
+/// Fault in every DLM page of `[buf, buf+len)` that lies in the region, from this thread.
+/// `for_write`: the kernel will write the buffer, so the pages must be writable (dirty).
+fn prefault(buf: *const c_void, len: usize, for_write: bool) {
+    let page = PAGE.load(Relaxed) as u64;
+    let (start, end) = (buf as u64, buf as u64 + len as u64);
+    let mut at = start;
+    while at < end {
+        if region_contains(at) {
+            let byte = at as *const AtomicU8;
+            // SAFETY: `at` lies inside the caller's buffer, which the caller hands to the
+            // kernel for this call, so it is valid memory.
+            unsafe {
+                if for_write {
+                    // A compare-exchange of a value with itself writes it back atomically: a
+                    // write access (the page becomes writable and dirty) that cannot lose a
+                    // racing store of another thread. (An atomic add of zero is compiled into
+                    // a fenced load on x86, which is not a write.)
+                    let mut v = (*byte).load(Relaxed);
+                    while let Err(now) = (*byte).compare_exchange_weak(v, v, Relaxed, Relaxed) {
+                        v = now;
+                    }
+                } else {
+                    std::ptr::read_volatile(at as *const u8);
+                }
+            }
+        }
+        at = (at / page + 1) * page;
+    }
+}
+
+fn errno() -> c_int {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Run a buffer call in chunks that fit in local memory, faulting each in first.
+/// `call(ptr, len, done)` does the real call on `[ptr, ptr+len)`, `done` bytes in.
+/// Stops at the first short transfer, like the kernel would for one big call.
+fn chunked(
+    buf: *const c_void,
+    len: usize,
+    for_write: bool,
+    mut call: impl FnMut(*const c_void, usize, usize) -> isize,
+) -> isize {
+    if !needs_prefault(buf, len) {
+        return call(buf, len, 0);
+    }
+    let chunk = CHUNK.load(Relaxed).max(1);
+    let mut done = 0usize;
+    while done < len {
+        let n = chunk.min(len - done);
+        let p = buf.wrapping_byte_add(done);
+        let mut r;
+        let mut tries = 0;
+        loop {
+            prefault(p, n, for_write);
+            r = call(p, n, done);
+            tries += 1;
+            if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
+                break;
+            }
+        }
+        if r < 0 {
+            return if done > 0 { done as isize } else { r };
+        }
+        done += r as usize;
+        if (r as usize) < n {
+            break;
+        }
+    }
+    done as isize
+}
+
+/// Fault in every region buffer of an iovec array; retry on EFAULT.
+fn vectored(
+    iov: *const libc::iovec,
+    cnt: c_int,
+    for_write: bool,
+    mut call: impl FnMut() -> isize,
+) -> isize {
+    let iovs: &[libc::iovec] = if iov.is_null() || cnt <= 0 {
+        &[]
+    } else {
+        // SAFETY: the caller passes cnt valid iovecs, as the system call requires.
+        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+    };
+    if !iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) {
+        return call();
+    }
+    let mut tries = 0;
+    loop {
+        for v in iovs {
+            if needs_prefault(v.iov_base, v.iov_len) {
+                prefault(v.iov_base, v.iov_len, for_write);
+            }
+        }
+        let r = call();
+        tries += 1;
+        if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
+            return r;
+        }
+    }
+}
+
+type Fd = c_int;
+type Buf = *mut c_void;
+type CBuf = *const c_void;
+type Off = libc::off_t;
+type Flags = c_int;
+type Addr = *mut libc::sockaddr;
+type CAddr = *const libc::sockaddr;
+type ALen = *mut libc::socklen_t;
+type CALen = libc::socklen_t;
+
+/// See read(2).
+#[no_mangle]
+pub extern "C" fn read(fd: Fd, buf: Buf, n: usize) -> isize {
+    let f = real!(c"read", fn(Fd, Buf, usize) -> isize);
+    // SAFETY: forwarding the caller's arguments, narrowed to a sub-range of its buffer.
+    chunked(buf, n, true, |p, n, _| unsafe { f(fd, p as Buf, n) })
+}
+
+/// See write(2).
+#[no_mangle]
+pub extern "C" fn write(fd: Fd, buf: CBuf, n: usize) -> isize {
+    let f = real!(c"write", fn(Fd, CBuf, usize) -> isize);
+    // SAFETY: as read.
+    chunked(buf, n, false, |p, n, _| unsafe { f(fd, p, n) })
+}
+
+/// See pread(2).
+#[no_mangle]
+pub extern "C" fn pread(fd: Fd, buf: Buf, n: usize, off: Off) -> isize {
+    let f = real!(c"pread", fn(Fd, Buf, usize, Off) -> isize);
+    // SAFETY: as read; the offset advances with the chunk.
+    chunked(buf, n, true, |p, n, d| unsafe {
+        f(fd, p as Buf, n, off + d as Off)
+    })
+}
+
+/// See pread(2).
+#[no_mangle]
+pub extern "C" fn pread64(fd: Fd, buf: Buf, n: usize, off: Off) -> isize {
+    pread(fd, buf, n, off)
+}
+
+/// See pwrite(2).
+#[no_mangle]
+pub extern "C" fn pwrite(fd: Fd, buf: CBuf, n: usize, off: Off) -> isize {
+    let f = real!(c"pwrite", fn(Fd, CBuf, usize, Off) -> isize);
+    // SAFETY: as pread.
+    chunked(buf, n, false, |p, n, d| unsafe {
+        f(fd, p, n, off + d as Off)
+    })
+}
+
+/// See pwrite(2).
+#[no_mangle]
+pub extern "C" fn pwrite64(fd: Fd, buf: CBuf, n: usize, off: Off) -> isize {
+    pwrite(fd, buf, n, off)
+}
+
+/// See recv(2).
+#[no_mangle]
+pub extern "C" fn recv(fd: Fd, buf: Buf, n: usize, flags: Flags) -> isize {
+    let f = real!(c"recv", fn(Fd, Buf, usize, Flags) -> isize);
+    // SAFETY: as read.
+    chunked(buf, n, true, |p, n, _| unsafe { f(fd, p as Buf, n, flags) })
+}
+
+/// See send(2).
+#[no_mangle]
+pub extern "C" fn send(fd: Fd, buf: CBuf, n: usize, flags: Flags) -> isize {
+    let f = real!(c"send", fn(Fd, CBuf, usize, Flags) -> isize);
+    // SAFETY: as read.
+    chunked(buf, n, false, |p, n, _| unsafe { f(fd, p, n, flags) })
+}
+
+/// See recvfrom(2). The source address is that of the first chunk.
+#[no_mangle]
+pub extern "C" fn recvfrom(
+    fd: Fd,
+    buf: Buf,
+    n: usize,
+    flags: Flags,
+    addr: Addr,
+    alen: ALen,
+) -> isize {
+    let f = real!(c"recvfrom", fn(Fd, Buf, usize, Flags, Addr, ALen) -> isize);
+    // SAFETY: as read; later chunks do not overwrite the address of the first.
+    chunked(buf, n, true, |p, n, d| unsafe {
+        if d == 0 {
+            f(fd, p as Buf, n, flags, addr, alen)
+        } else {
+            f(
+                fd,
+                p as Buf,
+                n,
+                flags,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    })
+}
+
+/// See sendto(2).
+#[no_mangle]
+pub extern "C" fn sendto(
+    fd: Fd,
+    buf: CBuf,
+    n: usize,
+    flags: Flags,
+    addr: CAddr,
+    alen: CALen,
+) -> isize {
+    let f = real!(c"sendto", fn(Fd, CBuf, usize, Flags, CAddr, CALen) -> isize);
+    // SAFETY: as read.
+    chunked(buf, n, false, |p, n, _| unsafe {
+        f(fd, p, n, flags, addr, alen)
+    })
+}
+
+/// See readv(2).
+#[no_mangle]
+pub extern "C" fn readv(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
+    let f = real!(c"readv", fn(Fd, *const libc::iovec, c_int) -> isize);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    vectored(iov, cnt, true, || unsafe { f(fd, iov, cnt) })
+}
+
+/// See writev(2).
+#[no_mangle]
+pub extern "C" fn writev(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
+    let f = real!(c"writev", fn(Fd, *const libc::iovec, c_int) -> isize);
+    // SAFETY: as readv.
+    vectored(iov, cnt, false, || unsafe { f(fd, iov, cnt) })
+}
+
+/// See recvmsg(2).
+///
+/// # Safety
+/// `msg` points to a valid msghdr, as the system call requires.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: Fd, msg: *mut libc::msghdr, flags: Flags) -> isize {
+    let f = real!(c"recvmsg", fn(Fd, *mut libc::msghdr, Flags) -> isize);
+    // SAFETY: caller's contract; the msghdr's iovecs are the buffers.
+    let (iov, cnt) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+    // SAFETY: as readv.
+    vectored(iov, cnt, true, || unsafe { f(fd, msg, flags) })
+}
+
+/// See sendmsg(2).
+///
+/// # Safety
+/// As [`recvmsg`].
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: Fd, msg: *const libc::msghdr, flags: Flags) -> isize {
+    let f = real!(c"sendmsg", fn(Fd, *const libc::msghdr, Flags) -> isize);
+    // SAFETY: caller's contract.
+    let (iov, cnt) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+    // SAFETY: as readv.
+    vectored(iov, cnt, false, || unsafe { f(fd, msg, flags) })
+}
+
+type File = *mut libc::FILE;
+
+/// Run a stdio call in chunks of whole items; `call(ptr, items)` returns items done.
+fn stdio_chunked(
+    ptr: CBuf,
+    size: usize,
+    n: usize,
+    for_write: bool,
+    mut call: impl FnMut(CBuf, usize) -> usize,
+) -> usize {
+    let Some(total) = size.checked_mul(n) else {
+        return call(ptr, n);
+    };
+    if size == 0 || !needs_prefault(ptr, total) {
+        return call(ptr, n);
+    }
+    let per = (CHUNK.load(Relaxed) / size).max(1);
+    let mut done = 0;
+    while done < n {
+        let k = per.min(n - done);
+        let p = ptr.wrapping_byte_add(done * size);
+        prefault(p, k * size, for_write);
+        let r = call(p, k);
+        done += r;
+        if r < k {
+            break;
+        }
+    }
+    done
+}
+
+/// See fread(3). Large reads go from the kernel straight into the caller's buffer.
+#[no_mangle]
+pub extern "C" fn fread(ptr: Buf, size: usize, n: usize, stream: File) -> usize {
+    let f = real!(c"fread", fn(Buf, usize, usize, File) -> usize);
+    // SAFETY: forwarding the caller's arguments over a sub-range of its buffer.
+    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
+        f(p as Buf, size, k, stream)
+    })
+}
+
+/// See fwrite(3).
+#[no_mangle]
+pub extern "C" fn fwrite(ptr: CBuf, size: usize, n: usize, stream: File) -> usize {
+    let f = real!(c"fwrite", fn(CBuf, usize, usize, File) -> usize);
+    // SAFETY: as fread.
+    stdio_chunked(ptr, size, n, false, |p, k| unsafe { f(p, size, k, stream) })
+}
+
+/// See unlocked_stdio(3): GNU coreutils read and write through these.
+#[no_mangle]
+pub extern "C" fn fread_unlocked(ptr: Buf, size: usize, n: usize, stream: File) -> usize {
+    let f = real!(c"fread_unlocked", fn(Buf, usize, usize, File) -> usize);
+    // SAFETY: as fread.
+    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
+        f(p as Buf, size, k, stream)
+    })
+}
+
+/// See unlocked_stdio(3).
+#[no_mangle]
+pub extern "C" fn fwrite_unlocked(ptr: CBuf, size: usize, n: usize, stream: File) -> usize {
+    let f = real!(c"fwrite_unlocked", fn(CBuf, usize, usize, File) -> usize);
+    // SAFETY: as fread.
+    stdio_chunked(ptr, size, n, false, |p, k| unsafe { f(p, size, k, stream) })
+}
+
+/// The `_FORTIFY_SOURCE` variant of read(2) that distributions build programs with.
+#[no_mangle]
+pub extern "C" fn __read_chk(fd: Fd, buf: Buf, n: usize, buflen: usize) -> isize {
+    let f = real!(c"__read_chk", fn(Fd, Buf, usize, usize) -> isize);
+    // SAFETY: as read; the chunk's bound shrinks with it.
+    chunked(buf, n, true, |p, k, d| unsafe {
+        f(fd, p as Buf, k, buflen.saturating_sub(d))
+    })
+}
+
+/// The `_FORTIFY_SOURCE` variant of pread(2).
+#[no_mangle]
+pub extern "C" fn __pread64_chk(fd: Fd, buf: Buf, n: usize, off: Off, buflen: usize) -> isize {
+    let f = real!(c"__pread64_chk", fn(Fd, Buf, usize, Off, usize) -> isize);
+    // SAFETY: as pread.
+    chunked(buf, n, true, |p, k, d| unsafe {
+        f(fd, p as Buf, k, off + d as Off, buflen.saturating_sub(d))
+    })
+}
+
+/// The `_FORTIFY_SOURCE` variant of pread(2).
+#[no_mangle]
+pub extern "C" fn __pread_chk(fd: Fd, buf: Buf, n: usize, off: Off, buflen: usize) -> isize {
+    __pread64_chk(fd, buf, n, off, buflen)
+}
+
+/// The `_FORTIFY_SOURCE` variant of recv(2).
+#[no_mangle]
+pub extern "C" fn __recv_chk(fd: Fd, buf: Buf, n: usize, buflen: usize, flags: Flags) -> isize {
+    let f = real!(c"__recv_chk", fn(Fd, Buf, usize, usize, Flags) -> isize);
+    // SAFETY: as recv.
+    chunked(buf, n, true, |p, k, d| unsafe {
+        f(fd, p as Buf, k, buflen.saturating_sub(d), flags)
+    })
+}
+
+/// The `_FORTIFY_SOURCE` variant of fread(3).
+#[no_mangle]
+pub extern "C" fn __fread_chk(
+    ptr: Buf,
+    ptrlen: usize,
+    size: usize,
+    n: usize,
+    stream: File,
+) -> usize {
+    let f = real!(c"__fread_chk", fn(Buf, usize, usize, usize, File) -> usize);
+    // SAFETY: as fread; the bound shrinks with the chunk.
+    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
+        f(
+            p as Buf,
+            ptrlen.saturating_sub(p as usize - ptr as usize),
+            size,
+            k,
+            stream,
+        )
+    })
+}
+
+/// The `_FORTIFY_SOURCE` variant of fread_unlocked(3).
+#[no_mangle]
+pub extern "C" fn __fread_unlocked_chk(
+    ptr: Buf,
+    ptrlen: usize,
+    size: usize,
+    n: usize,
+    stream: File,
+) -> usize {
+    let f = real!(
+        c"__fread_unlocked_chk",
+        fn(Buf, usize, usize, usize, File) -> usize
+    );
+    // SAFETY: as __fread_chk.
+    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
+        f(
+            p as Buf,
+            ptrlen.saturating_sub(p as usize - ptr as usize),
+            size,
+            k,
+            stream,
+        )
+    })
+}
