@@ -25,6 +25,8 @@ const SSH_CONNECT_TIMEOUT_S: u32 = 10;
 const SERVERS_DEFAULT: usize = 2;
 /// Lines of a server's stderr kept to explain a failed start.
 const STDERR_TAIL_LINES: usize = 20;
+/// How long a server may take to exit after its stdin closes, and again after SIGTERM.
+pub const FINALIZE_GRACE: Duration = Duration::from_secs(2);
 
 /// How `rmem run` starts memory servers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -505,7 +507,7 @@ impl ServerProc {
 
 impl Drop for ServerProc {
     fn drop(&mut self) {
-        self.finalize(Duration::from_secs(2));
+        self.finalize(FINALIZE_GRACE);
     }
 }
 
@@ -549,14 +551,42 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 /// started are finalized (dropped) before this returns.
 pub fn start(plan: &Plan) -> Result<Vec<ServerProc>, String> {
     let mut procs = Vec::with_capacity(plan.servers.len());
-    for spec in &plan.servers {
-        procs.push(spawn(plan, spec)?);
-    }
     let deadline = Instant::now() + plan.start_timeout;
-    for p in &mut procs {
-        p.await_address(deadline, plan.start_timeout)?;
+    let mut result = Ok(());
+    for spec in &plan.servers {
+        match spawn(plan, spec) {
+            Ok(p) => procs.push(p),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
     }
-    Ok(procs)
+    for p in procs.iter_mut() {
+        if result.is_err() {
+            break;
+        }
+        result = p.await_address(deadline, plan.start_timeout);
+    }
+    match result {
+        Ok(()) => Ok(procs),
+        Err(e) => {
+            finalize_all(&mut procs, FINALIZE_GRACE);
+            Err(e)
+        }
+    }
+}
+
+/// Finalize every server; all stdins are closed first, so remote servers stop in parallel.
+pub fn finalize_all(servers: &mut [ServerProc], grace: Duration) {
+    for s in servers.iter_mut() {
+        if let Some(started) = s.started.as_mut() {
+            drop(started.stdin.take());
+        }
+    }
+    for s in servers.iter_mut() {
+        s.finalize(grace);
+    }
 }
 
 /// The command that runs one server: rmem itself, or ssh or srun running it on its host.

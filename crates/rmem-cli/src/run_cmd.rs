@@ -194,9 +194,7 @@ pub fn run(args: RunArgs) -> i32 {
     let started = Instant::now();
     let (status, lost) = wait_watching(&mut child, &mut servers);
     let elapsed = started.elapsed();
-    for s in &mut servers {
-        s.finalize(Duration::from_secs(2));
-    }
+    launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     if let Ok(json) = std::fs::read_to_string(&stats_path) {
         eprintln!("{}", summary(&json, elapsed));
     }

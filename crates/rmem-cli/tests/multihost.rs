@@ -8,6 +8,7 @@
 
 mod common;
 use common::*;
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -53,7 +54,9 @@ impl Cluster {
     /// Returns None (after saying why, loudly) where the test cannot run.
     fn new(tag: &str, with_sshd: &[bool]) -> Option<Cluster> {
         if !is_root() {
-            eprintln!(
+            // Straight to stderr, past the test harness's capture: a skip must be seen.
+            let _ = writeln!(
+                std::io::stderr(),
                 "SKIPPED multihost::{tag}: network namespaces and sshd need root; \
                  CI runs this as root (scripts/test.sh). Nothing was tested here."
             );
