@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Install what building and testing rmem needs on Debian 12, if it is missing:
-# a C compiler, and a Rust toolchain (rustup's if present, else Debian's rustc-web 1.85+).
+# a C compiler, a Rust toolchain (rustup's if present, else Debian's rustc-web 1.85+), and
+# ssh, sshd and ip for the multi-host test.
 set -euo pipefail
 need=()
 command -v cc >/dev/null || need+=(build-essential)
 command -v runuser >/dev/null || need+=(util-linux)
+# The multi-host test (crates/rmem-cli/tests/multihost.rs) runs sshd in network namespaces;
+# it needs root, and says that it skips without it, so only root needs these.
+if [ "$(id -u)" -eq 0 ]; then
+  command -v /usr/sbin/sshd >/dev/null || need+=(openssh-server)
+  command -v ssh >/dev/null || need+=(openssh-client)
+  command -v ip >/dev/null || need+=(iproute2)
+fi
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
   export PATH="$HOME/.cargo/bin:$PATH"
 fi

@@ -1,6 +1,6 @@
 //! `rmem run`: start memory servers, run a program on them, finalize, report.
 
-use crate::launch::{fresh_token, start_local_servers, ServerProc};
+use crate::launch::{self, ServerProc};
 use rmem_client::config::{Config, Placement};
 use rmem_proto::size::parse_size;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -11,21 +11,19 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Local memory servers to start on loopback.
-    #[arg(long, default_value_t = 2)]
-    pub servers: usize,
-    /// Local memory budget: most bytes of remote memory resident at once.
-    #[arg(long, default_value = "1G")]
-    pub local: String,
+    /// Where the memory servers come from: --servers, --hostfile, --launcher, ...
+    #[command(flatten)]
+    pub launch: launch::LaunchArgs,
+    /// Local memory budget: most bytes of remote memory resident at once [default: the hosts
+    /// file's first line, else 1G].
+    #[arg(long)]
+    pub local: Option<String>,
     /// The DLM page size, the unit of paging: a power of two from 4K to 4M.
     #[arg(long, default_value = "64K")]
     pub page_size: String,
     /// Replacement policy.
     #[arg(long, default_value = "fifo")]
     pub policy: String,
-    /// Capacity of each local memory server.
-    #[arg(long, default_value = "4G")]
-    pub server_capacity: String,
     /// Placement of pages on servers: priority (fill in order) or stripe (round-robin).
     #[arg(long, default_value = "priority")]
     pub placement: String,
@@ -72,11 +70,8 @@ fn describe(s: ExitStatus) -> String {
 }
 
 /// Parse and check the configuration before starting anything.
-fn check(args: &RunArgs) -> Result<Config, String> {
+fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
     let size = |name: &str, v: &str| parse_size(v).map_err(|e| format!("--{name} {v}: {e}"));
-    if args.servers == 0 {
-        return Err("--servers must be at least 1".into());
-    }
     let placement = match args.placement.as_str() {
         "priority" => Placement::Priority,
         "stripe" | "round-robin" => Placement::Stripe,
@@ -90,25 +85,35 @@ fn check(args: &RunArgs) -> Result<Config, String> {
         ));
     }
     let c = Config {
-        local_bytes: size("local", &args.local)?,
+        local_bytes: match (&args.local, plan.local_bytes) {
+            (Some(l), _) => size("local", l)?,
+            (None, Some(b)) => b,
+            (None, None) => size("local", "1G")?,
+        },
         page_size: size("page-size", &args.page_size)? as usize,
         policy: args.policy.clone(),
         placement,
         ..Config::default()
     };
     c.validate().map_err(|e| e.to_string())?;
-    let cap = size("server-capacity", &args.server_capacity)?;
+    let (host, cap) = plan.smallest_server();
     if cap < c.page_size as u64 {
         return Err(format!(
-            "--server-capacity {}: smaller than one page",
-            args.server_capacity
+            "the memory server on {host} would hold {cap} bytes: less than one page"
         ));
     }
     Ok(c)
 }
 
 pub fn run(args: RunArgs) -> i32 {
-    let config = match check(&args) {
+    let plan = match launch::Plan::new(&args.launch) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("rmem run: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let config = match check(&args, &plan) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("rmem run: {e}");
@@ -133,16 +138,19 @@ pub fn run(args: RunArgs) -> i32 {
             }
         }
     };
-    let capacity = parse_size(&args.server_capacity).expect("checked");
-    let token = fresh_token();
-    let mut servers = match start_local_servers(args.servers, capacity, &token) {
+    let token = &plan.token;
+    let mut servers = match launch::start(&plan) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rmem run: {e}");
             return 1;
         }
     };
-    let tmp = std::env::temp_dir().join(format!("rmem-run-{}-{}", std::process::id(), &token[..8]));
+    let tmp = std::env::temp_dir().join(format!(
+        "rmem-run-{}-{}",
+        std::process::id(),
+        &launch::fresh_token()[..8]
+    ));
     let stats_path = match &args.stats_json {
         Some(p) => p.clone(),
         None => {
@@ -158,7 +166,7 @@ pub fn run(args: RunArgs) -> i32 {
     let mut cmd = Command::new(&args.program[0]);
     cmd.args(&args.program[1..])
         .env("RMEM_SERVERS", addrs.join(","))
-        .env("RMEM_TOKEN", &token)
+        .env("RMEM_TOKEN", token)
         .env("RMEM_LOCAL", config.local_bytes.to_string())
         .env("RMEM_PAGE_SIZE", config.page_size.to_string())
         .env("RMEM_POLICY", &config.policy)
@@ -217,9 +225,7 @@ pub fn run(args: RunArgs) -> i32 {
     let started = Instant::now();
     let (status, lost) = wait_watching(&mut child, &mut servers);
     let elapsed = started.elapsed();
-    for s in &mut servers {
-        s.finalize(Duration::from_secs(2));
-    }
+    launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     if let Ok(json) = std::fs::read_to_string(&stats_path) {
         eprintln!("{}", summary(&json, elapsed));
     }
@@ -283,9 +289,7 @@ fn wait_watching(
             for s in servers.iter_mut() {
                 if let Some(st) = s.exited() {
                     let msg = format!(
-                        "memory server {} (pid {}) died ({}); the program was stopped",
-                        s.addr,
-                        s.pid(),
+                        "memory server {s} died ({}); the program was stopped",
                         describe(st)
                     );
                     // Give the program's own runtime a moment to report the loss itself.

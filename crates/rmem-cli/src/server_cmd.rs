@@ -2,7 +2,7 @@
 
 use rmem_proto::size::parse_size;
 use rmem_server::{Server, ServerConfig};
-use std::io::Write;
+use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -15,8 +15,12 @@ pub struct ServerArgs {
     #[arg(long, default_value = "4G")]
     pub capacity: String,
     /// File holding the shared-secret token (else the RMEM_TOKEN environment variable).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "token_stdin")]
     pub token_file: Option<PathBuf>,
+    /// Read the token as the first line of stdin, then exit when stdin reaches EOF (how
+    /// `rmem run` starts servers, over ssh too: closing the pipe finalizes the server).
+    #[arg(long)]
+    pub token_stdin: bool,
     /// Largest frame accepted, in bytes.
     #[arg(long, default_value = "16M")]
     pub frame_max: String,
@@ -47,6 +51,7 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         ));
     }
     let token = match (&a.token_file, std::env::var("RMEM_TOKEN")) {
+        _ if a.token_stdin => token_from_stdin()?,
         (Some(path), _) => std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
             .trim_end()
@@ -55,7 +60,7 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         (None, Ok(t)) if !t.is_empty() => t.into_bytes(),
         _ => {
             return Err(
-                "no token: give --token-file PATH or set RMEM_TOKEN (never on the command line)"
+                "no token: give --token-file PATH, --token-stdin, or set RMEM_TOKEN (never on the command line)"
                     .into(),
             );
         }
@@ -87,4 +92,34 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     let _ = out.flush();
     drop(out);
     server.run().map_err(|e| e.to_string())
+}
+
+/// The first line of stdin is the token; a thread then exits the process when stdin reaches
+/// EOF, so that whoever started the server (rmem run, ssh, srun) stops it by closing the pipe.
+fn token_from_stdin() -> Result<Vec<u8>, String> {
+    let mut line = String::new();
+    let n = std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| format!("--token-stdin: cannot read stdin: {e}"))?;
+    if n == 0 {
+        return Err("--token-stdin: stdin closed before a token arrived".into());
+    }
+    std::thread::Builder::new()
+        .name("rmem-stdin-eof".into())
+        .spawn(|| {
+            let mut sink = [0u8; 256];
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                match stdin.read(&mut sink) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            std::process::exit(0);
+        })
+        .map_err(|e| format!("--token-stdin: cannot start the stdin watcher: {e}"))?;
+    Ok(line.trim_end().as_bytes().to_vec())
 }

@@ -122,7 +122,7 @@ impl Server {
             let state = self.state.clone();
             let me = self.addr;
             let spawned = std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
-                let mut conn = Connection { config: &config, state: &state, me, pages: HashMap::new(), page_size: 0 };
+                let mut conn = Connection { config: &config, state: &state, me, pages: HashMap::new(), pages_max: 0, page_size: 0 };
                 match conn.serve(sock) {
                     Ok(()) => {}
                     // A client that exits mid-answer is not news; anything else is.
@@ -134,7 +134,7 @@ impl Server {
                 state.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if config.verbose {
-                    eprintln!("rmem-server {me}: client {peer} disconnected, freed {freed} pages ({bytes} bytes)");
+                    eprintln!("rmem-server {me}: client {peer} disconnected, freed {freed} pages ({bytes} bytes), held at most {} pages", conn.pages_max);
                 }
             });
             if let Err(e) = spawned {
@@ -168,6 +168,9 @@ struct Connection<'a> {
     state: &'a ServerState,
     me: SocketAddr,
     pages: HashMap<u64, Box<[u8]>>,
+    /// Most pages held at once, for the verbose disconnect line (a client frees its pages
+    /// before it leaves, so what is left then says little).
+    pages_max: usize,
     page_size: usize,
 }
 
@@ -347,6 +350,7 @@ impl Connection<'_> {
                 }
             }
         }
+        self.pages_max = self.pages_max.max(self.pages.len());
         true
     }
 

@@ -1,0 +1,253 @@
+//! `rmem run --hostfile` with each launcher that needs no second host: local processes for
+//! this host, a fake `srun` (first in PATH) that runs the server here and records its
+//! arguments, and `--launcher none` with servers started by hand. The real ssh path, across
+//! network namespaces, is in multihost.rs.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A directory with fake `srun` and `ssh` scripts that log their arguments to `log`.
+fn fake_bin(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // srun: log, drop srun's own options (and -w's value), run the rest here.
+    let srun = "#!/bin/sh\necho \"srun $*\" >> \"$FAKE_LOG\"\n\
+                while [ $# -gt 0 ]; do case \"$1\" in -w) shift 2;; -*) shift;; *) break;; esac; done\n\
+                exec \"$@\"\n";
+    let ssh = "#!/bin/sh\necho \"ssh $*\" >> \"$FAKE_LOG\"\necho 'fake ssh: not expected' >&2\nexit 255\n";
+    for (name, text) in [("srun", srun), ("ssh", ssh)] {
+        let p = bin.join(name);
+        std::fs::write(&p, text).unwrap();
+        Command::new("chmod").arg("755").arg(&p).status().unwrap();
+    }
+    bin
+}
+
+/// `rmem run ARGS -- stress 2 REGION_MIB 3000` with PATH starting at the fake binaries.
+fn run_stress(dir: &Path, args: &[&str], region_mib: u32, env: &[(&str, &str)]) -> Output {
+    let prog = build_c("tests/c/stress.c");
+    let path = format!(
+        "{}:{}",
+        fake_bin(dir).display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new(rmem());
+    cmd.arg("run")
+        .arg("--api")
+        .args(args)
+        .args(["--page-size", "64K", "--stats-json"])
+        .arg(dir.join("stats.json"))
+        .arg("--")
+        .arg(&prog)
+        .args(["2", &region_mib.to_string(), "3000"])
+        .env("PATH", path)
+        .env("FAKE_LOG", dir.join("fake.log"))
+        .envs(env.iter().copied());
+    run_bounded(&mut cmd, Duration::from_secs(60))
+}
+
+fn assert_stress_ok(out: &Output, dir: &Path) {
+    assert!(
+        out.status.success() && out.stdout.contains("stress: ok"),
+        "{:?}\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    let v = read_json(&dir.join("stats.json"));
+    assert!(v["swap_outs"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["swap_ins"].as_u64().unwrap() > 0, "{v}");
+}
+
+fn fake_log(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("fake.log")).unwrap_or_default()
+}
+
+#[test]
+fn hostfile_with_this_host_starts_local_servers_and_sets_the_budget() {
+    let dir = scratch("hostfile-local");
+    let hosts = dir.join("hosts");
+    std::fs::write(
+        &hosts,
+        "# local budget 2M: well below the 16 MiB footprint\n\
+         localhost 2M\n\
+         localhost 8M   # fills first\n\
+         127.0.0.1 64M\n",
+    )
+    .unwrap();
+    let out = run_stress(&dir, &["--hostfile", hosts.to_str().unwrap()], 16, &[]);
+    assert_stress_ok(&out, &dir);
+    let v = read_json(&dir.join("stats.json"));
+    assert!(
+        v["local_bytes_max"].as_u64().unwrap() <= 2 << 20,
+        "the hosts file's budget was not used: {v}"
+    );
+    assert_eq!(fake_log(&dir), "", "this host must not go through ssh");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn slurm_launcher_runs_srun_per_hosts_file_line() {
+    let dir = scratch("slurm-hostfile");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, "calhost 2M\n127.0.0.1 8M\n127.0.0.2 64M\n").unwrap();
+    let out = run_stress(
+        &dir,
+        &["--launcher", "slurm", "--hostfile", hosts.to_str().unwrap()],
+        16,
+        &[],
+    );
+    assert_stress_ok(&out, &dir);
+    let log = fake_log(&dir);
+    // Servers start at once, so the log is in any order.
+    let mut lines: Vec<&str> = log.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{log}");
+    for (line, host, cap) in [
+        (lines[0], "127.0.0.1", 8 << 20),
+        (lines[1], "127.0.0.2", 64 << 20),
+    ] {
+        let want = format!(
+            "srun --nodes=1 --ntasks=1 -w {host} {} server --listen 0.0.0.0:0 --capacity {cap} --token-stdin",
+            rmem().display()
+        );
+        assert_eq!(line, want);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn slurm_launcher_uses_the_allocation_node_list() {
+    let dir = scratch("slurm-nodelist");
+    // 127.0.0.0/8 is all loopback: three "nodes" that reach this host.
+    let env = [("SLURM_JOB_NODELIST", "127.0.0.[2-3],127.0.0.4")];
+    let out = run_stress(
+        &dir,
+        &[
+            "--launcher",
+            "slurm",
+            "--servers",
+            "2",
+            "--server-capacity",
+            "32M",
+            "--srun-opts",
+            "--overlap",
+            "--local",
+            "2M",
+        ],
+        16,
+        &env,
+    );
+    assert_stress_ok(&out, &dir);
+    let log = fake_log(&dir);
+    let mut hosts: Vec<&str> = log
+        .lines()
+        .map(|l| l.split_whitespace().nth(4).unwrap_or(""))
+        .collect();
+    hosts.sort();
+    assert_eq!(hosts, ["127.0.0.2", "127.0.0.3"], "{log}");
+    assert!(log.lines().all(|l| l.contains(" --overlap ")), "{log}");
+
+    // Without an allocation: a clear error, nothing started.
+    let out = run_stress(&dir, &["--launcher", "slurm"], 16, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("SLURM_JOB_NODELIST"), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Start `rmem server` by hand on loopback with `token`; returns it and its address.
+fn server_by_hand(token: &str, capacity: &str) -> (Child, String) {
+    let mut child = Command::new(rmem())
+        .args(["server", "--capacity", capacity])
+        .env("RMEM_TOKEN", token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .strip_prefix("rmem-server listening on ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address: {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+#[test]
+fn none_launcher_connects_to_running_servers() {
+    let dir = scratch("none");
+    let token = "secret-for-the-none-launcher-test";
+    let mut a = server_by_hand(token, "8M");
+    let mut b = server_by_hand(token, "64M");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("me 2M\n{} 8M\n{} 64M\n", a.1, b.1)).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let args = ["--launcher", "none", "--hostfile", hosts.to_str().unwrap()];
+    let out = run_stress(
+        &dir,
+        &args,
+        16,
+        &[("RMEM_TOKEN_FILE", token_file.to_str().unwrap())],
+    );
+    assert_stress_ok(&out, &dir);
+    // Servers started by hand outlive the run.
+    assert!(a.0.try_wait().unwrap().is_none() && b.0.try_wait().unwrap().is_none());
+
+    // No token: a clear error. A line without a port: named with its line number.
+    let out = run_stress(&dir, &args, 16, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("RMEM_TOKEN"), "{}", out.stderr);
+    std::fs::write(&hosts, format!("me 2M\n{} 8M\nlocalhost 64M\n", a.1)).unwrap();
+    let out = run_stress(&dir, &args, 16, &[("RMEM_TOKEN", token)]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "{}:3: localhost: --launcher none",
+            hosts.display()
+        )),
+        "{}",
+        out.stderr
+    );
+    for c in [&mut a.0, &mut b.0] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_hosts_files_and_options_are_refused_with_the_place() {
+    let dir = scratch("hostfile-bad");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, "calhost 1G\n# servers\nmemhost1 16Q\n").unwrap();
+    let h = hosts.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["--hostfile", h], format!("{h}:3: memory size")),
+        (
+            vec!["--hostfile", h, "--servers", "3"],
+            "cannot be used with".to_string(),
+        ),
+        (
+            vec!["--hostfile", "/nonexistent/hosts"],
+            "/nonexistent/hosts: cannot read".to_string(),
+        ),
+        (
+            vec!["--launcher", "none"],
+            "--launcher none needs --hostfile".to_string(),
+        ),
+    ] {
+        let out = run_stress(&dir, &args, 16, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(&needle), "{args:?}: {}", out.stderr);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
