@@ -6,6 +6,11 @@ set -euo pipefail
 need=()
 command -v cc >/dev/null || need+=(build-essential)
 command -v runuser >/dev/null || need+=(util-linux)
+command -v c++ >/dev/null || need+=(g++)
+# Transparent-mode acceptance tests run Debian's Python with numpy on a threaded OpenBLAS.
+[ -x /usr/bin/python3 ] || need+=(python3)
+/usr/bin/python3 -c 'import numpy' 2>/dev/null || need+=(python3-numpy)
+[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread ] || [ "$(uname -m)" != x86_64 ] || need+=(libopenblas0-pthread)
 # The multi-host test (crates/rmem-cli/tests/multihost.rs) runs sshd in network namespaces;
 # it needs root, and says that it skips without it, so only root needs these.
 if [ "$(id -u)" -eq 0 ]; then

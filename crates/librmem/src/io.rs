@@ -279,12 +279,78 @@ pub extern "C" fn sendto(
     })
 }
 
+/// Run a readv/writev in windows of iovecs of at most a chunk of bytes, each faulted in first,
+/// stopping at the first short transfer. `call(iov, cnt)` does the real call.
+fn windowed(
+    iov: *const libc::iovec,
+    cnt: c_int,
+    for_write: bool,
+    mut call: impl FnMut(*const libc::iovec, c_int) -> isize,
+) -> isize {
+    let iovs: &[libc::iovec] = if iov.is_null() || cnt <= 0 {
+        &[]
+    } else {
+        // SAFETY: the caller passes cnt valid iovecs, as the system call requires.
+        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+    };
+    if !iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) {
+        return call(iov, cnt);
+    }
+    let chunk = CHUNK.load(Relaxed).max(1);
+    // Split the buffers into pieces of at most a chunk, then group pieces into windows.
+    let mut pieces: Vec<libc::iovec> = Vec::new();
+    for v in iovs {
+        let mut off = 0;
+        while off < v.iov_len || (v.iov_len == 0 && off == 0) {
+            let len = chunk.min(v.iov_len - off);
+            pieces.push(libc::iovec {
+                iov_base: v.iov_base.wrapping_byte_add(off),
+                iov_len: len,
+            });
+            off += len.max(1);
+        }
+    }
+    let mut done = 0isize;
+    let mut i = 0;
+    while i < pieces.len() {
+        let (mut j, mut bytes) = (i, 0);
+        while j < pieces.len()
+            && (j == i || bytes + pieces[j].iov_len <= chunk)
+            && j - i < libc::UIO_MAXIOV as usize
+        {
+            bytes += pieces[j].iov_len;
+            j += 1;
+        }
+        let window = &pieces[i..j];
+        let mut tries = 0;
+        let r = loop {
+            for v in window {
+                prefault(v.iov_base, v.iov_len, for_write);
+            }
+            let r = call(window.as_ptr(), window.len() as c_int);
+            tries += 1;
+            if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
+                break r;
+            }
+        };
+        if r < 0 {
+            return if done > 0 { done } else { r };
+        }
+        done += r;
+        if (r as usize) < bytes {
+            break;
+        }
+        i = j;
+    }
+    done
+}
+
 /// See readv(2).
 #[no_mangle]
 pub extern "C" fn readv(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
     let f = real!(c"readv", fn(Fd, *const libc::iovec, c_int) -> isize);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    vectored(iov, cnt, true, || unsafe { f(fd, iov, cnt) })
+    // SAFETY: forwarding the caller's buffers, a window at a time.
+    windowed(iov, cnt, true, |v, c| unsafe { f(fd, v, c) })
 }
 
 /// See writev(2).
@@ -292,7 +358,7 @@ pub extern "C" fn readv(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
 pub extern "C" fn writev(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
     let f = real!(c"writev", fn(Fd, *const libc::iovec, c_int) -> isize);
     // SAFETY: as readv.
-    vectored(iov, cnt, false, || unsafe { f(fd, iov, cnt) })
+    windowed(iov, cnt, false, |v, c| unsafe { f(fd, v, c) })
 }
 
 /// See recvmsg(2).
@@ -469,4 +535,22 @@ pub extern "C" fn __fread_unlocked_chk(
             stream,
         )
     })
+}
+
+/// See madvise(2). Advice on the region is rmem's business: the pager decides what is
+/// resident, and advice would split the region's mapping into pieces that a page can straddle
+/// (numpy asks for MADV_HUGEPAGE on its large arrays). It is accepted and ignored; the
+/// contents stay as they are, which every advice allows except MADV_DONTNEED's zero-fill
+/// (malloc'ed memory does not promise that).
+#[no_mangle]
+pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    if len > 0 {
+        let (a, b) = (addr as u64, addr as u64 + len as u64 - 1);
+        if region_contains(a) || region_contains(b) || crate::region_within(a, b) {
+            return 0;
+        }
+    }
+    let f = real!(c"madvise", fn(*mut c_void, usize, c_int) -> c_int);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { f(addr, len, advice) }
 }

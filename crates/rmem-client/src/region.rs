@@ -47,7 +47,7 @@ impl Mapping {
         };
         for advice in [libc::MADV_NOHUGEPAGE, libc::MADV_DONTFORK] {
             // SAFETY: advising our own fresh mapping.
-            if unsafe { libc::madvise(base as *mut _, len as usize, advice) } != 0 {
+            if unsafe { madvise(base, len, advice) } != 0 {
                 return Err(io::Error::last_os_error());
             }
         }
@@ -89,7 +89,7 @@ impl Mapping {
     pub fn discard(&self, addr: u64, len: u64) -> io::Result<()> {
         debug_assert!(self.contains(addr) && addr + len <= self.base + self.len);
         // SAFETY: the range lies inside our own mapping; MADV_DONTNEED only drops pages.
-        if unsafe { libc::madvise(addr as *mut _, len as usize, libc::MADV_DONTNEED) } != 0 {
+        if unsafe { madvise(addr, len, libc::MADV_DONTNEED) } != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
@@ -177,4 +177,14 @@ impl Staging {
         // SAFETY: per the contract above, the slot is populated and stable.
         unsafe { std::slice::from_raw_parts(self.addr(slot) as *const u8, self.slot_size as usize) }
     }
+}
+
+/// madvise(2) by system call: librmem interposes the `madvise` symbol to ignore the program's
+/// advice on the region, and rmem's own advice must not be ignored.
+///
+/// # Safety
+/// As madvise(2): the range must not hold memory anything else relies on.
+unsafe fn madvise(addr: u64, len: u64, advice: libc::c_int) -> libc::c_long {
+    // SAFETY: the caller's contract; the kernel validates the range.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) }
 }

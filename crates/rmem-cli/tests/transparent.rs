@@ -1,0 +1,327 @@
+//! Transparent mode: unmodified programs under `rmem run` (LD_PRELOAD), in both userfaultfd
+//! modes, with threads, fork, C++ static initializers, kernel-mode I/O, and real programs
+//! (GNU sort, Python/numpy as `nobody`, Python with many small allocations) whose output is
+//! compared with the same program run without rmem.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Compile a test program without librmem (transparent mode needs no relinking).
+fn build_plain(rel: &str) -> PathBuf {
+    let src = repo_root().join(rel);
+    let out_dir = target_dir().join("c-tests");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(format!(
+        "plain-{}",
+        src.file_stem().unwrap().to_string_lossy()
+    ));
+    let cc = if rel.ends_with(".cpp") { "c++" } else { "cc" };
+    let st = Command::new(cc)
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("a C/C++ compiler");
+    assert!(st.success(), "compiling {rel} failed");
+    out
+}
+
+/// `rmem run` with the given options around `program`, optionally as `nobody`.
+fn rmem_run(opts: &[&str], stats: &Path, program: &[&str], as_nobody: bool) -> Command {
+    let mut c = if as_nobody && is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(rmem());
+        c
+    } else {
+        Command::new(rmem())
+    };
+    c.arg("run")
+        .args(opts)
+        .arg("--stats-json")
+        .arg(stats)
+        .arg("--")
+        .args(program);
+    c
+}
+
+fn swapped(stats: &Path) -> serde_json::Value {
+    let v = read_json(stats);
+    assert!(
+        v["swap_ins"].as_u64().unwrap() > 0 && v["swap_outs"].as_u64().unwrap() > 0,
+        "no paging: {v}"
+    );
+    v
+}
+
+fn kernel_io(user_mode_only: bool, as_nobody: bool) {
+    let prog = build_plain("tests/c/transparent_io.c");
+    let dir = scratch(&format!("io-{user_mode_only}-{as_nobody}"));
+    let stats = dir.join("stats.json");
+    let mut cmd = rmem_run(
+        &["--local", "1M", "--page-size", "16K"],
+        &stats,
+        &[prog.to_str().unwrap(), dir.to_str().unwrap(), "2"],
+        as_nobody,
+    );
+    cmd.env(
+        "RMEM_UFFD_USER_MODE_ONLY",
+        if user_mode_only { "1" } else { "0" },
+    )
+    .env("RMEM_VERBOSE", "1");
+    let out = run_bounded(&mut cmd, Duration::from_secs(120));
+    assert!(
+        out.status.success() && out.stdout.contains("io: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let mode = if user_mode_only || (as_nobody && is_root()) {
+        "user-mode-only"
+    } else {
+        ""
+    };
+    assert!(
+        out.stderr.contains(mode),
+        "expected userfaultfd {mode}: {}",
+        out.stderr
+    );
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn kernel_io_into_non_resident_buffers_native_faults() {
+    if !is_root() {
+        eprintln!("SKIPPED kernel_io_into_non_resident_buffers_native_faults: kernel-mode faults need root here (vm.unprivileged_userfaultfd=0)");
+        return;
+    }
+    kernel_io(false, false);
+}
+
+#[test]
+fn kernel_io_into_non_resident_buffers_user_mode_only() {
+    kernel_io(true, false);
+}
+
+#[test]
+fn kernel_io_as_nobody() {
+    kernel_io(false, true);
+}
+
+#[test]
+fn fork_children_get_a_clear_error_and_exec_works() {
+    let prog = build_plain("tests/c/fork_child.c");
+    let dir = scratch("fork");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(&["--local", "4M"], &stats, &[prog.to_str().unwrap()], false),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success() && out.stdout.contains("fork: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("system-ok") && out.stdout.contains("child exit 70"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr
+            .contains("fork() child touched its parent's remote memory"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cxx_static_initializers_and_closed_stderr() {
+    let prog = build_plain("tests/c/static_init.cpp");
+    let plain = run_bounded(&mut Command::new(&prog), Duration::from_secs(30));
+    let dir = scratch("static");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(&["--local", "8M"], &stats, &[prog.to_str().unwrap()], false),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, plain.stdout);
+    assert!(
+        out.stderr.contains("swap-ins"),
+        "no summary: {}",
+        out.stderr
+    );
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A deterministic text file of `lines` random lines.
+fn sort_input(path: &Path, lines: usize) {
+    let mut s = String::with_capacity(lines * 24);
+    let mut x = 0x2545F4914F6CDD1Du64;
+    for i in 0..lines {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(&format!("{x:016x} {i}\n"));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+fn sort_identical(user_mode_only: bool) {
+    let dir = scratch(&format!("sort-{user_mode_only}"));
+    let input = dir.join("in.txt");
+    sort_input(&input, 200_000);
+    let plain = run_bounded(
+        Command::new("sort").args(["--parallel=2"]).arg(&input),
+        Duration::from_secs(60),
+    );
+    assert!(plain.status.success());
+    let stats = dir.join("stats.json");
+    // sort's footprint here is about 16 MiB (a buffer of about twice the input plus the line
+    // table); 4 MiB local is a quarter of it.
+    let mut cmd = rmem_run(
+        &["--local", "4M", "--page-size", "4K", "--min-alloc", "64K"],
+        &stats,
+        &["sort", "--parallel=2", input.to_str().unwrap()],
+        false,
+    );
+    cmd.env(
+        "RMEM_UFFD_USER_MODE_ONLY",
+        if user_mode_only { "1" } else { "0" },
+    );
+    let out = run_bounded(&mut cmd, Duration::from_secs(240));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout == plain.stdout, "sort output differs under rmem");
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn gnu_sort_parallel_output_identical() {
+    sort_identical(false);
+}
+
+#[test]
+fn gnu_sort_parallel_output_identical_user_mode_only() {
+    sort_identical(true);
+}
+
+const NUMPY_SCRIPT: &str = r#"
+import os, sys, numpy as np
+mib, path = int(sys.argv[1]), sys.argv[2]
+n = (mib << 20) // 8
+rng = np.random.default_rng(7)
+a = rng.random(n)                       # mib MiB
+a.tofile(path)
+b = np.fromfile(path, dtype=np.float64) # a fresh array, read by fread
+assert np.array_equal(a, b), "fromfile differs"
+cols = 1024
+m = b.reshape(-1, cols)                 # matrix over the same data
+v = rng.random(cols)
+y = m @ v                               # matrix-vector product (BLAS, threaded)
+print("numpy ok", n, "%.10e" % a.sum(), "%.10e" % y.sum(), "%.10e" % y[len(y) // 2])
+"#;
+
+#[test]
+fn numpy_as_nobody_matches_a_plain_run() {
+    let py = Path::new("/usr/bin/python3");
+    let has_numpy = Command::new(py)
+        .args(["-c", "import numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        has_numpy,
+        "/usr/bin/python3 lacks numpy: scripts/deps.sh installs python3-numpy"
+    );
+    let dir = scratch("numpy");
+    let script = dir.join("np.py");
+    std::fs::write(&script, NUMPY_SCRIPT).unwrap();
+    let mib = "64";
+    let plain = run_bounded(
+        Command::new(py)
+            .arg(&script)
+            .arg(mib)
+            .arg(dir.join("plain.bin"))
+            .env("OPENBLAS_NUM_THREADS", "2"),
+        Duration::from_secs(120),
+    );
+    assert!(plain.status.success(), "{}", plain.stderr);
+    let stats = dir.join("stats.json");
+    // Footprint: a, b and the file's page cache aside, about 2 x 64 MiB; 32 MiB is a quarter.
+    let mut cmd = rmem_run(
+        &["--local", "32M"],
+        &stats,
+        &[
+            py.to_str().unwrap(),
+            script.to_str().unwrap(),
+            mib,
+            dir.join("rmem.bin").to_str().unwrap(),
+        ],
+        true,
+    );
+    cmd.env("OPENBLAS_NUM_THREADS", "2")
+        .env("RMEM_VERBOSE", "1");
+    let out = run_bounded(&mut cmd, Duration::from_secs(240));
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, plain.stdout);
+    if is_root() {
+        assert!(
+            out.stderr.contains("user-mode-only"),
+            "nobody must run user-mode-only: {}",
+            out.stderr
+        );
+    }
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+const SMALL_ALLOCS_SCRIPT: &str = r#"
+import sys
+n = int(sys.argv[1])
+d = {}
+for i in range(n):
+    d["key-%d" % i] = ["v%d" % i, i * 3, str(i * 7)]
+s = 0
+for i in range(0, n, 7):
+    s += d["key-%d" % i][1]
+print("small ok", len(d), s)
+"#;
+
+#[test]
+fn many_small_allocations_with_min_alloc_zero() {
+    let dir = scratch("small");
+    let script = dir.join("small.py");
+    std::fs::write(&script, SMALL_ALLOCS_SCRIPT).unwrap();
+    let n = "300000";
+    // PYTHONMALLOC=malloc: CPython's small-object arenas otherwise come from mmap, not malloc.
+    let plain = run_bounded(
+        Command::new("/usr/bin/python3")
+            .arg(&script)
+            .arg(n)
+            .env("PYTHONMALLOC", "malloc"),
+        Duration::from_secs(60),
+    );
+    assert!(plain.status.success(), "{}", plain.stderr);
+    let stats = dir.join("stats.json");
+    let mut cmd = rmem_run(
+        &["--local", "16M", "--page-size", "4K", "--min-alloc", "0"],
+        &stats,
+        &["/usr/bin/python3", script.to_str().unwrap(), n],
+        false,
+    );
+    cmd.env("PYTHONMALLOC", "malloc");
+    let out = run_bounded(&mut cmd, Duration::from_secs(240));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, plain.stdout);
+    let v = swapped(&stats);
+    assert!(v["local_bytes_max"].as_u64().unwrap() <= 16 << 20);
+    let _ = std::fs::remove_dir_all(dir);
+}
