@@ -7,6 +7,7 @@ mod bench_cmd;
 mod launch;
 mod run_cmd;
 mod server_cmd;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
