@@ -4,6 +4,7 @@
 //! `rmem bench` measures. Each subcommand lives in its own module.
 
 mod bench_cmd;
+mod bench_suite;
 mod launch;
 mod run_cmd;
 mod server_cmd;
