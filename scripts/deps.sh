@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what building and testing rmem needs on Debian 12, if it is missing:
-# a C compiler, a Rust toolchain (rustup's if present, else Debian's rustc-web 1.85+), and
-# ssh, sshd and ip for the multi-host test.
+# a C compiler, a Rust toolchain (rustup's if present, else Debian's rustc-web 1.85+),
+# fontconfig for the benchmark plots, and ssh, sshd and ip for the multi-host test.
 set -euo pipefail
 need=()
 command -v cc >/dev/null || need+=(build-essential)
@@ -18,6 +18,10 @@ if [ "$(id -u)" -eq 0 ]; then
   command -v ssh >/dev/null || need+=(openssh-client)
   command -v ip >/dev/null || need+=(iproute2)
 fi
+# The plots of `rmem bench suite` (plotters' ttf feature) find and draw fonts via fontconfig.
+command -v pkg-config >/dev/null || need+=(pkg-config)
+pkg-config --exists fontconfig 2>/dev/null || need+=(libfontconfig1-dev)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
   export PATH="$HOME/.cargo/bin:$PATH"
 fi

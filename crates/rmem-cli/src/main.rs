@@ -4,10 +4,12 @@
 //! `rmem bench` measures. Each subcommand lives in its own module.
 
 mod bench_cmd;
+mod bench_suite;
 mod hostfile;
 mod launch;
 mod run_cmd;
 mod server_cmd;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
