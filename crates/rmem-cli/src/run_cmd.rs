@@ -20,8 +20,8 @@ pub struct RunArgs {
     /// The DLM page size, the unit of paging: a power of two from 4K to 4M.
     #[arg(long, default_value = "64K")]
     pub page_size: String,
-    /// Replacement policy.
-    #[arg(long, default_value = "fifo")]
+    /// Replacement policy: adaptive, fifo, history or nru (docs/configuration.md).
+    #[arg(long, default_value = rmem_policy::DEFAULT_POLICY)]
     pub policy: String,
     /// Capacity of each local memory server.
     #[arg(long, default_value = "4G")]
@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// Write the statistics as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// `history` policy: share of the swap-in history excluded after a page's previous
+    /// swap-in (the paper's reflecting history ratio).
+    #[arg(long, default_value_t = 0.20)]
+    pub history_ratio: f64,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -90,6 +94,10 @@ fn check(args: &RunArgs) -> Result<Config, String> {
         page_size: size("page-size", &args.page_size)? as usize,
         policy: args.policy.clone(),
         placement,
+        policy_params: rmem_policy::PolicyParams {
+            history_ratio: args.history_ratio,
+            ..Default::default()
+        },
         ..Config::default()
     };
     c.validate().map_err(|e| e.to_string())?;
@@ -149,6 +157,10 @@ pub fn run(args: RunArgs) -> i32 {
         .env("RMEM_POLICY", &config.policy)
         .env("RMEM_PLACEMENT", config.placement.name())
         .env("RMEM_STATS_JSON", &stats_path)
+        .env(
+            "RMEM_HISTORY_RATIO",
+            config.policy_params.history_ratio.to_string(),
+        )
         .env("RMEM_MODE", "api");
     if let Some(dir) = std::env::current_exe()
         .ok()

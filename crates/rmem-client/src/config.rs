@@ -51,6 +51,8 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Where to write statistics as JSON at exit, if anywhere.
     pub stats_json: Option<String>,
+    /// Parameters of the replacement policies (`history`'s reflecting history ratio).
+    pub policy_params: rmem_policy::PolicyParams,
 }
 
 impl Default for Config {
@@ -60,7 +62,7 @@ impl Default for Config {
             token: Vec::new(),
             local_bytes: 1 << 30,
             page_size: 64 << 10,
-            policy: "fifo".into(),
+            policy: rmem_policy::DEFAULT_POLICY.into(),
             placement: Placement::Priority,
             region_bytes: 1 << 40,
             writeback_max: 64,
@@ -69,6 +71,7 @@ impl Default for Config {
             heartbeat: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             stats_json: None,
+            policy_params: rmem_policy::PolicyParams::default(),
         }
     }
 }
@@ -119,6 +122,20 @@ fn ms_var(name: &'static str, default: Duration) -> Result<Duration, ConfigError
                 value: v,
                 reason: e.to_string(),
             }),
+    }
+}
+
+fn ratio_var(name: &'static str, default: f64) -> Result<f64, ConfigError> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+            _ => Err(ConfigError::Invalid {
+                var: name,
+                value: v,
+                reason: "expected a number from 0 to 1".into(),
+            }),
+        },
     }
 }
 
@@ -192,6 +209,10 @@ impl Config {
             heartbeat: ms_var("RMEM_HEARTBEAT_MS", d.heartbeat)?,
             connect_timeout: ms_var("RMEM_CONNECT_TIMEOUT_MS", d.connect_timeout)?,
             stats_json: var("RMEM_STATS_JSON"),
+            policy_params: rmem_policy::PolicyParams {
+                history_ratio: ratio_var("RMEM_HISTORY_RATIO", d.policy_params.history_ratio)?,
+                ..d.policy_params
+            },
         };
         c.validate()?;
         Ok(c)
@@ -225,6 +246,14 @@ impl Config {
                 "RMEM_REGION",
                 format_size(self.region_bytes),
                 "smaller than one page".into(),
+            );
+        }
+        let r = self.policy_params.history_ratio;
+        if !(0.0..=1.0).contains(&r) {
+            return bad(
+                "RMEM_HISTORY_RATIO",
+                r.to_string(),
+                "expected a number from 0 to 1".into(),
             );
         }
         if self.writeback_max == 0 {

@@ -372,6 +372,7 @@ impl Core {
         let ps = self.ps();
         match self.pages.get(page) {
             PageState::Untouched => {
+                self.policy.on_miss(page);
                 if !self.make_room(store)? {
                     self.blocked.push_back((f, t0));
                     return Ok(());
@@ -393,6 +394,7 @@ impl Core {
                 self.update_local_bytes();
             }
             PageState::Remote => {
+                self.policy.on_miss(page);
                 if !self.shrink_to(self.resident_max, store)? {
                     self.blocked.push_back((f, t0));
                     return Ok(());
@@ -481,7 +483,7 @@ impl Core {
         );
         if self.pages.get(v) == PageState::Dirty && self.staging.available() == 0 {
             // Every write-back slot is busy: keep the page and wait for an acknowledgement.
-            self.policy.insert(v, Admission::Fetched);
+            self.policy.insert(v, Admission::Declined);
             return None;
         }
         Some(v)

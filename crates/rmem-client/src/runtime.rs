@@ -87,7 +87,7 @@ impl Runtime {
         on_fatal: FatalHandler,
     ) -> Result<Runtime, RuntimeError> {
         config.validate()?;
-        let policy = rmem_policy::by_name(&config.policy)
+        let policy = rmem_policy::by_name_with(&config.policy, &config.policy_params)
             .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
         let ps = config.page_size as u64;
         let uffd = Uffd::open()?;
