@@ -38,6 +38,7 @@ fn guard<T>(f: impl FnOnce() -> T) -> T {
 
 extern "C" fn at_exit() {
     if let Some(rt) = current() {
+        rt.flush_trace();
         write_stats(rt);
     }
 }

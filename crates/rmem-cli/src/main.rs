@@ -7,6 +7,7 @@ mod bench_cmd;
 mod launch;
 mod run_cmd;
 mod server_cmd;
+mod sim_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     /// Benchmarks that print ratios measured in one run and write JSON.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCommand),
+    /// Replay a reference trace under every policy and Belady's OPT.
+    Sim(sim_cmd::SimArgs),
 }
 
 fn main() {
@@ -38,6 +41,7 @@ fn main() {
         Command::Server(a) => server_cmd::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Bench(b) => bench_cmd::run(b),
+        Command::Sim(a) => sim_cmd::run(a),
     };
     std::process::exit(code);
 }

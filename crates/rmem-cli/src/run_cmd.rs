@@ -39,6 +39,10 @@ pub struct RunArgs {
     /// swap-in (the paper's reflecting history ratio).
     #[arg(long, default_value_t = 0.20)]
     pub history_ratio: f64,
+    /// Record the page reference string to FILE (see docs/configuration.md): pages stay in
+    /// the program's own memory, only a few mapped at once, so every change of page is seen.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -162,6 +166,10 @@ pub fn run(args: RunArgs) -> i32 {
             config.policy_params.history_ratio.to_string(),
         )
         .env("RMEM_MODE", "api");
+    if let Some(t) = &args.trace {
+        let abs = std::path::absolute(t).unwrap_or_else(|_| t.clone());
+        cmd.env("RMEM_TRACE", abs);
+    }
     if let Some(dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(|d| d.to_path_buf()))

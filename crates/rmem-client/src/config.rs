@@ -53,6 +53,9 @@ pub struct Config {
     pub stats_json: Option<String>,
     /// Parameters of the replacement policies (`history`'s reflecting history ratio).
     pub policy_params: rmem_policy::PolicyParams,
+    /// Trace mode: record the page reference string to this file (format in
+    /// `rmem_policy::trace`); pages then live in process memory, not on servers.
+    pub trace: Option<String>,
 }
 
 impl Default for Config {
@@ -72,6 +75,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             stats_json: None,
             policy_params: rmem_policy::PolicyParams::default(),
+            trace: None,
         }
     }
 }
@@ -213,6 +217,7 @@ impl Config {
                 history_ratio: ratio_var("RMEM_HISTORY_RATIO", d.policy_params.history_ratio)?,
                 ..d.policy_params
             },
+            trace: var("RMEM_TRACE"),
         };
         c.validate()?;
         Ok(c)

@@ -25,9 +25,12 @@ use crate::region::{Geometry, Mapping, Staging};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
+use rmem_policy::trace::TraceWriter;
 use rmem_policy::{Admission, Policy};
 use rmem_uffd::{Fault, Uffd, UffdError};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io::BufWriter;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -44,7 +47,12 @@ pub enum PagerError {
     Stuck(String),
     #[error("madvise on the region failed")]
     Madvise(#[source] std::io::Error),
+    #[error("cannot write the reference trace")]
+    Trace(#[source] std::io::Error),
 }
+
+/// The reference trace being recorded (`rmem run --trace`), and when it started.
+pub type TraceOut = (TraceWriter<BufWriter<File>>, Instant);
 
 /// A request from a program thread to the pager.
 pub enum Command {
@@ -55,6 +63,10 @@ pub enum Command {
         done: Arc<Done>,
     },
     Stop {
+        done: Arc<Done>,
+    },
+    /// Write out the buffered reference trace (at program exit).
+    FlushTrace {
         done: Arc<Done>,
     },
 }
@@ -167,6 +179,7 @@ pub struct Pager {
     mailbox: Arc<Mailbox>,
     spin: Duration,
     heartbeat: Duration,
+    trace: Option<TraceOut>,
 }
 
 /// What the runtime hands the pager.
@@ -182,6 +195,8 @@ pub struct PagerSetup {
     pub mailbox: Arc<Mailbox>,
     pub spin: Duration,
     pub heartbeat: Duration,
+    /// Record every fault in the region here (trace mode).
+    pub trace: Option<TraceOut>,
 }
 
 impl Pager {
@@ -218,6 +233,7 @@ impl Pager {
             mailbox: s.mailbox,
             spin: s.spin,
             heartbeat: s.heartbeat,
+            trace: s.trace,
         }
     }
 
@@ -241,7 +257,12 @@ impl Pager {
                         }
                         Command::Stop { done } => {
                             self.store.flush()?;
+                            self.flush_trace()?;
                             return Ok(done);
+                        }
+                        Command::FlushTrace { done } => {
+                            self.flush_trace()?;
+                            done.signal();
                         }
                     }
                     work += 1;
@@ -249,6 +270,20 @@ impl Pager {
             }
             faults.clear();
             work += self.core.uffd.read_events(&mut faults)?;
+            if let Some((t, t0)) = &mut self.trace {
+                // Every fault is a reference: with the handful of pages trace mode keeps
+                // mapped, each change of page faults (cheaply, from the in-process store).
+                for f in &faults {
+                    if let Some(page) = self.core.geo.page_of(f.address) {
+                        t.record(
+                            page,
+                            f.write || f.write_protect,
+                            t0.elapsed().as_micros() as u64,
+                        )
+                        .map_err(PagerError::Trace)?;
+                    }
+                }
+            }
             let now = Instant::now();
             for f in faults.drain(..) {
                 self.core.fault(&mut *self.store, f, now)?;
@@ -317,6 +352,15 @@ impl Pager {
             let now = Instant::now();
             self.store.tick(now)?;
             last_tick = now;
+        }
+    }
+}
+
+impl Pager {
+    fn flush_trace(&mut self) -> Result<(), PagerError> {
+        match &mut self.trace {
+            Some((t, _)) => t.flush().map_err(PagerError::Trace),
+            None => Ok(()),
         }
     }
 }

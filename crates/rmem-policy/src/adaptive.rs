@@ -12,7 +12,8 @@
 //!   few frames.
 //! - Any other pattern (random access, a moving working set) gives periods that vary.
 //!
-//! So each re-fetch votes: its period within 1/8 of the page's previous period is "regular".
+//! So each re-fetch votes: its period within 1/8 of the page's previous period, or of the
+//! period of the re-fetch just before (of any page), is "regular".
 //! A saturating score (-32..=32) of the votes picks the mode:
 //!
 //! - **fifo mode** (score <= 0): evict the page fetched longest ago.
@@ -45,6 +46,8 @@ pub struct Adaptive {
     fetched_at: Vec<u64>,
     /// Per page: its previous fetch period in misses (0: unknown).
     period: Vec<u32>,
+    /// The most recent fetch period seen, of any page.
+    last_period: u32,
     score: i32,
     selections: u64,
 }
@@ -71,9 +74,14 @@ impl Adaptive {
         let last = self.fetched_at[page];
         if last != 0 {
             let d = (now - last).min(u32::MAX as u64) as u32;
-            let p = self.period[page];
-            if p != 0 {
-                let regular = d.abs_diff(p) <= p / 8;
+            // Regular: like the page's own previous period, or like the period of the re-fetch
+            // just before (any page). The latter recognises a loop on its second pass, and
+            // keeps recognising it while the mode switch changes every period at once.
+            let own = self.period[page];
+            let other = std::mem::replace(&mut self.last_period, d);
+            let near = |p: u32| p != 0 && d.abs_diff(p) <= p / 8;
+            if own != 0 || other != 0 {
+                let regular = near(own) || near(other);
                 self.score = if regular {
                     (self.score + 1).min(SCORE_MAX)
                 } else {
@@ -160,8 +168,9 @@ mod tests {
     }
 
     /// Worked by hand: pages 0..4 come and go in a loop (each freed just before it is fetched
-    /// again). Pass 1 admits (seq 1..4), pass 2 learns each page's period (4), pass 3 finds the
-    /// same period four times: score 4, loop mode. Resident now: 0, 1, 2, 3 at seq 9..12;
+    /// again). Pass 1 admits (seq 1..4). Pass 2: page 0's period 4 has nothing to compare
+    /// with; pages 1, 2, 3 match the period just seen (4): +3. Pass 3: each page's period
+    /// matches its own: +4, score 7, loop mode. Resident now: 0, 1, 2, 3 at seq 9..12;
     /// the guard is 2 (2 and 3), so the victim is the newest older page, 1, where fifo mode
     /// would take 0. A page with a period that changed (0 after 7 misses, not 4) votes -1.
     #[test]
@@ -175,13 +184,13 @@ mod tests {
                 admit(&mut a, p);
             }
         }
-        assert_eq!(a.score, 4);
+        assert_eq!(a.score, 7);
         assert_eq!(a.select_victim(), Some(PageIndex(1)));
         for p in [9, 10, 11] {
             admit(&mut a, p);
         }
         a.remove(PageIndex(0));
         admit(&mut a, 0);
-        assert_eq!(a.score, 3);
+        assert_eq!(a.score, 6);
     }
 }

@@ -16,7 +16,9 @@ mod bitset;
 mod fifo;
 mod history;
 mod nru;
+pub mod patterns;
 pub mod sim;
+pub mod trace;
 
 pub use adaptive::Adaptive;
 pub use bitset::PageSet;
