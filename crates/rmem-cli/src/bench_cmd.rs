@@ -14,6 +14,8 @@ pub enum BenchCommand {
     Fault(FaultArgs),
     /// Sequential scan bandwidth of a region larger than the local budget, per page size.
     Scan(ScanArgs),
+    /// Every workload pattern at several local ratios under every policy, live and simulated.
+    Policies(crate::policy_bench::PoliciesArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -48,6 +50,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
     let r = match cmd {
         BenchCommand::Fault(a) => fault(a),
         BenchCommand::Scan(a) => scan(a),
+        BenchCommand::Policies(a) => crate::policy_bench::policies(a),
     };
     match r {
         Ok(()) => 0,

@@ -5,6 +5,7 @@
 
 mod bench_cmd;
 mod launch;
+mod policy_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
