@@ -44,6 +44,9 @@ pub struct ScanArgs {
     pub passes: usize,
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Prefetching: on or off.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub prefetch: String,
 }
 
 pub fn run(cmd: BenchCommand) -> i32 {
@@ -243,7 +246,8 @@ fn scan(a: ScanArgs) -> Result<(), String> {
     for ps_s in a.page_sizes.split(',') {
         let ps = rmem_proto::size::parse_size(ps_s).map_err(err)? as usize;
         let local = (size * a.local_percent / 100).max(8 * ps as u64) / ps as u64 * ps as u64;
-        let (_servers, config) = local_setup(ps, local, size * 2 + (64 << 20))?;
+        let (_servers, mut config) = local_setup(ps, local, size * 2 + (64 << 20))?;
+        config.prefetch = a.prefetch == "on";
         let rt = Runtime::connect(&config).map_err(|e| format!("{e}: {}", source_chain(&e)))?;
         let words = size as usize / 8;
         let base = rt.alloc(size as usize).ok_or("allocation failed")? as *mut u64;

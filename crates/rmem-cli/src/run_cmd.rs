@@ -43,6 +43,9 @@ pub struct RunArgs {
     /// the program's own memory, only a few mapped at once, so every change of page is seen.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Prefetch ahead of sequential and strided fault streams: on or off.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub prefetch: String,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -165,7 +168,8 @@ pub fn run(args: RunArgs) -> i32 {
             "RMEM_HISTORY_RATIO",
             config.policy_params.history_ratio.to_string(),
         )
-        .env("RMEM_MODE", "api");
+        .env("RMEM_MODE", "api")
+        .env("RMEM_PREFETCH", &args.prefetch);
     if let Some(t) = &args.trace {
         let abs = std::path::absolute(t).unwrap_or_else(|_| t.clone());
         cmd.env("RMEM_TRACE", abs);

@@ -56,6 +56,8 @@ pub struct Config {
     /// Trace mode: record the page reference string to this file (format in
     /// `rmem_policy::trace`); pages then live in process memory, not on servers.
     pub trace: Option<String>,
+    /// Prefetch ahead of sequential and strided fault streams.
+    pub prefetch: bool,
 }
 
 impl Default for Config {
@@ -76,6 +78,7 @@ impl Default for Config {
             stats_json: None,
             policy_params: rmem_policy::PolicyParams::default(),
             trace: None,
+            prefetch: false,
         }
     }
 }
@@ -218,6 +221,18 @@ impl Config {
                 ..d.policy_params
             },
             trace: var("RMEM_TRACE"),
+            prefetch: match var("RMEM_PREFETCH").as_deref() {
+                None => d.prefetch,
+                Some("on") | Some("1") => true,
+                Some("off") | Some("0") => false,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        var: "RMEM_PREFETCH",
+                        value: other.into(),
+                        reason: "expected on or off".into(),
+                    })
+                }
+            },
         };
         c.validate()?;
         Ok(c)

@@ -21,6 +21,7 @@
 //! enters it by `UFFDIO_COPY`, so it cannot fault on its own memory.
 
 use crate::pages::{PageState, PageTable};
+use crate::prefetch::Prefetcher;
 use crate::region::{Geometry, Mapping, Staging};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
@@ -137,6 +138,8 @@ impl Mailbox {
 struct Fill {
     write: bool,
     t0: Instant,
+    /// Fetched ahead by the prefetcher, and no thread has touched it yet.
+    prefetched: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -169,6 +172,8 @@ struct Core {
     frees: Vec<PageIndex>,
     /// Faults that found no room (every resident page in flight); retried as pages settle.
     blocked: VecDeque<(Fault, Instant)>,
+    /// Stride detector, when prefetching is on.
+    prefetcher: Option<Prefetcher>,
     zeros: Vec<u8>,
 }
 
@@ -197,6 +202,8 @@ pub struct PagerSetup {
     pub heartbeat: Duration,
     /// Record every fault in the region here (trace mode).
     pub trace: Option<TraceOut>,
+    /// Most pages to prefetch ahead of a fault stream; 0: no prefetching.
+    pub prefetch_window_max: u64,
 }
 
 impl Pager {
@@ -228,6 +235,8 @@ impl Pager {
                 reinstall: VecDeque::new(),
                 frees: Vec::new(),
                 blocked: VecDeque::new(),
+                prefetcher: (s.prefetch_window_max > 0)
+                    .then(|| Prefetcher::new(s.prefetch_window_max)),
             },
             store: s.store,
             mailbox: s.mailbox,
@@ -455,7 +464,14 @@ impl Core {
                     None
                 };
                 self.pages.transition(page, PageState::Filling);
-                self.filling.insert(page, Fill { write: f.write, t0 });
+                self.filling.insert(
+                    page,
+                    Fill {
+                        write: f.write,
+                        t0,
+                        prefetched: false,
+                    },
+                );
                 match victim {
                     Some(v) if self.pages.get(v) == PageState::Dirty => {
                         let slot = self.move_out(v)?;
@@ -472,13 +488,20 @@ impl Core {
                     None => store.fetch(page)?,
                 }
                 self.update_local_bytes();
+                self.prefetch_after(page, store, t0)?;
             }
             PageState::Filling => {
-                if f.write {
-                    self.filling
-                        .get_mut(&page)
-                        .expect("filling page has a fill")
-                        .write = true;
+                let fill = self
+                    .filling
+                    .get_mut(&page)
+                    .expect("filling page has a fill");
+                fill.write |= f.write;
+                if fill.prefetched {
+                    // The program caught up with a prefetch: from now on it is a fault.
+                    fill.prefetched = false;
+                    fill.t0 = t0;
+                    Stats::add(&self.stats.prefetch_hits, 1);
+                    self.prefetch_after(page, store, t0)?;
                 }
             }
             PageState::ZeroClean | PageState::Clean => {
@@ -498,7 +521,11 @@ impl Core {
                 self.leaving
                     .get_mut(&page)
                     .expect("leaving page has a slot")
-                    .wanted = Some(Fill { write: f.write, t0 });
+                    .wanted = Some(Fill {
+                    write: f.write,
+                    t0,
+                    prefetched: false,
+                });
             }
             PageState::LeavingWanted => {
                 if f.write {
@@ -510,6 +537,46 @@ impl Core {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Tell the prefetcher about a remote fault on `page` and fetch what it asks for, as
+    /// room allows: each prefetched page is in flight and counts against the budget like a
+    /// fault, and is never taken ahead of a fault waiting for room.
+    fn prefetch_after(
+        &mut self,
+        page: PageIndex,
+        store: &mut dyn PageStore,
+        now: Instant,
+    ) -> Result<(), PagerError> {
+        let Some(pf) = &mut self.prefetcher else {
+            return Ok(());
+        };
+        let plan = pf.on_fault(page.0);
+        let pages = self.geo.len / self.geo.page_size;
+        for q in plan.into_iter().map(PageIndex) {
+            if !self.blocked.is_empty() {
+                break;
+            }
+            if q.0 >= pages || self.pages.get(q) != PageState::Remote {
+                continue;
+            }
+            if !self.make_room(store)? {
+                break;
+            }
+            self.pages.transition(q, PageState::Filling);
+            self.filling.insert(
+                q,
+                Fill {
+                    write: false,
+                    t0: now,
+                    prefetched: true,
+                },
+            );
+            store.fetch(q)?;
+            Stats::add(&self.stats.prefetches, 1);
+        }
+        self.update_local_bytes();
         Ok(())
     }
 
@@ -627,8 +694,10 @@ impl Core {
                 }
                 Stats::add(&self.stats.swap_ins, 1);
                 Stats::add(&self.stats.bytes_fetched, ps);
-                Stats::add(&self.stats.faults, 1);
-                self.stats.record_fault(fill.t0.elapsed());
+                if !fill.prefetched {
+                    Stats::add(&self.stats.faults, 1);
+                    self.stats.record_fault(fill.t0.elapsed());
+                }
             }
             Completion::Stored { page } => {
                 let leave = *self.leaving.get(&page).expect("stored page was leaving");

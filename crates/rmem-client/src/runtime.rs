@@ -70,6 +70,9 @@ pub struct Runtime {
 /// slot, so three are mapped).
 pub const TRACE_LOCAL_PAGES: u64 = 4;
 
+/// How far ahead the prefetcher may run, in bytes (and at most a quarter of the budget).
+pub const PREFETCH_AHEAD_BYTES: u64 = 2 << 20;
+
 impl Runtime {
     /// Start from the `RMEM_*` environment, connecting to the servers it names.
     pub fn from_env() -> Result<Runtime, RuntimeError> {
@@ -185,6 +188,11 @@ impl Runtime {
             spin: config.spin,
             heartbeat: config.heartbeat,
             trace,
+            prefetch_window_max: if config.prefetch {
+                (PREFETCH_AHEAD_BYTES / ps).clamp(2, (budget_pages / 4).max(2))
+            } else {
+                0
+            },
         });
         let handle = std::thread::Builder::new()
             .name("rmem-pager".into())
