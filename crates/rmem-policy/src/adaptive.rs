@@ -23,16 +23,18 @@
 //!   which already resists scans a little.)
 //! - **loop mode**: keep the newest `guard` fetches (resident/32, at least 2: the pages the
 //!   program works on right now: a merge's streams, a stencil's planes) and evict the newest
-//!   *long-period* page older than them (period of at least the resident count, or unknown),
+//!   *long-period* page older than them (period of at least half the resident count, or
+//!   unknown; the whole resident count was measured worse, 1.19x fifo on STREAM at 75%),
 //!   so everything older stays: a stable set that hits on every pass. Pages with a short
 //!   period (they came back before fifo would have evicted them: CG's vector) are left to
-//!   the address-order sweep. Every 16th victim in loop mode is fifo's, so a stable set that
+//!   the address-order sweep. Every 64th victim in loop mode is fifo's, so a stable set that
 //!   went stale (a new phase) drains; in a steady loop that costs little, because the page
 //!   that would have been evicted in its place is kept for the next pass.
 //!
 //! Known gap: a loop whose steps each fit in memory (STREAM's copy and scale at 75% local)
-//! votes "loop" too, and the stable set then costs misses that fifo's sweep avoids (1.19x
-//! fifo in the simulator; docs/benchmarks.md). Telling the two apart needs references to
+//! votes "loop" too, and the stable set then costs a few misses that fifo's sweep avoids (up
+//! to 1.03x fifo in the simulator; docs/benchmarks.md), and the result there is sensitive to
+//! the constants (every 16th victim fifo's: 1.19x). Telling the two apart needs references to
 //! resident pages, which only sampling (dropping a page and timing its cheap re-fault) gives.
 //!
 //! Selection is O(log n) on B-tree maps keyed by admission number plus fifo's bitset; per
@@ -42,7 +44,7 @@ use crate::{Admission, PageIndex, PageSet, Policy};
 use std::collections::BTreeMap;
 
 const SCORE_MAX: i32 = 32;
-const REFRESH_EVERY: u64 = 16;
+const REFRESH_EVERY: u64 = 64;
 
 /// Adaptive fifo / stable-set replacement (module doc).
 #[derive(Default)]
@@ -51,8 +53,8 @@ pub struct Adaptive {
     seq: u64,
     /// The newest `guard` resident pages, by admission number.
     young: BTreeMap<u64, PageIndex>,
-    /// The other resident pages with a long fetch period (at least the resident count) or
-    /// none known yet, by admission number: loop pages.
+    /// The other resident pages with a long fetch period (at least half the resident count)
+    /// or none known yet, by admission number: loop pages.
     long: BTreeMap<u64, PageIndex>,
     /// Every resident page, for fifo's address order.
     resident: PageSet,
@@ -118,9 +120,10 @@ impl Adaptive {
     }
 
     /// A page leaving the guard: listed as a loop page if its period is long or unknown.
+    /// Pages that came back sooner stay with fifo's sweep.
     fn to_body(&mut self, seq: u64, page: PageIndex) {
         let period = self.period[page.0 as usize] as usize;
-        if period == 0 || period >= self.len() {
+        if period == 0 || 2 * period >= self.len() {
             self.long.insert(seq, page);
         }
     }
@@ -213,7 +216,7 @@ mod tests {
     /// fetched again). Pass 1 admits (seq 1..20). Pass 2: page 0's period (20) has nothing to
     /// compare with; pages 1..19 match the period just seen: +19, loop mode from +16. Pass 3:
     /// +20, capped at 32. Resident: 0..19 at seq 41..60; the guard is 2 (18 and 19), and the
-    /// others have a long period (20, the resident count), so the victim is the newest of
+    /// others have a long period (20, at least half the resident count), so the victim is the newest of
     /// them, 17, where fifo would take 0. Then 20, 21, 22 arrive (no votes) and 0 comes back
     /// after 23 misses, not 20 and not the last period seen (20): -1.
     #[test]
