@@ -81,6 +81,7 @@ extern "C" fn at_exit() {
         return;
     }
     if let Some(rt) = current() {
+        rt.flush_trace();
         write_stats(rt);
     }
 }

@@ -17,6 +17,8 @@ pub enum BenchCommand {
     /// The workloads on local memory, rmem, and kernel swap to disk and to zram under a
     /// cgroup limit, at several local ratios and page sizes, with the network's limits.
     Suite(crate::bench_suite::SuiteArgs),
+    /// Every workload pattern at several local ratios under every policy, live and simulated.
+    Policies(crate::policy_bench::PoliciesArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -45,6 +47,9 @@ pub struct ScanArgs {
     pub passes: usize,
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Prefetching: on or off.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub prefetch: String,
 }
 
 pub fn run(cmd: BenchCommand) -> i32 {
@@ -52,6 +57,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Fault(a) => fault(a),
         BenchCommand::Scan(a) => scan(a),
         BenchCommand::Suite(a) => crate::bench_suite::run(a),
+        BenchCommand::Policies(a) => crate::policy_bench::policies(a),
     };
     match r {
         Ok(()) => 0,
@@ -247,7 +253,8 @@ fn scan(a: ScanArgs) -> Result<(), String> {
     for ps_s in a.page_sizes.split(',') {
         let ps = rmem_proto::size::parse_size(ps_s).map_err(err)? as usize;
         let local = (size * a.local_percent / 100).max(8 * ps as u64) / ps as u64 * ps as u64;
-        let (_servers, config) = local_setup(ps, local, size * 2 + (64 << 20))?;
+        let (_servers, mut config) = local_setup(ps, local, size * 2 + (64 << 20))?;
+        config.prefetch = a.prefetch == "on";
         let rt = Runtime::connect(&config).map_err(|e| format!("{e}: {}", source_chain(&e)))?;
         let words = size as usize / 8;
         let base = rt.alloc(size as usize).ok_or("allocation failed")? as *mut u64;

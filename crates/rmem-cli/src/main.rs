@@ -7,8 +7,10 @@ mod bench_cmd;
 mod bench_suite;
 mod hostfile;
 mod launch;
+mod policy_bench;
 mod run_cmd;
 mod server_cmd;
+mod sim_cmd;
 mod workloads;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +35,8 @@ enum Command {
     /// Benchmarks that print ratios measured in one run and write JSON.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCommand),
+    /// Replay a reference trace under every policy and Belady's OPT.
+    Sim(sim_cmd::SimArgs),
 }
 
 fn main() {
@@ -41,6 +45,7 @@ fn main() {
         Command::Server(a) => server_cmd::run(a),
         Command::Run(a) => run_cmd::run(a),
         Command::Bench(b) => bench_cmd::run(b),
+        Command::Sim(a) => sim_cmd::run(a),
     };
     std::process::exit(code);
 }

@@ -21,8 +21,8 @@ pub struct RunArgs {
     /// The DLM page size, the unit of paging: a power of two from 4K to 4M.
     #[arg(long, default_value = "64K")]
     pub page_size: String,
-    /// Replacement policy.
-    #[arg(long, default_value = "fifo")]
+    /// Replacement policy: adaptive, fifo, history or nru (docs/configuration.md).
+    #[arg(long, default_value = rmem_policy::DEFAULT_POLICY)]
     pub policy: String,
     /// Placement of pages on servers: priority (fill in order) or stripe (round-robin).
     #[arg(long, default_value = "priority")]
@@ -37,6 +37,17 @@ pub struct RunArgs {
     /// Write the statistics as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
+    /// `history` policy: share of the swap-in history excluded after a page's previous
+    /// swap-in (the paper's reflecting history ratio).
+    #[arg(long, default_value_t = 0.20)]
+    pub history_ratio: f64,
+    /// Record the page reference string to FILE (see docs/configuration.md): pages stay in
+    /// the program's own memory, only a few mapped at once, so every change of page is seen.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Prefetch ahead of sequential and strided fault streams: on or off.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub prefetch: String,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -93,6 +104,10 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
         page_size: size("page-size", &args.page_size)? as usize,
         policy: args.policy.clone(),
         placement,
+        policy_params: rmem_policy::PolicyParams {
+            history_ratio: args.history_ratio,
+            ..Default::default()
+        },
         ..Config::default()
     };
     c.validate().map_err(|e| e.to_string())?;
@@ -172,7 +187,12 @@ pub fn run(args: RunArgs) -> i32 {
         .env("RMEM_POLICY", &config.policy)
         .env("RMEM_PLACEMENT", config.placement.name())
         .env("RMEM_STATS_JSON", &stats_path)
-        .env("RMEM_RUN_PID", std::process::id().to_string());
+        .env("RMEM_RUN_PID", std::process::id().to_string())
+        .env(
+            "RMEM_HISTORY_RATIO",
+            config.policy_params.history_ratio.to_string(),
+        )
+        .env("RMEM_PREFETCH", &args.prefetch);
     match &preload {
         None => {
             cmd.env("RMEM_MODE", "api");
@@ -188,6 +208,10 @@ pub fn run(args: RunArgs) -> i32 {
                 .env("RMEM_MIN_ALLOC", min_alloc.to_string())
                 .env("LD_PRELOAD", new);
         }
+    }
+    if let Some(t) = &args.trace {
+        let abs = std::path::absolute(t).unwrap_or_else(|_| t.clone());
+        cmd.env("RMEM_TRACE", abs);
     }
     if let Some(dir) = std::env::current_exe()
         .ok()

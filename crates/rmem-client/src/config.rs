@@ -53,6 +53,13 @@ pub struct Config {
     pub stats_json: Option<String>,
     /// Open userfaultfd in `UFFD_USER_MODE_ONLY` mode even where kernel faults are allowed.
     pub uffd_user_mode_only: bool,
+    /// Parameters of the replacement policies (`history`'s reflecting history ratio).
+    pub policy_params: rmem_policy::PolicyParams,
+    /// Trace mode: record the page reference string to this file (format in
+    /// `rmem_policy::trace`); pages then live in process memory, not on servers.
+    pub trace: Option<String>,
+    /// Prefetch ahead of sequential and strided fault streams.
+    pub prefetch: bool,
 }
 
 impl Default for Config {
@@ -62,7 +69,7 @@ impl Default for Config {
             token: Vec::new(),
             local_bytes: 1 << 30,
             page_size: 64 << 10,
-            policy: "fifo".into(),
+            policy: rmem_policy::DEFAULT_POLICY.into(),
             placement: Placement::Priority,
             region_bytes: 1 << 40,
             writeback_max: 64,
@@ -72,6 +79,9 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             stats_json: None,
             uffd_user_mode_only: false,
+            policy_params: rmem_policy::PolicyParams::default(),
+            trace: None,
+            prefetch: false,
         }
     }
 }
@@ -122,6 +132,20 @@ fn ms_var(name: &'static str, default: Duration) -> Result<Duration, ConfigError
                 value: v,
                 reason: e.to_string(),
             }),
+    }
+}
+
+fn ratio_var(name: &'static str, default: f64) -> Result<f64, ConfigError> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+            _ => Err(ConfigError::Invalid {
+                var: name,
+                value: v,
+                reason: "expected a number from 0 to 1".into(),
+            }),
+        },
     }
 }
 
@@ -196,6 +220,23 @@ impl Config {
             connect_timeout: ms_var("RMEM_CONNECT_TIMEOUT_MS", d.connect_timeout)?,
             stats_json: var("RMEM_STATS_JSON"),
             uffd_user_mode_only: var("RMEM_UFFD_USER_MODE_ONLY").is_some_and(|v| v.trim() != "0"),
+            policy_params: rmem_policy::PolicyParams {
+                history_ratio: ratio_var("RMEM_HISTORY_RATIO", d.policy_params.history_ratio)?,
+                ..d.policy_params
+            },
+            trace: var("RMEM_TRACE"),
+            prefetch: match var("RMEM_PREFETCH").as_deref() {
+                None => d.prefetch,
+                Some("on") | Some("1") => true,
+                Some("off") | Some("0") => false,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        var: "RMEM_PREFETCH",
+                        value: other.into(),
+                        reason: "expected on or off".into(),
+                    })
+                }
+            },
         };
         c.validate()?;
         Ok(c)
@@ -229,6 +270,14 @@ impl Config {
                 "RMEM_REGION",
                 format_size(self.region_bytes),
                 "smaller than one page".into(),
+            );
+        }
+        let r = self.policy_params.history_ratio;
+        if !(0.0..=1.0).contains(&r) {
+            return bad(
+                "RMEM_HISTORY_RATIO",
+                r.to_string(),
+                "expected a number from 0 to 1".into(),
             );
         }
         if self.writeback_max == 0 {

@@ -16,6 +16,7 @@ pub mod alloc;
 pub mod config;
 pub mod pager;
 pub mod pages;
+pub mod prefetch;
 pub mod region;
 pub mod runtime;
 pub mod stats;

@@ -21,13 +21,17 @@
 //! enters it by `UFFDIO_COPY`, so it cannot fault on its own memory.
 
 use crate::pages::{PageState, PageTable};
+use crate::prefetch::Prefetcher;
 use crate::region::{Geometry, Mapping, Staging};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
+use rmem_policy::trace::TraceWriter;
 use rmem_policy::{Admission, Policy};
 use rmem_uffd::{Fault, Uffd, UffdError};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io::BufWriter;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -44,7 +48,12 @@ pub enum PagerError {
     Stuck(String),
     #[error("madvise on the region failed")]
     Madvise(#[source] std::io::Error),
+    #[error("cannot write the reference trace")]
+    Trace(#[source] std::io::Error),
 }
+
+/// The reference trace being recorded (`rmem run --trace`), and when it started.
+pub type TraceOut = (TraceWriter<BufWriter<File>>, Instant);
 
 /// A request from a program thread to the pager.
 pub enum Command {
@@ -55,6 +64,10 @@ pub enum Command {
         done: Arc<Done>,
     },
     Stop {
+        done: Arc<Done>,
+    },
+    /// Write out the buffered reference trace (at program exit).
+    FlushTrace {
         done: Arc<Done>,
     },
 }
@@ -125,6 +138,8 @@ impl Mailbox {
 struct Fill {
     write: bool,
     t0: Instant,
+    /// Fetched ahead by the prefetcher, and no thread has touched it yet.
+    prefetched: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -157,6 +172,8 @@ struct Core {
     frees: Vec<PageIndex>,
     /// Faults that found no room (every resident page in flight); retried as pages settle.
     blocked: VecDeque<(Fault, Instant)>,
+    /// Stride detector, when prefetching is on.
+    prefetcher: Option<Prefetcher>,
     zeros: Vec<u8>,
 }
 
@@ -167,6 +184,7 @@ pub struct Pager {
     mailbox: Arc<Mailbox>,
     spin: Duration,
     heartbeat: Duration,
+    trace: Option<TraceOut>,
 }
 
 /// What the runtime hands the pager.
@@ -182,6 +200,10 @@ pub struct PagerSetup {
     pub mailbox: Arc<Mailbox>,
     pub spin: Duration,
     pub heartbeat: Duration,
+    /// Record every fault in the region here (trace mode).
+    pub trace: Option<TraceOut>,
+    /// Most pages to prefetch ahead of a fault stream; 0: no prefetching.
+    pub prefetch_window_max: u64,
 }
 
 impl Pager {
@@ -213,11 +235,14 @@ impl Pager {
                 reinstall: VecDeque::new(),
                 frees: Vec::new(),
                 blocked: VecDeque::new(),
+                prefetcher: (s.prefetch_window_max > 0)
+                    .then(|| Prefetcher::new(s.prefetch_window_max)),
             },
             store: s.store,
             mailbox: s.mailbox,
             spin: s.spin,
             heartbeat: s.heartbeat,
+            trace: s.trace,
         }
     }
 
@@ -241,7 +266,12 @@ impl Pager {
                         }
                         Command::Stop { done } => {
                             self.store.flush()?;
+                            self.flush_trace()?;
                             return Ok(done);
+                        }
+                        Command::FlushTrace { done } => {
+                            self.flush_trace()?;
+                            done.signal();
                         }
                     }
                     work += 1;
@@ -249,6 +279,20 @@ impl Pager {
             }
             faults.clear();
             work += self.core.uffd.read_events(&mut faults)?;
+            if let Some((t, t0)) = &mut self.trace {
+                // Every fault is a reference: with the handful of pages trace mode keeps
+                // mapped, each change of page faults (cheaply, from the in-process store).
+                for f in &faults {
+                    if let Some(page) = self.core.geo.page_of(f.address) {
+                        t.record(
+                            page,
+                            f.write || f.write_protect,
+                            t0.elapsed().as_micros() as u64,
+                        )
+                        .map_err(PagerError::Trace)?;
+                    }
+                }
+            }
             let now = Instant::now();
             for f in faults.drain(..) {
                 self.core.fault(&mut *self.store, f, now)?;
@@ -321,6 +365,15 @@ impl Pager {
     }
 }
 
+impl Pager {
+    fn flush_trace(&mut self) -> Result<(), PagerError> {
+        match &mut self.trace {
+            Some((t, _)) => t.flush().map_err(PagerError::Trace),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Core {
     fn addr(&self, page: PageIndex) -> u64 {
         self.geo.addr_of(page)
@@ -372,6 +425,7 @@ impl Core {
         let ps = self.ps();
         match self.pages.get(page) {
             PageState::Untouched => {
+                self.policy.on_miss(page);
                 if !self.make_room(store)? {
                     self.blocked.push_back((f, t0));
                     return Ok(());
@@ -393,6 +447,7 @@ impl Core {
                 self.update_local_bytes();
             }
             PageState::Remote => {
+                self.policy.on_miss(page);
                 if !self.shrink_to(self.resident_max, store)? {
                     self.blocked.push_back((f, t0));
                     return Ok(());
@@ -409,7 +464,14 @@ impl Core {
                     None
                 };
                 self.pages.transition(page, PageState::Filling);
-                self.filling.insert(page, Fill { write: f.write, t0 });
+                self.filling.insert(
+                    page,
+                    Fill {
+                        write: f.write,
+                        t0,
+                        prefetched: false,
+                    },
+                );
                 match victim {
                     Some(v) if self.pages.get(v) == PageState::Dirty => {
                         let slot = self.move_out(v)?;
@@ -426,13 +488,20 @@ impl Core {
                     None => store.fetch(page)?,
                 }
                 self.update_local_bytes();
+                self.prefetch_after(page, store, t0)?;
             }
             PageState::Filling => {
-                if f.write {
-                    self.filling
-                        .get_mut(&page)
-                        .expect("filling page has a fill")
-                        .write = true;
+                let fill = self
+                    .filling
+                    .get_mut(&page)
+                    .expect("filling page has a fill");
+                fill.write |= f.write;
+                if fill.prefetched {
+                    // The program caught up with a prefetch: from now on it is a fault.
+                    fill.prefetched = false;
+                    fill.t0 = t0;
+                    Stats::add(&self.stats.prefetch_hits, 1);
+                    self.prefetch_after(page, store, t0)?;
                 }
             }
             PageState::ZeroClean | PageState::Clean => {
@@ -452,7 +521,11 @@ impl Core {
                 self.leaving
                     .get_mut(&page)
                     .expect("leaving page has a slot")
-                    .wanted = Some(Fill { write: f.write, t0 });
+                    .wanted = Some(Fill {
+                    write: f.write,
+                    t0,
+                    prefetched: false,
+                });
             }
             PageState::LeavingWanted => {
                 if f.write {
@@ -464,6 +537,46 @@ impl Core {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Tell the prefetcher about a remote fault on `page` and fetch what it asks for, as
+    /// room allows: each prefetched page is in flight and counts against the budget like a
+    /// fault, and is never taken ahead of a fault waiting for room.
+    fn prefetch_after(
+        &mut self,
+        page: PageIndex,
+        store: &mut dyn PageStore,
+        now: Instant,
+    ) -> Result<(), PagerError> {
+        let Some(pf) = &mut self.prefetcher else {
+            return Ok(());
+        };
+        let plan = pf.on_fault(page.0);
+        let pages = self.geo.len / self.geo.page_size;
+        for q in plan.into_iter().map(PageIndex) {
+            if !self.blocked.is_empty() {
+                break;
+            }
+            if q.0 >= pages || self.pages.get(q) != PageState::Remote {
+                continue;
+            }
+            if !self.make_room(store)? {
+                break;
+            }
+            self.pages.transition(q, PageState::Filling);
+            self.filling.insert(
+                q,
+                Fill {
+                    write: false,
+                    t0: now,
+                    prefetched: true,
+                },
+            );
+            store.fetch(q)?;
+            Stats::add(&self.stats.prefetches, 1);
+        }
+        self.update_local_bytes();
         Ok(())
     }
 
@@ -481,7 +594,7 @@ impl Core {
         );
         if self.pages.get(v) == PageState::Dirty && self.staging.available() == 0 {
             // Every write-back slot is busy: keep the page and wait for an acknowledgement.
-            self.policy.insert(v, Admission::Fetched);
+            self.policy.insert(v, Admission::Declined);
             return None;
         }
         Some(v)
@@ -581,8 +694,10 @@ impl Core {
                 }
                 Stats::add(&self.stats.swap_ins, 1);
                 Stats::add(&self.stats.bytes_fetched, ps);
-                Stats::add(&self.stats.faults, 1);
-                self.stats.record_fault(fill.t0.elapsed());
+                if !fill.prefetched {
+                    Stats::add(&self.stats.faults, 1);
+                    self.stats.record_fault(fill.t0.elapsed());
+                }
             }
             Completion::Stored { page } => {
                 let leave = *self.leaving.get(&page).expect("stored page was leaving");

@@ -2,12 +2,14 @@
 
 use crate::alloc::Allocator;
 use crate::config::{Config, ConfigError};
-use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup};
+use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, TraceOut};
 use crate::region::{Mapping, Staging};
 use crate::stats::{Stats, StatsSnapshot};
+use crate::store::mem::MemStore;
 use crate::store::remote::RemoteStore;
 use crate::store::{PageStore, StoreError};
 use crate::PageIndex;
+use rmem_policy::trace::TraceWriter;
 use rmem_uffd::{OpenMode, Uffd, UffdError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,6 +28,11 @@ pub enum RuntimeError {
     NoMove,
     #[error("memory servers")]
     Store(#[from] StoreError),
+    #[error("cannot write the trace {path}")]
+    Trace {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot start the pager thread")]
     Thread(#[source] std::io::Error),
 }
@@ -57,13 +64,54 @@ pub struct Runtime {
     mode: OpenMode,
     servers: String,
     local_bytes: u64,
+    tracing: bool,
 }
+
+/// Pages mapped at once in trace mode: the least budget allowed (one of them is the staging
+/// slot, so three are mapped).
+pub const TRACE_LOCAL_PAGES: u64 = 4;
+
+/// How far ahead the prefetcher may run, in bytes (and at most a quarter of the budget).
+pub const PREFETCH_AHEAD_BYTES: u64 = 2 << 20;
 
 impl Runtime {
     /// Start from the `RMEM_*` environment, connecting to the servers it names.
     pub fn from_env() -> Result<Runtime, RuntimeError> {
         let config = Config::from_env()?;
-        Runtime::connect(&config)
+        match &config.trace {
+            Some(path) => Runtime::trace(&config, path),
+            None => Runtime::connect(&config),
+        }
+    }
+
+    /// Trace mode: record the program's page reference string to `path`. Pages live in an
+    /// in-process store and only [`TRACE_LOCAL_PAGES`] are mapped at once, so every change of
+    /// page faults - locally, in microseconds - and is recorded. The budget and the servers in
+    /// `config` are ignored.
+    pub fn trace(config: &Config, path: &str) -> Result<Runtime, RuntimeError> {
+        let ps = config.page_size as u64;
+        let traced = Config {
+            local_bytes: TRACE_LOCAL_PAGES * ps,
+            ..config.clone()
+        };
+        let file = std::fs::File::create(path).map_err(|source| RuntimeError::Trace {
+            path: path.into(),
+            source,
+        })?;
+        let writer =
+            TraceWriter::new(std::io::BufWriter::new(file), ps as u32).map_err(|source| {
+                RuntimeError::Trace {
+                    path: path.into(),
+                    source,
+                }
+            })?;
+        let store = MemStore::new(config.page_size, config.region_bytes);
+        Runtime::start_traced(
+            &traced,
+            Box::new(store),
+            Box::new(exit_on_fatal),
+            Some((writer, std::time::Instant::now())),
+        )
     }
 
     /// Connect to the configured servers and start.
@@ -87,8 +135,19 @@ impl Runtime {
         store: Box<dyn PageStore>,
         on_fatal: FatalHandler,
     ) -> Result<Runtime, RuntimeError> {
+        Runtime::start_traced(config, store, on_fatal, None)
+    }
+
+    /// [`Runtime::start`], recording every fault to `trace` if given.
+    pub fn start_traced(
+        config: &Config,
+        store: Box<dyn PageStore>,
+        on_fatal: FatalHandler,
+        trace: Option<TraceOut>,
+    ) -> Result<Runtime, RuntimeError> {
+        let tracing = trace.is_some();
         config.validate()?;
-        let policy = rmem_policy::by_name(&config.policy)
+        let policy = rmem_policy::by_name_with(&config.policy, &config.policy_params)
             .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
         let ps = config.page_size as u64;
         let uffd = Uffd::open_as(config.uffd_user_mode_only)?;
@@ -129,6 +188,12 @@ impl Runtime {
             mailbox: mailbox.clone(),
             spin: config.spin,
             heartbeat: config.heartbeat,
+            trace,
+            prefetch_window_max: if config.prefetch {
+                (PREFETCH_AHEAD_BYTES / ps).clamp(2, (budget_pages / 4).max(2))
+            } else {
+                0
+            },
         });
         let handle = std::thread::Builder::new()
             .name("rmem-pager".into())
@@ -169,6 +234,7 @@ impl Runtime {
             mode,
             servers,
             local_bytes: budget_pages * ps,
+            tracing,
         })
     }
 
@@ -263,6 +329,18 @@ impl Runtime {
     /// Region bounds.
     pub fn region(&self) -> (u64, u64) {
         (self.base, self.len)
+    }
+
+    /// Write out the buffered reference trace (trace mode; a no-op otherwise). librmem calls
+    /// this at exit, since the pager thread is not stopped then.
+    pub fn flush_trace(&self) {
+        if !self.tracing {
+            return;
+        }
+        let done = Arc::new(Done::default());
+        self.mailbox
+            .send(Command::FlushTrace { done: done.clone() });
+        done.wait();
     }
 
     /// Stop the pager and unmap the region; later touches of region memory get SIGSEGV.

@@ -22,6 +22,9 @@ pub struct Stats {
     pub local_bytes_max: AtomicU64,
     pub select_ns_total: AtomicU64,
     pub select_ns_max: AtomicU64,
+    /// Pages fetched ahead of any fault (prefetching), and those a program touched while in flight.
+    pub prefetches: AtomicU64,
+    pub prefetch_hits: AtomicU64,
     latency: [AtomicU64; BUCKETS],
 }
 
@@ -40,6 +43,8 @@ impl Default for Stats {
             local_bytes_max: AtomicU64::new(0),
             select_ns_total: AtomicU64::new(0),
             select_ns_max: AtomicU64::new(0),
+            prefetches: AtomicU64::new(0),
+            prefetch_hits: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -123,6 +128,8 @@ impl Stats {
             policy: policy.to_string(),
             select_us_total: self.select_ns_total.load(Relaxed) as f64 / 1000.0,
             select_us_max: self.select_ns_max.load(Relaxed) as f64 / 1000.0,
+            prefetches: self.prefetches.load(Relaxed),
+            prefetch_hits: self.prefetch_hits.load(Relaxed),
         }
     }
 }
@@ -148,6 +155,8 @@ pub struct StatsSnapshot {
     pub policy: String,
     pub select_us_total: f64,
     pub select_us_max: f64,
+    pub prefetches: u64,
+    pub prefetch_hits: u64,
 }
 
 impl StatsSnapshot {
@@ -165,6 +174,8 @@ impl StatsSnapshot {
             ("bytes_written_back", self.bytes_written_back),
             ("local_bytes_max", self.local_bytes_max),
             ("page_size", self.page_size),
+            ("prefetches", self.prefetches),
+            ("prefetch_hits", self.prefetch_hits),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");

@@ -125,3 +125,80 @@ fn threads_share_pages_without_losing_writes() {
     }
     assert!(rt.stats().swap_ins > 0);
 }
+
+/// Prefetching: sequential, backwards, strided and random passes from several threads keep
+/// every byte, the budget holds, and a sequential pass is mostly prefetched.
+#[test]
+fn prefetching_keeps_data_and_budget() {
+    let ps = 4096;
+    let local_pages = 32;
+    let config = Config {
+        page_size: ps,
+        local_bytes: local_pages * ps as u64,
+        region_bytes: 1 << 32,
+        prefetch: true,
+        ..Config::default()
+    };
+    let store = MemStore::new(ps, 4096 * ps as u64);
+    let rt = Arc::new(
+        Runtime::start(
+            &config,
+            Box::new(store),
+            Box::new(|m: &str| panic!("pager failed: {m}")),
+        )
+        .unwrap(),
+    );
+    let pages = 512;
+    let p = rt.alloc(pages * ps).unwrap() as usize;
+    let tag = |page: usize, round: usize| (page * 7 + round) as u8;
+    let touch = |order: &[usize], round: usize| {
+        // SAFETY: the allocation is pages * ps bytes; each page's first byte is only written
+        // by the thread that owns the pass.
+        let mem = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, pages * ps) };
+        for &i in order {
+            // SAFETY: volatile, so every touch faults as the program's would.
+            let b = unsafe { std::ptr::read_volatile(&mem[i * ps]) };
+            assert_eq!(b, tag(i, round), "page {i} round {round}");
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile(&mut mem[i * ps], tag(i, round + 1)) };
+        }
+    };
+    let fwd: Vec<usize> = (0..pages).collect();
+    // SAFETY: as above.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, pages * ps) };
+    for &i in &fwd {
+        mem[i * ps] = tag(i, 0);
+    }
+    let before = rt.stats();
+    touch(&fwd, 0);
+    let s = rt.stats();
+    assert!(
+        s.prefetches - before.prefetches > pages as u64 / 2,
+        "sequential pass mostly prefetched: {s:?}"
+    );
+    let back: Vec<usize> = (0..pages).rev().collect();
+    touch(&back, 1);
+    let strided: Vec<usize> = (0..3).flat_map(|o| (o..pages).step_by(3)).collect();
+    touch(&strided, 2);
+    let mut random = fwd.clone();
+    let mut x = 12345u64;
+    for i in (1..random.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        random.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    touch(&random, 3);
+    // Two threads streaming through disjoint halves at once.
+    let halves: Vec<Vec<usize>> = vec![(0..pages / 2).collect(), (pages / 2..pages).collect()];
+    std::thread::scope(|sc| {
+        for h in &halves {
+            sc.spawn(|| touch(h, 4));
+        }
+    });
+    let s = rt.stats();
+    assert!(
+        s.local_bytes_max <= local_pages * ps as u64,
+        "budget respected: {s:?}"
+    );
+}

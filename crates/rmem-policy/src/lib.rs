@@ -1,19 +1,30 @@
 //! rmem-policy: page replacement policies behind the [`Policy`] trait.
 //!
-//! Entry point: [`by_name`], which builds a policy from its `--policy` name. The runtime feeds
-//! a policy the events it can see: a page becoming resident and evictable ([`Policy::insert`]),
+//! Entry point: [`by_name`] (or [`by_name_with`] for tuned parameters), which builds a policy
+//! from its `--policy` name. The runtime feeds a policy the events it can see: a miss on a
+//! page about to come in, before any victim is chosen for it ([`Policy::on_miss`]), the page
+//! becoming resident and evictable ([`Policy::insert`]),
 //! a first write to a resident page ([`Policy::on_write`]), a page leaving the evictable set
 //! for any other reason ([`Policy::remove`]), and asks it for victims
 //! ([`Policy::select_victim`]). A policy only ever returns a page it holds, and forgets it as
 //! it returns it, so it can never pick a page that is in flight. The same trait drives the
-//! live runtime and offline simulation.
+//! live runtime and the offline simulator ([`sim`]), which also implements Belady's OPT.
 #![forbid(unsafe_code)]
 
+mod adaptive;
 mod bitset;
 mod fifo;
+mod history;
+mod nru;
+pub mod patterns;
+pub mod sim;
+pub mod trace;
 
+pub use adaptive::Adaptive;
 pub use bitset::PageSet;
 pub use fifo::Fifo;
+pub use history::History;
+pub use nru::Nru;
 
 /// Index of a DLM page within the client's region (address = base + index * page size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -26,12 +37,18 @@ pub enum Admission {
     Fetched,
     /// Zero-filled locally: never written before.
     ZeroFilled,
+    /// The page was just returned by [`Policy::select_victim`] but the runtime could not evict
+    /// it yet (no write-back slot): it is held again, and this is not a new reference.
+    Declined,
 }
 
 /// A page replacement policy.
 pub trait Policy: Send {
     /// The `--policy` name.
     fn name(&self) -> &'static str;
+    /// `page` missed and is about to come in; victims chosen from now until the next miss
+    /// make room for it. May be repeated for the same miss (a fault retried for room).
+    fn on_miss(&mut self, _page: PageIndex) {}
     /// `page` is resident and may be chosen as a victim from now on.
     fn insert(&mut self, page: PageIndex, how: Admission);
     /// `page` took its first write since it became resident.
@@ -47,13 +64,46 @@ pub trait Policy: Send {
     }
 }
 
-/// Names accepted by [`by_name`].
-pub const POLICY_NAMES: &[&str] = &["fifo"];
+/// Names accepted by [`by_name`], the default first.
+pub const POLICY_NAMES: &[&str] = &["adaptive", "fifo", "history", "nru"];
 
-/// Build a policy from its name, or `None` if the name is unknown.
+/// The default `--policy`, chosen by the measurements in docs/benchmarks.md.
+pub const DEFAULT_POLICY: &str = "adaptive";
+
+/// Tunable parameters, with the defaults `rmem run` uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyParams {
+    /// `history`: the share of the swap-in history excluded after a page's previous swap-in
+    /// (the paper's reflecting history ratio, 0.20 by default).
+    pub history_ratio: f64,
+    /// `history`: most resident pages examined by one victim search (see [`History`]).
+    pub history_scan_max: usize,
+}
+
+impl Default for PolicyParams {
+    fn default() -> Self {
+        PolicyParams {
+            history_ratio: 0.20,
+            history_scan_max: 1024,
+        }
+    }
+}
+
+/// Build a policy from its name with default parameters, or `None` if the name is unknown.
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    by_name_with(name, &PolicyParams::default())
+}
+
+/// Build a policy from its name and parameters, or `None` if the name is unknown.
+pub fn by_name_with(name: &str, params: &PolicyParams) -> Option<Box<dyn Policy>> {
     match name {
         "fifo" => Some(Box::new(Fifo::new())),
+        "history" => Some(Box::new(History::new(
+            params.history_ratio,
+            params.history_scan_max,
+        ))),
+        "nru" => Some(Box::new(Nru::new())),
+        "adaptive" => Some(Box::new(Adaptive::new())),
         _ => None,
     }
 }
@@ -62,33 +112,72 @@ pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
 mod tests {
     use super::*;
 
-    /// Every policy only ever returns pages it holds, each once.
+    /// Every policy only ever returns pages it holds, each once, and never a page in flight:
+    /// a random mix of misses (in flight until admitted), admissions, first writes, frees,
+    /// victims written back (in flight until acknowledged) and victims declined and put back.
     #[test]
     fn policies_only_pick_held_pages() {
+        use std::collections::BTreeSet;
         for name in POLICY_NAMES {
             let mut p = by_name(name).unwrap();
-            let mut held = std::collections::BTreeSet::new();
+            let mut held = BTreeSet::new();
+            let mut filling = BTreeSet::new();
+            let mut leaving = BTreeSet::new();
+            let mut seen = BTreeSet::new();
             let mut x: u64 = 12345;
-            for step in 0..20_000u64 {
+            for step in 0..40_000u64 {
                 x = x
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 let page = PageIndex((x >> 33) % 500);
-                match (x >> 20) % 4 {
-                    0 | 1 => {
-                        if held.insert(page) {
-                            p.insert(page, Admission::Fetched);
+                let busy =
+                    held.contains(&page) || filling.contains(&page) || leaving.contains(&page);
+                match (x >> 20) % 8 {
+                    0 | 1 if !busy => {
+                        p.on_miss(page);
+                        filling.insert(page);
+                    }
+                    2 | 3 => {
+                        if let Some(&f) = filling.iter().next() {
+                            filling.remove(&f);
+                            let how = if seen.insert(f) {
+                                Admission::ZeroFilled
+                            } else {
+                                Admission::Fetched
+                            };
+                            p.insert(f, how);
+                            held.insert(f);
                         }
                     }
-                    2 => {
+                    4 => {
+                        if held.contains(&page) {
+                            p.on_write(page);
+                        }
                         held.remove(&page);
                         p.remove(page);
                     }
+                    5 => {
+                        if let Some(&l) = leaving.iter().next() {
+                            leaving.remove(&l);
+                        }
+                    }
                     _ => match p.select_victim() {
-                        Some(v) => assert!(
-                            held.remove(&v),
-                            "{name} picked {v:?} not held at step {step}"
-                        ),
+                        Some(v) => {
+                            assert!(
+                                !filling.contains(&v) && !leaving.contains(&v),
+                                "{name} picked {v:?}, in flight, at step {step}"
+                            );
+                            assert!(
+                                held.remove(&v),
+                                "{name} picked {v:?} not held at step {step}"
+                            );
+                            if x % 5 == 0 {
+                                p.insert(v, Admission::Declined);
+                                held.insert(v);
+                            } else {
+                                leaving.insert(v);
+                            }
+                        }
                         None => assert!(held.is_empty()),
                     },
                 }
