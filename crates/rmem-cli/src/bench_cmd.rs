@@ -16,6 +16,9 @@ pub enum BenchCommand {
     Scan(ScanArgs),
     /// Every workload pattern at several local ratios under every policy, live and simulated.
     Policies(crate::policy_bench::PoliciesArgs),
+    /// The workloads on local memory, rmem, and kernel swap to disk and to zram under a
+    /// cgroup limit, at several local ratios and page sizes, with the network's limits.
+    Suite(crate::bench_suite::SuiteArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -54,6 +57,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Fault(a) => fault(a),
         BenchCommand::Scan(a) => scan(a),
         BenchCommand::Policies(a) => crate::policy_bench::policies(a),
+        BenchCommand::Suite(a) => crate::bench_suite::run(a),
     };
     match r {
         Ok(()) => 0,
@@ -64,7 +68,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
     }
 }
 
-fn percentile_us(sorted: &[Duration], q: f64) -> f64 {
+pub(crate) fn percentile_us(sorted: &[Duration], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -72,7 +76,7 @@ fn percentile_us(sorted: &[Duration], q: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-fn write_json(path: &Option<PathBuf>, v: &serde_json::Value) -> Result<(), String> {
+pub(crate) fn write_json(path: &Option<PathBuf>, v: &serde_json::Value) -> Result<(), String> {
     if let Some(p) = path {
         let s = serde_json::to_string_pretty(v).expect("json");
         std::fs::write(p, s + "\n").map_err(|e| format!("cannot write {}: {e}", p.display()))?;
@@ -81,12 +85,12 @@ fn write_json(path: &Option<PathBuf>, v: &serde_json::Value) -> Result<(), Strin
     Ok(())
 }
 
-fn err<E: std::fmt::Display>(e: E) -> String {
+pub(crate) fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
 /// One memory server process and a configuration pointing at it.
-fn local_setup(
+pub(crate) fn local_setup(
     page_size: usize,
     local_bytes: u64,
     capacity: u64,
@@ -219,7 +223,7 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     )
 }
 
-fn source_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn source_chain(e: &dyn std::error::Error) -> String {
     let mut s = String::new();
     let mut src = e.source();
     while let Some(x) = src {

@@ -4,11 +4,13 @@
 //! `rmem bench` measures. Each subcommand lives in its own module.
 
 mod bench_cmd;
+mod bench_suite;
 mod launch;
 mod policy_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
