@@ -129,7 +129,7 @@ impl Adaptive {
 
     /// A page leaving the guard: listed as a loop page if its period is long or unknown.
     /// Pages that came back sooner stay with fifo's sweep.
-    fn to_body(&mut self, seq: u64, page: PageIndex) {
+    fn file_body(&mut self, seq: u64, page: PageIndex) {
         let period = self.period[page.0 as usize] as usize;
         if period == 0 || 2 * period >= self.len() {
             self.long.insert(seq, page);
@@ -140,7 +140,7 @@ impl Adaptive {
         let guard = self.guard();
         while self.young.len() > guard {
             let (k, p) = self.young.pop_first().expect("non-empty");
-            self.to_body(k, p);
+            self.file_body(k, p);
         }
     }
 
@@ -165,7 +165,7 @@ impl Policy for Adaptive {
         if how == Admission::Declined {
             // Back where it was: same admission number, no vote.
             let k = self.fetched_at[page.0 as usize];
-            self.to_body(k, page);
+            self.file_body(k, page);
             return;
         }
         self.seq += 1;
