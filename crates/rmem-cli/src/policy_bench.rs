@@ -34,9 +34,15 @@ pub struct PoliciesArgs {
     /// Workloads, comma-separated (default: all).
     #[arg(long)]
     pub workloads: Option<String>,
+    /// Policies of the live runs, comma-separated (default: all).
+    #[arg(long)]
+    pub policies: Option<String>,
     /// Skip the live runs (simulator only).
     #[arg(long)]
     pub no_live: bool,
+    /// Prefetching in the live runs: on or off.
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub prefetch: String,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -146,15 +152,24 @@ pub fn policies(a: PoliciesArgs) -> Result<(), String> {
         start_local_servers(1, (a.pages + 64) * ps as u64 * 2, &token)?
     };
     let params = PolicyParams::default();
+    let live_policies: Vec<&str> = match &a.policies {
+        Some(p) => p.split(',').map(str::trim).collect(),
+        None => POLICY_NAMES.to_vec(),
+    };
+    if let Some(bad) = live_policies.iter().find(|p| !POLICY_NAMES.contains(p)) {
+        return Err(format!("--policies: unknown policy {bad}"));
+    }
     let mut cells = Vec::new();
     let mut sim_md = String::from("| workload | local | refs | OPT misses |");
     let mut live_md = String::from("| workload | local |");
     for p in POLICY_NAMES {
         write!(sim_md, " {p} x fifo / x OPT |").unwrap();
+    }
+    for p in &live_policies {
         write!(live_md, " {p} swap-ins, s |").unwrap();
     }
     sim_md += &format!("\n|---|---|---|---|{}\n", "---|".repeat(POLICY_NAMES.len()));
-    live_md += &format!("\n|---|---|{}\n", "---|".repeat(POLICY_NAMES.len()));
+    live_md += &format!("\n|---|---|{}\n", "---|".repeat(live_policies.len()));
     for w in &workloads {
         let refs = generate(w, a.pages, 1).ok_or_else(|| format!("unknown workload {w}"))?;
         let pages = refs.iter().map(|r| r.page.0).max().unwrap_or(0) + 1;
@@ -190,7 +205,7 @@ pub fn policies(a: PoliciesArgs) -> Result<(), String> {
             let mut live_json = serde_json::Map::new();
             if !a.no_live {
                 write!(live_md, "| {w} | {pct}% |").unwrap();
-                for p in POLICY_NAMES {
+                for p in &live_policies {
                     let config = Config {
                         servers: servers.iter().map(|s| s.addr.clone()).collect(),
                         token: token.clone().into_bytes(),
@@ -199,6 +214,7 @@ pub fn policies(a: PoliciesArgs) -> Result<(), String> {
                         writeback_max: LIVE_SLOTS as usize,
                         region_bytes: 1 << 36,
                         policy: p.to_string(),
+                        prefetch: a.prefetch == "on",
                         ..Config::default()
                     };
                     let l =

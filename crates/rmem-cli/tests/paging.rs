@@ -93,7 +93,7 @@ fn stress(page_size: &str, as_nobody: bool) {
         n("local_bytes_max") <= local_mib << 20,
         "budget exceeded: {v}"
     );
-    assert_eq!(v["policy"], "fifo");
+    assert_eq!(v["policy"], rmem_policy::DEFAULT_POLICY);
     assert!(
         out.stderr.contains("rmem: ") && out.stderr.contains("swap-ins"),
         "no summary: {}",

@@ -51,3 +51,44 @@ fn trace_a_loop_and_replay_it() {
     assert!(adaptive < fifo * 90 / 100, "{}", sim.stdout);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn bench_policies_tiny_writes_its_json() {
+    let dir = scratch("bench-policies");
+    let json = dir.join("policies.json");
+    let out = run_bounded(
+        Command::new(rmem())
+            .args([
+                "bench",
+                "policies",
+                "--pages",
+                "64",
+                "--workloads",
+                "stream,random",
+                "--ratios",
+                "50",
+                "--prefetch",
+                "on",
+                "--json",
+            ])
+            .arg(&json),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("| stream | 50% |"), "{}", out.stdout);
+    let v = read_json(&json);
+    let cells = v["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2);
+    for c in cells {
+        let opt = c["sim"].as_array().unwrap().last().unwrap()["misses"]
+            .as_u64()
+            .unwrap();
+        for r in c["sim"].as_array().unwrap() {
+            assert!(r["misses"].as_u64().unwrap() >= opt, "{c}");
+        }
+        for p in rmem_policy::POLICY_NAMES {
+            assert!(c["live"][p]["swap_ins"].as_u64().unwrap() > 0, "{c}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
