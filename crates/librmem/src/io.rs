@@ -91,6 +91,29 @@ fn errno() -> c_int {
     unsafe { *libc::__errno_location() }
 }
 
+/// Fault the buffers in with `prefault` and make the call; again while it fails with EFAULT
+/// because another thread evicted a page in between, up to EFAULT_RETRIES times.
+fn with_prefault(mut prefault: impl FnMut(), mut call: impl FnMut() -> isize) -> isize {
+    let mut tries = 0;
+    loop {
+        prefault();
+        let r = call();
+        tries += 1;
+        if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
+            return r;
+        }
+    }
+}
+
+/// The caller's iovec array as a slice.
+fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> &'a [libc::iovec] {
+    if iov.is_null() || cnt <= 0 {
+        return &[];
+    }
+    // SAFETY: the caller passes cnt valid iovecs, as the system call requires.
+    unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+}
+
 /// Run a buffer call in chunks that fit in local memory, faulting each in first.
 /// `call(ptr, len, done)` does the real call on `[ptr, ptr+len)`, `done` bytes in.
 /// Stops at the first short transfer, like the kernel would for one big call.
@@ -108,16 +131,7 @@ fn chunked(
     while done < len {
         let n = chunk.min(len - done);
         let p = buf.wrapping_byte_add(done);
-        let mut r;
-        let mut tries = 0;
-        loop {
-            prefault(p, n, for_write);
-            r = call(p, n, done);
-            tries += 1;
-            if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
-                break;
-            }
-        }
+        let r = with_prefault(|| prefault(p, n, for_write), || call(p, n, done));
         if r < 0 {
             return if done > 0 { done as isize } else { r };
         }
@@ -136,28 +150,18 @@ fn vectored(
     for_write: bool,
     mut call: impl FnMut() -> isize,
 ) -> isize {
-    let iovs: &[libc::iovec] = if iov.is_null() || cnt <= 0 {
-        &[]
-    } else {
-        // SAFETY: the caller passes cnt valid iovecs, as the system call requires.
-        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
-    };
+    let iovs = iovecs(iov, cnt);
     if !iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) {
         return call();
     }
-    let mut tries = 0;
-    loop {
+    let prefault_all = || {
         for v in iovs {
             if needs_prefault(v.iov_base, v.iov_len) {
                 prefault(v.iov_base, v.iov_len, for_write);
             }
         }
-        let r = call();
-        tries += 1;
-        if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
-            return r;
-        }
-    }
+    };
+    with_prefault(prefault_all, call)
 }
 
 type Fd = c_int;
@@ -287,12 +291,7 @@ fn windowed(
     for_write: bool,
     mut call: impl FnMut(*const libc::iovec, c_int) -> isize,
 ) -> isize {
-    let iovs: &[libc::iovec] = if iov.is_null() || cnt <= 0 {
-        &[]
-    } else {
-        // SAFETY: the caller passes cnt valid iovecs, as the system call requires.
-        unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
-    };
+    let iovs = iovecs(iov, cnt);
     if !iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) {
         return call(iov, cnt);
     }
@@ -322,17 +321,14 @@ fn windowed(
             j += 1;
         }
         let window = &pieces[i..j];
-        let mut tries = 0;
-        let r = loop {
-            for v in window {
-                prefault(v.iov_base, v.iov_len, for_write);
-            }
-            let r = call(window.as_ptr(), window.len() as c_int);
-            tries += 1;
-            if !(r < 0 && errno() == libc::EFAULT && tries < EFAULT_RETRIES) {
-                break r;
-            }
-        };
+        let r = with_prefault(
+            || {
+                window
+                    .iter()
+                    .for_each(|v| prefault(v.iov_base, v.iov_len, for_write))
+            },
+            || call(window.as_ptr(), window.len() as c_int),
+        );
         if r < 0 {
             return if done > 0 { done } else { r };
         }
@@ -418,41 +414,28 @@ fn stdio_chunked(
     done
 }
 
-/// See fread(3). Large reads go from the kernel straight into the caller's buffer.
-#[no_mangle]
-pub extern "C" fn fread(ptr: Buf, size: usize, n: usize, stream: File) -> usize {
-    let f = real!(c"fread", fn(Buf, usize, usize, File) -> usize);
-    // SAFETY: forwarding the caller's arguments over a sub-range of its buffer.
-    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
-        f(p as Buf, size, k, stream)
-    })
+/// Interpose a stdio call `fn(ptr, size, n, stream) -> items`. Large transfers go between
+/// the kernel and the caller's buffer directly, inside the C library.
+macro_rules! stdio {
+    ($(#[$doc:meta])* $name:ident, $sym:literal, $buf:ty, $for_write:expr) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub extern "C" fn $name(ptr: $buf, size: usize, n: usize, stream: File) -> usize {
+            let f = real!($sym, fn($buf, usize, usize, File) -> usize);
+            // SAFETY: forwarding the caller's arguments over a sub-range of its buffer.
+            stdio_chunked(ptr, size, n, $for_write, |p, k| unsafe { f(p as $buf, size, k, stream) })
+        }
+    };
 }
 
-/// See fwrite(3).
-#[no_mangle]
-pub extern "C" fn fwrite(ptr: CBuf, size: usize, n: usize, stream: File) -> usize {
-    let f = real!(c"fwrite", fn(CBuf, usize, usize, File) -> usize);
-    // SAFETY: as fread.
-    stdio_chunked(ptr, size, n, false, |p, k| unsafe { f(p, size, k, stream) })
-}
-
-/// See unlocked_stdio(3): GNU coreutils read and write through these.
-#[no_mangle]
-pub extern "C" fn fread_unlocked(ptr: Buf, size: usize, n: usize, stream: File) -> usize {
-    let f = real!(c"fread_unlocked", fn(Buf, usize, usize, File) -> usize);
-    // SAFETY: as fread.
-    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
-        f(p as Buf, size, k, stream)
-    })
-}
-
-/// See unlocked_stdio(3).
-#[no_mangle]
-pub extern "C" fn fwrite_unlocked(ptr: CBuf, size: usize, n: usize, stream: File) -> usize {
-    let f = real!(c"fwrite_unlocked", fn(CBuf, usize, usize, File) -> usize);
-    // SAFETY: as fread.
-    stdio_chunked(ptr, size, n, false, |p, k| unsafe { f(p, size, k, stream) })
-}
+stdio!(/// See fread(3).
+    fread, c"fread", Buf, true);
+stdio!(/// See fwrite(3).
+    fwrite, c"fwrite", CBuf, false);
+stdio!(/// See unlocked_stdio(3): GNU coreutils read and write through these.
+    fread_unlocked, c"fread_unlocked", Buf, true);
+stdio!(/// See unlocked_stdio(3).
+    fwrite_unlocked, c"fwrite_unlocked", CBuf, false);
 
 /// The `_FORTIFY_SOURCE` variant of read(2) that distributions build programs with.
 #[no_mangle]
@@ -490,52 +473,25 @@ pub extern "C" fn __recv_chk(fd: Fd, buf: Buf, n: usize, buflen: usize, flags: F
     })
 }
 
-/// The `_FORTIFY_SOURCE` variant of fread(3).
-#[no_mangle]
-pub extern "C" fn __fread_chk(
-    ptr: Buf,
-    ptrlen: usize,
-    size: usize,
-    n: usize,
-    stream: File,
-) -> usize {
-    let f = real!(c"__fread_chk", fn(Buf, usize, usize, usize, File) -> usize);
-    // SAFETY: as fread; the bound shrinks with the chunk.
-    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
-        f(
-            p as Buf,
-            ptrlen.saturating_sub(p as usize - ptr as usize),
-            size,
-            k,
-            stream,
-        )
-    })
+/// Interpose a fortified stdio read `fn(ptr, ptrlen, size, n, stream) -> items`.
+macro_rules! fread_chk {
+    ($(#[$doc:meta])* $name:ident, $sym:literal) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub extern "C" fn $name(ptr: Buf, ptrlen: usize, size: usize, n: usize, stream: File) -> usize {
+            let f = real!($sym, fn(Buf, usize, usize, usize, File) -> usize);
+            // SAFETY: as fread; the buffer bound shrinks with the chunk.
+            stdio_chunked(ptr, size, n, true, |p, k| unsafe {
+                f(p as Buf, ptrlen.saturating_sub(p as usize - ptr as usize), size, k, stream)
+            })
+        }
+    };
 }
 
-/// The `_FORTIFY_SOURCE` variant of fread_unlocked(3).
-#[no_mangle]
-pub extern "C" fn __fread_unlocked_chk(
-    ptr: Buf,
-    ptrlen: usize,
-    size: usize,
-    n: usize,
-    stream: File,
-) -> usize {
-    let f = real!(
-        c"__fread_unlocked_chk",
-        fn(Buf, usize, usize, usize, File) -> usize
-    );
-    // SAFETY: as __fread_chk.
-    stdio_chunked(ptr, size, n, true, |p, k| unsafe {
-        f(
-            p as Buf,
-            ptrlen.saturating_sub(p as usize - ptr as usize),
-            size,
-            k,
-            stream,
-        )
-    })
-}
+fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread(3).
+    __fread_chk, c"__fread_chk");
+fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread_unlocked(3).
+    __fread_unlocked_chk, c"__fread_unlocked_chk");
 
 /// See madvise(2). Advice on the region is rmem's business: the pager decides what is
 /// resident, and advice would split the region's mapping into pieces that a page can straddle

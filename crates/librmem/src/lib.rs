@@ -136,14 +136,7 @@ fn init() -> Option<&'static Runtime> {
         }
         Err(e) => {
             if !INIT_ERROR_REPORTED.swap(true, Ordering::AcqRel) {
-                let mut msg = e.to_string();
-                let mut src = std::error::Error::source(&e);
-                while let Some(s) = src {
-                    msg.push_str(": ");
-                    msg.push_str(&s.to_string());
-                    src = s.source();
-                }
-                eprintln!("rmem: cannot start: {msg}");
+                eprintln!("rmem: cannot start: {}", rmem_client::error_chain(&e));
             }
             None
         }

@@ -170,7 +170,7 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     drop(store);
 
     // Faults as the program sees them: touch a page that lives on the server.
-    let rt = Runtime::connect(&config).map_err(|e| format!("{e}: {}", source_chain(&e)))?;
+    let rt = Runtime::connect(&config).map_err(|e| rmem_client::error_chain(&e))?;
     let base = rt.alloc(pages * PS).ok_or("allocation failed")?;
     for p in 0..pages {
         // SAFETY: inside the allocation of pages * PS bytes.
@@ -226,17 +226,6 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     )
 }
 
-pub(crate) fn source_chain(e: &dyn std::error::Error) -> String {
-    let mut s = String::new();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(&x.to_string());
-        s.push_str("; ");
-        src = x.source();
-    }
-    s
-}
-
 fn scan(a: ScanArgs) -> Result<(), String> {
     let size = rmem_proto::size::parse_size(&a.size).map_err(err)?;
     let mut rows = Vec::new();
@@ -255,7 +244,7 @@ fn scan(a: ScanArgs) -> Result<(), String> {
         let local = (size * a.local_percent / 100).max(8 * ps as u64) / ps as u64 * ps as u64;
         let (_servers, mut config) = local_setup(ps, local, size * 2 + (64 << 20))?;
         config.prefetch = a.prefetch == "on";
-        let rt = Runtime::connect(&config).map_err(|e| format!("{e}: {}", source_chain(&e)))?;
+        let rt = Runtime::connect(&config).map_err(|e| rmem_client::error_chain(&e))?;
         let words = size as usize / 8;
         let base = rt.alloc(size as usize).ok_or("allocation failed")? as *mut u64;
         // SAFETY: the allocation holds `words` u64s.

@@ -78,15 +78,17 @@ fn kernel_io(user_mode_only: bool, as_nobody: bool) {
         out.stdout,
         out.stderr
     );
-    let mode = if user_mode_only || (as_nobody && is_root()) {
-        "user-mode-only"
-    } else {
-        ""
-    };
-    assert!(
-        out.stderr.contains(mode),
-        "expected userfaultfd {mode}: {}",
-        out.stderr
+    let user_mode = user_mode_only || (as_nobody && is_root());
+    let started = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("rmem: started"))
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        started.contains("user-mode-only"),
+        user_mode,
+        "userfaultfd mode (want user-mode-only: {user_mode}): {started}"
     );
     swapped(&stats);
     let _ = std::fs::remove_dir_all(dir);

@@ -40,3 +40,15 @@ thread_local! {
 pub fn on_pager_thread() -> bool {
     PAGER_THREAD.with(|t| t.get())
 }
+
+/// An error and every error that caused it, as one line: "what: why: deeper why".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}

@@ -210,14 +210,7 @@ impl Runtime {
                         done.signal();
                     }
                     Err(e) => {
-                        let mut msg = e.to_string();
-                        let mut src = std::error::Error::source(&e);
-                        while let Some(s) = src {
-                            msg.push_str(": ");
-                            msg.push_str(&s.to_string());
-                            src = s.source();
-                        }
-                        on_fatal(&msg);
+                        on_fatal(&crate::error_chain(&e));
                         // Only reached when the handler returns (tests): the region goes away
                         // with the pager, so late touches fault with SIGSEGV, never zeros.
                     }

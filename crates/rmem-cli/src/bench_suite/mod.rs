@@ -13,7 +13,7 @@ mod limits;
 mod plot;
 mod swap;
 
-use crate::bench_cmd::{err, local_setup, percentile_us, source_chain, write_json};
+use crate::bench_cmd::{err, local_setup, percentile_us, write_json};
 use crate::workloads;
 use limits::Limits;
 use rmem_proto::size::parse_size;
@@ -700,8 +700,8 @@ fn table2(
             budget_pages as u64 * ps,
             2 * pages as u64 * ps + (64 << 20),
         )?;
-        let rt = rmem_client::Runtime::connect(&config)
-            .map_err(|e| format!("{e}: {}", source_chain(&e)))?;
+        let rt =
+            rmem_client::Runtime::connect(&config).map_err(|e| rmem_client::error_chain(&e))?;
         let base = rt.alloc(pages * ps as usize).ok_or("allocation failed")?;
         let write = |p: usize, v: u64| {
             // SAFETY: page p < pages lies inside the allocation, which is page-aligned.
