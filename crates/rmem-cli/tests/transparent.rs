@@ -302,7 +302,7 @@ fn many_small_allocations_with_min_alloc_zero() {
     let dir = scratch("small");
     let script = dir.join("small.py");
     std::fs::write(&script, SMALL_ALLOCS_SCRIPT).unwrap();
-    let n = "300000";
+    let n = "100000";
     // PYTHONMALLOC=malloc: CPython's small-object arenas otherwise come from mmap, not malloc.
     let plain = run_bounded(
         Command::new("/usr/bin/python3")

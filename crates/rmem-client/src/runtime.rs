@@ -198,11 +198,17 @@ impl Runtime {
                 0
             },
         });
+        // The new thread's start-up (std's spawn hooks, glibc's thread-exit registration) calls
+        // malloc before the closure runs. In transparent mode that malloc would go to the region
+        // and the pager would fault on its own memory, so the caller waits until the pager has
+        // marked itself: transparent mode turns on only after the runtime is started.
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<()>(1);
         let handle = std::thread::Builder::new()
             .name("rmem-pager".into())
             .spawn(move || {
                 match {
                     crate::PAGER_THREAD.with(|t| t.set(true));
+                    let _ = ready_tx.send(());
                     pager.run()
                 } {
                     Ok(done) => {
@@ -217,6 +223,8 @@ impl Runtime {
                 }
             })
             .map_err(RuntimeError::Thread)?;
+        // An error means the thread is gone already; the pager's own report says why.
+        let _ = ready_rx.recv();
         Ok(Runtime {
             base,
             len,
