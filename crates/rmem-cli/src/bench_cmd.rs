@@ -19,6 +19,9 @@ pub enum BenchCommand {
     Suite(crate::bench_suite::SuiteArgs),
     /// Every workload pattern at several local ratios under every policy, live and simulated.
     Policies(crate::policy_bench::PoliciesArgs),
+    /// Real programs (GNU sort, numpy as nobody, CPython's small objects) in transparent mode
+    /// at a quarter of their footprint, against the same programs without rmem.
+    Programs(crate::programs_bench::ProgramsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -48,7 +51,7 @@ pub struct ScanArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Prefetching: on or off.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub prefetch: String,
 }
 
@@ -58,6 +61,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Scan(a) => scan(a),
         BenchCommand::Suite(a) => crate::bench_suite::run(a),
         BenchCommand::Policies(a) => crate::policy_bench::policies(a),
+        BenchCommand::Programs(a) => crate::programs_bench::programs(a),
     };
     match r {
         Ok(()) => 0,

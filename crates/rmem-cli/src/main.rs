@@ -8,6 +8,7 @@ mod bench_suite;
 mod hostfile;
 mod launch;
 mod policy_bench;
+mod programs_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;

@@ -40,7 +40,8 @@ pub struct PoliciesArgs {
     /// Skip the live runs (simulator only).
     #[arg(long)]
     pub no_live: bool,
-    /// Prefetching in the live runs: on or off.
+    /// Prefetching in the live runs: on or off. Off by default, so that the swap-ins compare
+    /// the policies alone.
     #[arg(long, default_value = "off", value_parser = ["on", "off"])]
     pub prefetch: String,
     /// Write the results as JSON here.

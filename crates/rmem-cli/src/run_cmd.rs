@@ -46,7 +46,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Prefetch ahead of sequential and strided fault streams: on or off.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub prefetch: String,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]

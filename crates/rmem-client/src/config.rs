@@ -81,7 +81,7 @@ impl Default for Config {
             uffd_user_mode_only: false,
             policy_params: rmem_policy::PolicyParams::default(),
             trace: None,
-            prefetch: false,
+            prefetch: true,
         }
     }
 }
@@ -293,5 +293,72 @@ impl Config {
     /// Pages the local budget holds.
     pub fn local_pages(&self) -> u64 {
         self.local_bytes / self.page_size as u64
+    }
+
+    /// Staging slots (dirty victims on their way to a server) the budget sets aside.
+    pub fn staging_slots(&self) -> u64 {
+        staging_slots(self.local_pages(), self.writeback_max)
+    }
+}
+
+/// Staging slots for a budget of `budget_pages`: a 32nd of the budget, but at least
+/// [`STAGING_MIN`] (so a prefetch window can evict dirty pages while a fault's own victim is in
+/// flight) unless that is more than a quarter of the budget; never more than `writeback_max`,
+/// never fewer than one. They are part of the budget, so that a write-back in flight never
+/// takes local memory beyond it; the rest holds the program's resident pages.
+pub fn staging_slots(budget_pages: u64, writeback_max: usize) -> u64 {
+    (budget_pages / STAGING_SHARE)
+        .max(STAGING_MIN.min(budget_pages / 4))
+        .min(writeback_max as u64)
+        .max(1)
+}
+
+/// Staging slots a budget of at least four times this many pages always has.
+pub const STAGING_MIN: u64 = 4;
+
+/// The budget is at most this many times the staging slots it sets aside.
+pub const STAGING_SHARE: u64 = 32;
+
+/// The smallest budget, in pages, that leaves `resident_pages` for the program's pages once
+/// the staging slots are set aside.
+pub fn budget_for_resident(resident_pages: u64, writeback_max: usize) -> u64 {
+    let mut b = resident_pages + 1;
+    while b - staging_slots(b, writeback_max) < resident_pages {
+        b += 1;
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_slots_stay_a_small_part_of_the_budget() {
+        assert_eq!(staging_slots(1, 64), 1);
+        assert_eq!(staging_slots(8, 64), 2);
+        assert_eq!(staging_slots(32, 64), 4);
+        assert_eq!(staging_slots(256, 64), 8);
+        assert_eq!(staging_slots(1 << 20, 64), 64);
+        assert_eq!(staging_slots(1 << 20, 0), 1);
+        for b in 1..5000 {
+            let s = staging_slots(b, 64);
+            assert!(
+                s >= 1 && s <= 64 && (s == 1 || s <= b / 4),
+                "budget {b}: {s}"
+            );
+        }
+    }
+
+    #[test]
+    fn budget_for_resident_is_the_smallest_that_fits() {
+        for r in 1..3000 {
+            let b = budget_for_resident(r, 64);
+            assert!(b - staging_slots(b, 64) >= r);
+            assert!(
+                b - 1 - staging_slots(b - 1, 64) < r,
+                "resident {r}: {b} not smallest"
+            );
+        }
     }
 }

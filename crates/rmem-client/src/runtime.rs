@@ -167,7 +167,7 @@ impl Runtime {
             })?;
         uffd.register(region.base(), region.len())?;
         let budget_pages = config.local_pages();
-        let slots = (config.writeback_max as u64).min(budget_pages / 4).max(1);
+        let slots = config.staging_slots();
         let staging = Staging::new(slots as usize, ps).map_err(|source| RuntimeError::Reserve {
             bytes: slots * ps,
             source,
@@ -192,7 +192,8 @@ impl Runtime {
             spin: config.spin,
             heartbeat: config.heartbeat,
             trace,
-            prefetch_window_max: if config.prefetch {
+            // Trace mode records every reference: a prefetched page would hide its first one.
+            prefetch_window_max: if config.prefetch && !tracing {
                 (PREFETCH_AHEAD_BYTES / ps).clamp(2, (budget_pages / 64).max(2))
             } else {
                 0

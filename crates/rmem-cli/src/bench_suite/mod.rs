@@ -174,6 +174,24 @@ struct RmemStats {
     bytes_moved: u64,
 }
 
+/// Pages by which the workloads' arrays (at most this many, each rounded up to whole pages)
+/// can exceed their data size.
+const ARRAY_ROUNDING_PAGES: u64 = 4;
+
+/// The resident pages rmem gets for `ratio` percent of `data` bytes in pages of `ps`: that
+/// share of the footprint in whole pages (the data, with its arrays rounded up to pages).
+fn rmem_resident_pages(data: u64, ratio: u64, ps: u64) -> u64 {
+    ((data.div_ceil(ps) + ARRAY_ROUNDING_PAGES) * ratio).div_ceil(100)
+}
+
+/// rmem's local budget for `resident` pages of `ps`: those, plus the staging slots the runtime
+/// sets aside within its budget. So 100% means the data fits, as it does under the
+/// kernel-swap limit, which likewise covers the data and the workload's own overhead.
+fn rmem_budget(resident: u64, ps: u64) -> u64 {
+    let writeback_max = rmem_client::Config::default().writeback_max;
+    rmem_client::config::budget_for_resident(resident, writeback_max) * ps
+}
+
 /// One workload x system x local ratio x page size.
 #[derive(Clone, Debug)]
 struct Cell {
@@ -410,13 +428,14 @@ impl Suite {
         for &ratio in &self.ratios.clone() {
             for &ps in &self.page_sizes.clone() {
                 interrupted()?;
-                let budget = data * ratio / 100 / ps * ps;
+                let resident = rmem_resident_pages(data, ratio, ps);
                 let cell = Cell::new(name, System::Rmem, ratio, ps);
-                if budget < 8 * ps {
+                if resident < 8 {
                     self.cells
                         .push(cell.skipped("local budget under 8 pages of this size"));
                     continue;
                 }
+                let budget = rmem_budget(resident, ps);
                 let stats = dir.join(format!("{name}-{ratio}-{ps}.json"));
                 let mut cmd = Command::new(std::env::current_exe().map_err(err)?);
                 cmd.args(["run", "--api", "--servers", "1", "--local"])
