@@ -21,8 +21,12 @@
 //!   was tried first and measured worse: on STREAM at 75% local 1.6x fifo's misses, on CG at
 //!   10% 1.3x. The address-order sweep keeps pages for a time unrelated to when they came,
 //!   which already resists scans a little.)
-//! - **loop mode**: keep the newest `guard` fetches (resident/32, at least 2: the pages the
-//!   program works on right now: a merge's streams, a stencil's planes) and evict the newest
+//! - **loop mode**: keep the newest `guard` fetches (the pages the program works on right
+//!   now: a merge's streams, a stencil's planes: resident/32, at least 2, and two per stream
+//!   of consecutive misses active within the last resident-count misses, at most half the
+//!   resident pages; without the streams, Himeno's dozen arrays at 60 resident pages took
+//!   1.6x fifo's swap-ins live, because the victim was the current page of another array)
+//!   and evict the newest
 //!   *long-period* page older than them (period of at least half the resident count, or
 //!   unknown; the whole resident count was measured worse, 1.19x fifo on STREAM at 75%),
 //!   so everything older stays: a stable set that hits on every pass. Pages with a short
@@ -79,6 +83,22 @@ pub struct Adaptive {
     /// mixed pattern does not flip modes and throw its stable set away each time).
     looping: bool,
     selections: u64,
+    /// Sequential miss streams seen lately (loop mode's guard holds their current pages).
+    streams: [Stream; STREAMS],
+}
+
+/// Miss streams followed to size the guard.
+const STREAMS: usize = 32;
+
+/// A run of misses on consecutive pages: a stencil's array, a merge's input, a copy's target.
+#[derive(Default, Clone, Copy)]
+struct Stream {
+    /// Last page missed in it.
+    last: u64,
+    /// Admission number of that miss (0: empty slot).
+    at: u64,
+    /// Continued at least once (a single miss is not a stream).
+    confirmed: bool,
 }
 
 impl Adaptive {
@@ -91,8 +111,48 @@ impl Adaptive {
         self.looping
     }
 
+    /// The newest admissions loop mode never evicts: the pages the program works on right
+    /// now. At least resident/32 and 2, and two pages for each stream of consecutive misses
+    /// active within the last resident-count admissions (a stencil walks a dozen arrays at
+    /// once, and evicting the current page of one of them is a miss a few steps later), at
+    /// most half the resident pages.
     fn guard(&self) -> usize {
-        (self.len() / 32).max(2)
+        let horizon = self.seq.saturating_sub(self.len() as u64);
+        let active = self
+            .streams
+            .iter()
+            .filter(|t| t.confirmed && t.at > horizon)
+            .count();
+        (self.len() / 32)
+            .max(2)
+            .max(2 * active)
+            .min((self.len() / 2).max(2))
+    }
+
+    /// Count a miss on `page` towards the streams.
+    fn follow(&mut self, page: u64, now: u64) {
+        if let Some(t) = self
+            .streams
+            .iter_mut()
+            .find(|t| t.at != 0 && page > t.last && page <= t.last + 2)
+        {
+            *t = Stream {
+                last: page,
+                at: now,
+                confirmed: true,
+            };
+            return;
+        }
+        let oldest = self
+            .streams
+            .iter_mut()
+            .min_by_key(|t| t.at)
+            .expect("non-empty");
+        *oldest = Stream {
+            last: page,
+            at: now,
+            confirmed: false,
+        };
     }
 
     fn vote(&mut self, page: usize, now: u64) {
@@ -170,6 +230,7 @@ impl Policy for Adaptive {
         }
         self.seq += 1;
         self.vote(page.0 as usize, self.seq);
+        self.follow(page.0, self.seq);
         self.young.insert(self.seq, page);
         self.rebalance();
     }
@@ -206,6 +267,27 @@ mod tests {
 
     fn admit(a: &mut Adaptive, p: u64) {
         a.insert(PageIndex(p), Admission::Fetched);
+    }
+
+    #[test]
+    fn the_guard_holds_two_pages_per_active_stream() {
+        let mut a = Adaptive::new();
+        // 12 arrays of 100 pages walked together, as a stencil does: 12 streams.
+        for k in 0..20 {
+            for arr in 0..12u64 {
+                admit(&mut a, arr * 100 + k);
+            }
+        }
+        assert_eq!(a.len(), 240);
+        assert_eq!(a.guard(), 24);
+        // Random admissions form no streams: once the streams age out, the guard is back
+        // to resident/32.
+        let mut x = 12345u64;
+        for _ in 0..600 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            admit(&mut a, 10_000 + (x >> 40) % 1_000_000);
+        }
+        assert_eq!(a.guard(), a.len() / 32);
     }
 
     /// Worked by hand: pages 7, 3, 5, 1 fetched once each: fifo's address order, 1 then 3.
