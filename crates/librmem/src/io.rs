@@ -114,9 +114,25 @@ fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> &'a [libc::iovec] {
     unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
 }
 
+/// True when a transfer that stopped at `addr` stopped because the page there was evicted
+/// after the prefault (the kernel copies up to the first missing page, then returns short):
+/// `addr` is on a page boundary and that page is not resident.
+fn cut_by_eviction(addr: *const c_void) -> bool {
+    let a = addr as usize;
+    if a % 4096 != 0 || !region_contains(a as u64) {
+        return false;
+    }
+    let mut vec = 0u8;
+    // SAFETY: mincore only reads page tables; the page lies in the region's mapping.
+    let r = unsafe { libc::mincore(a as *mut c_void, 1, &mut vec) };
+    r == 0 && vec & 1 == 0
+}
+
 /// Run a buffer call in chunks that fit in local memory, faulting each in first.
 /// `call(ptr, len, done)` does the real call on `[ptr, ptr+len)`, `done` bytes in.
-/// Stops at the first short transfer, like the kernel would for one big call.
+/// Stops at the first short transfer, like the kernel would for one big call, unless the
+/// transfer was cut at a page evicted since the prefault: then the rest is faulted in again
+/// and the call goes on (up to EFAULT_RETRIES times).
 fn chunked(
     buf: *const c_void,
     len: usize,
@@ -127,7 +143,7 @@ fn chunked(
         return call(buf, len, 0);
     }
     let chunk = CHUNK.load(Relaxed).max(1);
-    let mut done = 0usize;
+    let (mut done, mut cuts) = (0usize, 0);
     while done < len {
         let n = chunk.min(len - done);
         let p = buf.wrapping_byte_add(done);
@@ -137,7 +153,10 @@ fn chunked(
         }
         done += r as usize;
         if (r as usize) < n {
-            break;
+            cuts += 1;
+            if !(cut_by_eviction(buf.wrapping_byte_add(done)) && cuts < EFAULT_RETRIES) {
+                break;
+            }
         }
     }
     done as isize
@@ -386,11 +405,15 @@ pub unsafe extern "C" fn sendmsg(fd: Fd, msg: *const libc::msghdr, flags: Flags)
 type File = *mut libc::FILE;
 
 /// Run a stdio call in chunks of whole items; `call(ptr, items)` returns items done.
+/// A chunk cut short by EFAULT (a page evicted between the prefault and the kernel's copy)
+/// is resumed after clearing the stream's error, up to EFAULT_RETRIES times, when items
+/// divide pages: the kernel stops at a page boundary, so no item was half transferred.
 fn stdio_chunked(
     ptr: CBuf,
     size: usize,
     n: usize,
     for_write: bool,
+    stream: File,
     mut call: impl FnMut(CBuf, usize) -> usize,
 ) -> usize {
     let Some(total) = size.checked_mul(n) else {
@@ -400,7 +423,8 @@ fn stdio_chunked(
         return call(ptr, n);
     }
     let per = (CHUNK.load(Relaxed) / size).max(1);
-    let mut done = 0;
+    let resumable = PAGE.load(Relaxed) % size == 0;
+    let (mut done, mut tries) = (0, 0);
     while done < n {
         let k = per.min(n - done);
         let p = ptr.wrapping_byte_add(done * size);
@@ -408,7 +432,14 @@ fn stdio_chunked(
         let r = call(p, k);
         done += r;
         if r < k {
-            break;
+            // SAFETY: stream is the caller's open FILE, as the stdio call required.
+            let efault = unsafe { libc::ferror(stream) } != 0 && errno() == libc::EFAULT;
+            tries += 1;
+            if !(efault && resumable && tries < EFAULT_RETRIES) {
+                break;
+            }
+            // SAFETY: as above.
+            unsafe { libc::clearerr(stream) };
         }
     }
     done
@@ -423,7 +454,9 @@ macro_rules! stdio {
         pub extern "C" fn $name(ptr: $buf, size: usize, n: usize, stream: File) -> usize {
             let f = real!($sym, fn($buf, usize, usize, File) -> usize);
             // SAFETY: forwarding the caller's arguments over a sub-range of its buffer.
-            stdio_chunked(ptr, size, n, $for_write, |p, k| unsafe { f(p as $buf, size, k, stream) })
+            stdio_chunked(ptr, size, n, $for_write, stream, |p, k| unsafe {
+                f(p as $buf, size, k, stream)
+            })
         }
     };
 }
@@ -481,7 +514,7 @@ macro_rules! fread_chk {
         pub extern "C" fn $name(ptr: Buf, ptrlen: usize, size: usize, n: usize, stream: File) -> usize {
             let f = real!($sym, fn(Buf, usize, usize, usize, File) -> usize);
             // SAFETY: as fread; the buffer bound shrinks with the chunk.
-            stdio_chunked(ptr, size, n, true, |p, k| unsafe {
+            stdio_chunked(ptr, size, n, true, stream, |p, k| unsafe {
                 f(p as Buf, ptrlen.saturating_sub(p as usize - ptr as usize), size, k, stream)
             })
         }

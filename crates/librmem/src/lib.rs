@@ -123,8 +123,10 @@ fn init() -> Option<&'static Runtime> {
             let ps = rt.page_size();
             io::PAGE.store(ps, Ordering::Relaxed);
             // A system call's region buffer is faulted in a chunk at a time, small enough that
-            // the chunk stays resident while the call runs.
-            let chunk = (rt.local_bytes() / 4).min(8 << 20).max(ps as u64);
+            // the chunk stays resident while the call runs: a 64th of the budget is within
+            // the newest fetches that `adaptive` never evicts (resident/32), and far from
+            // `fifo`'s address-order sweep.
+            let chunk = (rt.local_bytes() / 64).min(8 << 20).max(ps as u64);
             io::CHUNK.store(chunk as usize, Ordering::Relaxed);
             io::PREFAULT.store(!rt.uffd_mode().handles_kernel_faults(), Ordering::Relaxed);
             RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);

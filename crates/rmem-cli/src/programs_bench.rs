@@ -198,7 +198,9 @@ fn run_all(a: &ProgramsArgs, ps: u64, rmem: &Path, dir: &Path) -> Result<(), Str
             } else if r.ok {
                 "DIFFERS".to_string()
             } else {
-                format!("FAILED: {}", r.stderr.lines().last().unwrap_or(""))
+                let tail: Vec<&str> = r.stderr.lines().rev().take(6).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("FAILED:\n    {}", tail.join("\n    "))
             }
         );
         print!(

@@ -19,13 +19,15 @@ fn build_plain(rel: &str) -> PathBuf {
         src.file_stem().unwrap().to_string_lossy()
     ));
     let cc = if rel.ends_with(".cpp") { "c++" } else { "cc" };
+    let tmp = tmp_output(&out);
     let st = Command::new(cc)
         .args(["-O2", "-pthread", "-o"])
-        .arg(&out)
+        .arg(&tmp)
         .arg(&src)
         .status()
         .expect("a C/C++ compiler");
     assert!(st.success(), "compiling {rel} failed");
+    publish(&tmp, &out);
     out
 }
 

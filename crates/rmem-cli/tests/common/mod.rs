@@ -33,6 +33,7 @@ pub fn build_c(rel: &str) -> PathBuf {
     let out_dir = target_dir().join("c-tests");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join(src.file_stem().unwrap());
+    let tmp = tmp_output(&out);
     let status = Command::new("cc")
         .args(["-O2", "-Wall", "-pthread", "-I"])
         .arg(repo_root().join("include"))
@@ -42,11 +43,26 @@ pub fn build_c(rel: &str) -> PathBuf {
         .arg("-lrmem")
         .arg(format!("-Wl,-rpath,{}", target_dir().display()))
         .arg("-o")
-        .arg(&out)
+        .arg(&tmp)
         .status()
         .expect("cc must be installed (scripts/deps.sh installs it)");
     assert!(status.success(), "compiling {rel} failed");
+    publish(&tmp, &out);
     out
+}
+
+/// A private path to compile `out` to: tests running at once build the same programs, and one
+/// must never write the file another is executing.
+pub fn tmp_output(out: &Path) -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    out.with_extension(format!("tmp-{}-{n}", std::process::id()))
+}
+
+/// Move a freshly compiled program into place atomically (a running copy keeps its inode).
+pub fn publish(tmp: &Path, out: &Path) {
+    std::fs::rename(tmp, out)
+        .unwrap_or_else(|e| panic!("{} -> {}: {e}", tmp.display(), out.display()));
 }
 
 pub struct Output {
