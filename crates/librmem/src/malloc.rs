@@ -108,8 +108,19 @@ fn remote(size: usize, align: usize) -> Option<*mut c_void> {
     }
     // Small objects come from power-of-two classes aligned to their size; large ones are
     // page-aligned. Asking for at least `align` bytes therefore gives `align` alignment.
-    rt.alloc(size.max(align).max(1)).map(|p| p.cast())
+    let p = rt.alloc(size.max(align).max(1)).map(|p| p.cast());
+    if p.is_none() && !FELL_BACK.swap(true, Relaxed) {
+        crate::report(&format!(
+            "an allocation of {size} bytes does not fit the memory servers' remaining capacity; \
+             it and any others that do not fit are served from local memory \
+             (give the servers more capacity: --server-capacity or the hosts file)"
+        ));
+    }
+    p
 }
+
+/// An allocation has fallen back to local memory (reported once).
+static FELL_BACK: AtomicBool = AtomicBool::new(false);
 
 fn enomem() {
     // SAFETY: errno is thread-local; setting it is always allowed.

@@ -329,3 +329,32 @@ fn many_small_allocations_with_min_alloc_zero() {
     assert!(v["local_bytes_max"].as_u64().unwrap() <= 16 << 20);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn allocation_beyond_capacity_falls_back_to_local_memory_and_says_so() {
+    let dir = scratch("fallback");
+    let stats = dir.join("stats.json");
+    // Two servers of 16 MiB: a 64 MiB buffer cannot go remote.
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "8M", "--server-capacity", "16M"],
+            &stats,
+            &[
+                "/usr/bin/python3",
+                "-c",
+                "b = bytearray(64 << 20); b[-1] = 7; b[0] = 5; print('fallback ok', b[0] + b[-1])",
+            ],
+            false,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout.trim(), "fallback ok 12");
+    assert!(
+        out.stderr
+            .contains("does not fit the memory servers' remaining capacity"),
+        "no fallback report: {}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
