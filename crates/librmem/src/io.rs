@@ -114,18 +114,31 @@ fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> &'a [libc::iovec] {
     unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
 }
 
-/// True when a transfer that stopped at `addr` stopped because the page there was evicted
-/// after the prefault (the kernel copies up to the first missing page, then returns short):
-/// `addr` is on a page boundary and that page is not resident.
-fn cut_by_eviction(addr: *const c_void) -> bool {
-    let a = addr as usize;
-    if a % 4096 != 0 || !region_contains(a as u64) {
+/// True when a transfer over `[start, end)` that stopped at `start` was cut by an eviction
+/// after the prefault rather than ended by the file or the device. The kernel stops a copy
+/// into the buffer (`kernel_writes`: read calls) exactly at the first missing page, so that
+/// page must be the one at `start`. A copy out of the buffer (write calls) may be rounded down
+/// by the file system (a partly copied page-cache page is discarded), so any missing page
+/// from `start` on counts; going on with a write is harmless anyway.
+fn cut_by_eviction(start: *const c_void, end: *const c_void, kernel_writes: bool) -> bool {
+    let (a, e) = (start as usize, end as usize);
+    if a >= e || !region_contains(a as u64) {
         return false;
     }
-    let mut vec = 0u8;
-    // SAFETY: mincore only reads page tables; the page lies in the region's mapping.
-    let r = unsafe { libc::mincore(a as *mut c_void, 1, &mut vec) };
-    r == 0 && vec & 1 == 0
+    if kernel_writes && a % 4096 != 0 {
+        return false;
+    }
+    let first = a & !4095;
+    let last = if kernel_writes {
+        first + 4096
+    } else {
+        e.div_ceil(4096) * 4096
+    };
+    let mut vec = vec![0u8; (last - first) / 4096];
+    // SAFETY: mincore only reads page tables; the range lies in the region's mapping, and vec
+    // has one byte per page of it.
+    let r = unsafe { libc::mincore(first as *mut c_void, last - first, vec.as_mut_ptr()) };
+    r == 0 && vec.iter().any(|v| v & 1 == 0)
 }
 
 /// Run a buffer call in chunks that fit in local memory, faulting each in first.
@@ -154,7 +167,8 @@ fn chunked(
         done += r as usize;
         if (r as usize) < n {
             cuts += 1;
-            if !(cut_by_eviction(buf.wrapping_byte_add(done)) && cuts < EFAULT_RETRIES) {
+            let (at, end) = (buf.wrapping_byte_add(done), p.wrapping_byte_add(n));
+            if !(cut_by_eviction(at, end, for_write) && cuts < EFAULT_RETRIES) {
                 break;
             }
         }
@@ -303,7 +317,9 @@ pub extern "C" fn sendto(
 }
 
 /// Run a readv/writev in windows of iovecs of at most a chunk of bytes, each faulted in first,
-/// stopping at the first short transfer. `call(iov, cnt)` does the real call.
+/// stopping at the first short transfer unless it was cut at a page evicted since the
+/// prefault (then it goes on from there, as `chunked` does). `call(iov, cnt)` does the real
+/// call.
 fn windowed(
     iov: *const libc::iovec,
     cnt: c_int,
@@ -328,7 +344,7 @@ fn windowed(
             off += len.max(1);
         }
     }
-    let mut done = 0isize;
+    let (mut done, mut cuts) = (0isize, 0);
     let mut i = 0;
     while i < pieces.len() {
         let (mut j, mut bytes) = (i, 0);
@@ -353,7 +369,24 @@ fn windowed(
         }
         done += r;
         if (r as usize) < bytes {
-            break;
+            // Where did it stop? If at a page evicted since the prefault, go on from there.
+            let (mut k, mut left) = (i, r as usize);
+            while k < j && left >= pieces[k].iov_len {
+                left -= pieces[k].iov_len;
+                k += 1;
+            }
+            cuts += 1;
+            let at = pieces[k.min(j - 1)].iov_base.wrapping_byte_add(left);
+            // The piece it stopped in (pieces are contiguous only within themselves).
+            let piece = &pieces[k.min(j - 1)];
+            let end = piece.iov_base.wrapping_byte_add(piece.iov_len);
+            if k == j || !(cut_by_eviction(at, end, for_write) && cuts < EFAULT_RETRIES) {
+                break;
+            }
+            pieces[k].iov_base = at;
+            pieces[k].iov_len -= left;
+            i = k;
+            continue;
         }
         i = j;
     }
