@@ -39,32 +39,9 @@ pub struct ProgramsArgs {
     pub json: Option<PathBuf>,
 }
 
-const NUMPY_SCRIPT: &str = r#"
-import sys, numpy as np
-mib, path = int(sys.argv[1]), sys.argv[2]
-n = (mib << 20) // 8
-rng = np.random.default_rng(7)
-a = rng.random(n)
-a.tofile(path)
-b = np.fromfile(path, dtype=np.float64)
-assert np.array_equal(a, b), "fromfile differs"
-m = b.reshape(-1, 1024)
-v = rng.random(1024)
-y = m @ v
-print("numpy ok", n, "%.10e" % a.sum(), "%.10e" % y.sum(), "%.10e" % y[len(y) // 2])
-"#;
+const NUMPY_SCRIPT: &str = include_str!("../../../tests/py/numpy_io.py");
 
-const SMALL_SCRIPT: &str = r#"
-import sys
-n = int(sys.argv[1])
-d = {}
-for i in range(n):
-    d["key-%d" % i] = ["v%d" % i, i * 3, str(i * 7)]
-s = 0
-for i in range(0, n, 7):
-    s += d["key-%d" % i][1]
-print("small ok", len(d), s)
-"#;
+const SMALL_SCRIPT: &str = include_str!("../../../tests/py/small_allocs.py");
 
 /// One program, plain and under rmem.
 struct Case {

@@ -217,21 +217,7 @@ fn gnu_sort_parallel_output_identical_user_mode_only() {
     sort_identical(true);
 }
 
-const NUMPY_SCRIPT: &str = r#"
-import os, sys, numpy as np
-mib, path = int(sys.argv[1]), sys.argv[2]
-n = (mib << 20) // 8
-rng = np.random.default_rng(7)
-a = rng.random(n)                       # mib MiB
-a.tofile(path)
-b = np.fromfile(path, dtype=np.float64) # a fresh array, read by fread
-assert np.array_equal(a, b), "fromfile differs"
-cols = 1024
-m = b.reshape(-1, cols)                 # matrix over the same data
-v = rng.random(cols)
-y = m @ v                               # matrix-vector product (BLAS, threaded)
-print("numpy ok", n, "%.10e" % a.sum(), "%.10e" % y.sum(), "%.10e" % y[len(y) // 2])
-"#;
+const NUMPY_SCRIPT: &str = include_str!("../../../tests/py/numpy_io.py");
 
 #[test]
 fn numpy_as_nobody_matches_a_plain_run() {
@@ -287,17 +273,7 @@ fn numpy_as_nobody_matches_a_plain_run() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-const SMALL_ALLOCS_SCRIPT: &str = r#"
-import sys
-n = int(sys.argv[1])
-d = {}
-for i in range(n):
-    d["key-%d" % i] = ["v%d" % i, i * 3, str(i * 7)]
-s = 0
-for i in range(0, n, 7):
-    s += d["key-%d" % i][1]
-print("small ok", len(d), s)
-"#;
+const SMALL_ALLOCS_SCRIPT: &str = include_str!("../../../tests/py/small_allocs.py");
 
 #[test]
 fn many_small_allocations_with_min_alloc_zero() {
