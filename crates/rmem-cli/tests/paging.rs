@@ -285,11 +285,33 @@ fn bench_fault_tiny_writes_its_json() {
     );
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
     let v = read_json(&json);
-    for k in ["fault_us_p50", "fault_us_p99", "rtt_us_p50", "rtt_us_p99"] {
+    for k in [
+        "fault_us_p50",
+        "fault_us_p99",
+        "rtt_us_p50",
+        "rtt_us_p99",
+        "local_fault_us_p50",
+        "local_fault_us_p99",
+    ] {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k} in {v}");
     }
     assert!(out.stdout.contains("fault / round trip"));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The reference for `rmem bench fault` (docs/benchmarks.md): a bare blocking handler's
+/// fault against its raw round trip, at a tiny size.
+#[test]
+fn uffd_floor_reference_runs() {
+    let prog = build_plain("tools/uffd-floor.c");
+    let out = run_bounded(Command::new(prog).arg("500"), Duration::from_secs(60));
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let words: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_eq!(words.len(), 6, "{}", out.stdout);
+    for pair in words.chunks(2) {
+        let v: f64 = pair[1].parse().unwrap_or_else(|_| panic!("{}", out.stdout));
+        assert!(v > 0.0, "{}", out.stdout);
+    }
 }
 
 #[test]

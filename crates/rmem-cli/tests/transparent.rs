@@ -5,32 +5,11 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 /// Compile a test program without librmem (transparent mode needs no relinking).
-fn build_plain(rel: &str) -> PathBuf {
-    let src = repo_root().join(rel);
-    let out_dir = target_dir().join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(format!(
-        "plain-{}",
-        src.file_stem().unwrap().to_string_lossy()
-    ));
-    let cc = if rel.ends_with(".cpp") { "c++" } else { "cc" };
-    let tmp = tmp_output(&out);
-    let st = Command::new(cc)
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&tmp)
-        .arg(&src)
-        .status()
-        .expect("a C/C++ compiler");
-    assert!(st.success(), "compiling {rel} failed");
-    publish(&tmp, &out);
-    out
-}
-
 /// `rmem run` with the given options around `program`, optionally as `nobody`.
 fn rmem_run(opts: &[&str], stats: &Path, program: &[&str], as_nobody: bool) -> Command {
     let mut c = if as_nobody && is_root() {

@@ -51,6 +51,29 @@ pub fn build_c(rel: &str) -> PathBuf {
     out
 }
 
+/// Compile a C or C++ program of the repository without librmem (to run it plain, or under
+/// `rmem run`, which preloads librmem).
+pub fn build_plain(rel: &str) -> PathBuf {
+    let src = repo_root().join(rel);
+    let out_dir = target_dir().join("c-tests");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(format!(
+        "plain-{}",
+        src.file_stem().unwrap().to_string_lossy()
+    ));
+    let cc = if rel.ends_with(".cpp") { "c++" } else { "cc" };
+    let tmp = tmp_output(&out);
+    let st = Command::new(cc)
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("a C/C++ compiler");
+    assert!(st.success(), "compiling {rel} failed");
+    publish(&tmp, &out);
+    out
+}
+
 /// A private path to compile `out` to: tests running at once build the same programs, and one
 /// must never write the file another is executing.
 pub fn tmp_output(out: &Path) -> PathBuf {
