@@ -576,7 +576,7 @@ impl Core {
         };
         let plan = pf.on_fault(page.0);
         let pages = self.geo.len / self.geo.page_size;
-        for q in plan.into_iter().map(PageIndex) {
+        for q in plan.pages().map(PageIndex) {
             if !self.blocked.is_empty() {
                 break;
             }

@@ -73,6 +73,25 @@ impl Stream {
     }
 }
 
+/// Pages to prefetch: `count` pages `stride` apart from `first`, nearest first. It is a plan,
+/// not a list, so that a fault allocates nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub first: u64,
+    pub stride: i64,
+    pub count: u64,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    pub fn pages(self) -> impl Iterator<Item = u64> {
+        (0..self.count).map(move |i| (self.first as i64 + self.stride * i as i64) as u64)
+    }
+}
+
 /// A multi-stream stride detector with adaptive windows.
 #[derive(Debug)]
 pub struct Prefetcher {
@@ -92,7 +111,7 @@ impl Prefetcher {
     }
 
     /// A remote fault on `page`. Returns the pages to prefetch now, nearest first.
-    pub fn on_fault(&mut self, page: u64) -> Vec<u64> {
+    pub fn on_fault(&mut self, page: u64) -> Plan {
         self.clock += 1;
         let now = self.clock;
         if let Some(i) = self.streams.iter().position(|s| s.continued_by(page)) {
@@ -114,7 +133,7 @@ impl Prefetcher {
                 seen: 1,
                 ..Stream::new(page, now)
             };
-            return Vec::new();
+            return Plan::default();
         }
         let fresh = Stream::new(page, now);
         if self.streams.len() < STREAMS {
@@ -122,18 +141,18 @@ impl Prefetcher {
         } else if let Some(old) = self.streams.iter_mut().min_by_key(|s| s.stamp) {
             *old = fresh;
         }
-        Vec::new()
+        Plan::default()
     }
 
     /// Stream `i` continues at `page`: count it, and once confirmed prefetch along it.
-    fn advance(&mut self, i: usize, page: u64) -> Vec<u64> {
+    fn advance(&mut self, i: usize, page: u64) -> Plan {
         let max = self.window_max;
         let s = &mut self.streams[i];
         s.stamp = self.clock;
         s.seen += 1;
         s.last = page;
         if s.seen < CONFIRM {
-            return Vec::new();
+            return Plan::default();
         }
         s.window = if s.window == 0 { 2 } else { s.window * 2 }.min(max);
         let stride = s.stride;
@@ -143,22 +162,28 @@ impl Prefetcher {
             _ => page as i64,
         };
         let until = page as i64 + stride * s.window as i64;
-        let mut out = Vec::new();
+        let mut plan = Plan {
+            first: (from + stride) as u64,
+            stride,
+            count: 0,
+        };
         let mut q = from + stride;
         while (until - q) * stride.signum() >= 0 && q >= 0 {
-            out.push(q as u64);
+            plan.count += 1;
+            s.issued = Some(q as u64);
             q += stride;
         }
-        if let Some(&far) = out.last() {
-            s.issued = Some(far);
-        }
-        out
+        plan
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pages(p: Plan) -> Vec<u64> {
+        p.pages().collect()
+    }
 
     #[test]
     fn sequential_stream_grows_the_window() {
@@ -167,13 +192,13 @@ mod tests {
         assert!(p.on_fault(100).is_empty());
         assert!(p.on_fault(101).is_empty());
         // Three strides of 1: confirmed. Window 2.
-        assert_eq!(p.on_fault(102), vec![103, 104]);
+        assert_eq!(pages(p.on_fault(102)), vec![103, 104]);
         // The program reached the prefetched pages: window 4, continuing past 104.
-        assert_eq!(p.on_fault(103), vec![105, 106, 107]);
+        assert_eq!(pages(p.on_fault(103)), vec![105, 106, 107]);
         // It ran through 104..106 without faulting and faults on 107: window 8.
-        assert_eq!(p.on_fault(107), (108..=115).collect::<Vec<_>>());
+        assert_eq!(pages(p.on_fault(107)), (108..=115).collect::<Vec<_>>());
         // Window capped at 16.
-        assert_eq!(p.on_fault(116), (117..=132).collect::<Vec<_>>());
+        assert_eq!(pages(p.on_fault(116)), (117..=132).collect::<Vec<_>>());
     }
 
     #[test]
@@ -182,8 +207,8 @@ mod tests {
         for q in [43, 40, 37] {
             assert!(p.on_fault(q).is_empty());
         }
-        assert_eq!(p.on_fault(34), vec![31, 28]);
-        assert_eq!(p.on_fault(31), vec![25, 22, 19]);
+        assert_eq!(pages(p.on_fault(34)), vec![31, 28]);
+        assert_eq!(pages(p.on_fault(31)), vec![25, 22, 19]);
     }
 
     #[test]
@@ -194,7 +219,7 @@ mod tests {
         let mut issued = vec![Vec::new(); 3];
         for k in 0..6 {
             for (j, b) in bases.iter().enumerate() {
-                issued[j].extend(p.on_fault(b + k));
+                issued[j].extend(p.on_fault(b + k).pages());
             }
         }
         for (j, b) in bases.iter().enumerate() {
@@ -222,7 +247,7 @@ mod tests {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            issued += p.on_fault((x >> 33) % pages).len();
+            issued += p.on_fault((x >> 33) % pages).count as usize;
         }
         issued
     }
