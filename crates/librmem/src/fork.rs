@@ -48,6 +48,8 @@ extern "C" fn child() {
 }
 
 /// The SIGSEGV action the program had before the fork handler replaced it.
+// SAFETY: sigaction is a plain C struct for which all-zero bytes are a valid value
+// (SIG_DFL, empty mask, no flags).
 static mut PREVIOUS: libc::sigaction = unsafe { std::mem::zeroed() };
 
 extern "C" fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {

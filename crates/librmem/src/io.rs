@@ -456,7 +456,7 @@ fn stdio_chunked(
         return call(ptr, n);
     }
     let per = (CHUNK.load(Relaxed) / size).max(1);
-    let resumable = PAGE.load(Relaxed) % size == 0;
+    let resumable = PAGE.load(Relaxed).is_multiple_of(size);
     let (mut done, mut tries) = (0, 0);
     while done < n {
         let k = per.min(n - done);

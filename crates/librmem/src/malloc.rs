@@ -272,7 +272,7 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
 /// `out` points to writable storage for a pointer.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
         return libc::EINVAL;
     }
     let p = aligned(align, size);

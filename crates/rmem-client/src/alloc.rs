@@ -182,7 +182,7 @@ impl Allocator {
     /// `off` is not a live allocation.
     pub fn free(&mut self, off: u64) -> Result<Option<Freed>, &'static str> {
         let page = off / self.page_size;
-        if off % self.page_size == 0 {
+        if off.is_multiple_of(self.page_size) {
             if let Some(n) = self.large.remove(&page) {
                 self.give_back_run(page, n);
                 return Ok(Some(Freed {
@@ -194,7 +194,7 @@ impl Allocator {
         let slab = self.slabs.get_mut(&page).ok_or("not an rmem allocation")?;
         let class_size = CLASS_MIN << slab.class;
         let in_page = off % self.page_size;
-        if in_page % class_size != 0 {
+        if !in_page.is_multiple_of(class_size) {
             return Err("pointer is inside an allocation, not at its start");
         }
         let slot = (in_page / class_size) as u32;
@@ -224,7 +224,7 @@ impl Allocator {
     /// Usable bytes of the allocation at `off`, if it is one.
     pub fn usable_size(&self, off: u64) -> Option<u64> {
         let page = off / self.page_size;
-        if off % self.page_size == 0 {
+        if off.is_multiple_of(self.page_size) {
             if let Some(&n) = self.large.get(&page) {
                 return Some(n * self.page_size);
             }

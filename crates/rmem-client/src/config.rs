@@ -344,7 +344,7 @@ mod tests {
         for b in 1..5000 {
             let s = staging_slots(b, 64);
             assert!(
-                s >= 1 && s <= 64 && (s == 1 || s <= b / 4),
+                (1..=64).contains(&s) && (s == 1 || s <= b / 4),
                 "budget {b}: {s}"
             );
         }

@@ -207,11 +207,9 @@ impl Runtime {
         let handle = std::thread::Builder::new()
             .name("rmem-pager".into())
             .spawn(move || {
-                match {
-                    crate::PAGER_THREAD.with(|t| t.set(true));
-                    let _ = ready_tx.send(());
-                    pager.run()
-                } {
+                crate::PAGER_THREAD.with(|t| t.set(true));
+                let _ = ready_tx.send(());
+                match pager.run() {
                     Ok(done) => {
                         drop(pager);
                         done.signal();

@@ -110,11 +110,13 @@ fn threads_share_pages_without_losing_writes() {
                         // SAFETY: volatile so the compiler keeps every access.
                         unsafe { std::ptr::write_volatile(&mut mem[mine[k]], x) };
                     } else {
+                        // SAFETY: as above.
                         let v = unsafe { std::ptr::read_volatile(&mem[mine[k]]) };
                         assert_eq!(v, shadow[k], "thread {t} word {}", mine[k]);
                     }
                 }
                 for (k, &i) in mine.iter().enumerate() {
+                    // SAFETY: as above.
                     assert_eq!(unsafe { std::ptr::read_volatile(&mem[i]) }, shadow[k]);
                 }
             })

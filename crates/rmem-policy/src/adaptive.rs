@@ -243,7 +243,10 @@ impl Policy for Adaptive {
 
     fn select_victim(&mut self) -> Option<PageIndex> {
         self.selections += 1;
-        if self.looping && self.len() >= LOOP_PAGES_MIN && self.selections % REFRESH_EVERY != 0 {
+        if self.looping
+            && self.len() >= LOOP_PAGES_MIN
+            && !self.selections.is_multiple_of(REFRESH_EVERY)
+        {
             if let Some((_, p)) = self.long.pop_last() {
                 self.resident.remove(p);
                 return Some(p);

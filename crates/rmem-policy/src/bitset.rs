@@ -78,7 +78,7 @@ impl PageSet {
         if s >= self.summary.len() {
             return None;
         }
-        let mut bits = if w % 64 == 0 {
+        let mut bits = if w.is_multiple_of(64) {
             self.summary[s]
         } else {
             self.summary[s] & (!0u64 << (w % 64))
@@ -125,7 +125,7 @@ mod tests {
         for _ in 0..50_000 {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
             let p = (x >> 35) % 300_000;
-            if (x >> 10) % 3 == 0 {
+            if (x >> 10).is_multiple_of(3) {
                 assert_eq!(s.remove(PageIndex(p)), model.remove(&p));
             } else {
                 assert_eq!(s.insert(PageIndex(p)), model.insert(p));

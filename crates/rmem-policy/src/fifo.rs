@@ -10,12 +10,6 @@ pub struct Fifo {
     cursor: PageIndex,
 }
 
-impl Default for PageIndex {
-    fn default() -> Self {
-        PageIndex(0)
-    }
-}
-
 impl Fifo {
     pub fn new() -> Self {
         Self::default()

@@ -27,7 +27,7 @@ pub use history::History;
 pub use nru::Nru;
 
 /// Index of a DLM page within the client's region (address = base + index * page size).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageIndex(pub u64);
 
 /// How a page became resident.
@@ -174,7 +174,7 @@ mod tests {
                                 held.remove(&v),
                                 "{name} picked {v:?} not held at step {step}"
                             );
-                            if x % 5 == 0 {
+                            if x.is_multiple_of(5) {
                                 p.insert(v, Admission::Declined);
                                 held.insert(v);
                             } else {

@@ -151,7 +151,7 @@ impl Trace {
     /// The same references at a larger page size (a multiple of this one): pages are merged
     /// and consecutive references to one merged page collapse into one (a write if any was).
     pub fn coarsen(&self, page_size: u32) -> Vec<Access> {
-        assert!(page_size >= self.page_size && page_size % self.page_size == 0);
+        assert!(page_size >= self.page_size && page_size.is_multiple_of(self.page_size));
         let f = (page_size / self.page_size) as u64;
         let mut out: Vec<Access> = Vec::with_capacity(self.accesses.len());
         for a in &self.accesses {
