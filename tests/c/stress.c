@@ -4,10 +4,17 @@
  *
  *   stress THREADS REGION_MIB OPS_PER_THREAD
  *
+ * With STRESS_PAGEOUT_US=N in the environment, one more thread asks the kernel every N us to
+ * page the whole region out to swap (MADV_PAGEOUT, by system call past librmem's madvise), so
+ * that the pager moves, installs and drops pages the kernel is swapping at the same time.
+ *
  * Prints "stress: ok ..." and exits 0 with zero mismatches; exits 1 on any mismatch. */
 #include <dlm.h>
 #include <rmem.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +26,25 @@ static int threads;
 static long ops;
 static long mismatches;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile int done;
+static long pageout_us;
+static size_t region_bytes;
+
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+
+static void *pageout(void *arg) {
+    (void)arg;
+    long calls = 0;
+    while (!done) {
+        syscall(SYS_madvise, (void *)mem, region_bytes, MADV_PAGEOUT);
+        calls++;
+        usleep((useconds_t)pageout_us);
+    }
+    fprintf(stderr, "stress: %ld page-out requests\n", calls);
+    return NULL;
+}
 
 static uint64_t next(uint64_t *x) {
     *x ^= *x << 13;
@@ -64,6 +90,7 @@ int main(int argc, char **argv) {
     ops = atol(argv[3]);
     if (dlm_init(&argc, &argv) != 0) return 3;
     words = bytes / 8;
+    region_bytes = bytes;
     mem = dlm_alloc(bytes);
     shadow = calloc(words, 8);
     if (!mem || !shadow) {
@@ -77,8 +104,14 @@ int main(int argc, char **argv) {
         }
     pthread_t tid[256];
     if (threads < 1 || threads > 256) return 2;
+    const char *po = getenv("STRESS_PAGEOUT_US");
+    pthread_t pager_out;
+    pageout_us = po ? atol(po) : 0;
+    if (pageout_us > 0) pthread_create(&pager_out, NULL, pageout, NULL);
     for (long t = 0; t < threads; t++) pthread_create(&tid[t], NULL, worker, (void *)t);
     for (long t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+    done = 1;
+    if (pageout_us > 0) pthread_join(pager_out, NULL);
     struct rmem_stats s;
     rmem_get_stats(&s);
     printf("stress: %s threads=%d region=%zu MiB mismatches=%ld swap_ins=%llu swap_outs=%llu "

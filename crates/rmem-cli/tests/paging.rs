@@ -32,8 +32,14 @@ fn ops_for(page_size: &str) -> &'static str {
 }
 
 fn stress(page_size: &str, as_nobody: bool) {
+    stress_with(page_size, as_nobody, None);
+}
+
+/// The stress run; with `pageout_us`, the kernel is also asked that often to page the region
+/// out to swap while the threads and the pager work on it.
+fn stress_with(page_size: &str, as_nobody: bool, pageout_us: Option<u32>) {
     let prog = build_c("tests/c/stress.c");
-    let dir = scratch(&format!("stress-{page_size}-{as_nobody}"));
+    let dir = scratch(&format!("stress-{page_size}-{as_nobody}-{pageout_us:?}"));
     let stats = dir.join("stats.json");
     let local_mib = 8;
     let region_mib = 4 * local_mib;
@@ -60,6 +66,9 @@ fn stress(page_size: &str, as_nobody: bool) {
     .arg(&prog)
     .args(["8", &region_mib.to_string(), ops_for(page_size)])
     .env("RMEM_VERBOSE", "1");
+    if let Some(us) = pageout_us {
+        cmd.env("STRESS_PAGEOUT_US", us.to_string());
+    }
     let out = run_bounded(&mut cmd, Duration::from_secs(240));
     assert!(
         out.status.success(),
@@ -115,6 +124,18 @@ fn stress_8_threads_64k_pages() {
 #[test]
 fn stress_8_threads_1m_pages() {
     stress("1M", false);
+}
+
+/// The kernel swaps region pages while the pager moves them out: Linux 6.18's UFFDIO_MOVE
+/// then reports EEXIST for pages it has moved, which once stopped (or hung) the program.
+#[test]
+fn stress_while_the_kernel_swaps_the_region_out() {
+    if !is_root() {
+        eprintln!("skipped: needs root to turn on a swap file of its own (CI runs as root)");
+        return;
+    }
+    let _swap = SwapFile::on(256 << 20);
+    stress_with("4K", false, Some(2000));
 }
 
 #[test]

@@ -685,40 +685,14 @@ impl Core {
     /// the program: from here on its threads fault on it and wait.
     fn move_out(&mut self, v: PageIndex) -> Result<u32, PagerError> {
         let ps = self.ps();
-        let (slot, moved) = loop {
-            let slot = self
-                .staging
-                .take()
-                .expect("pick_victim checked for a free slot");
-            match self
-                .uffd
-                .move_pages(self.staging.addr(slot), self.addr(v), ps)
-            {
-                Ok(moved) => break (slot, moved),
-                // Seen rarely under heavy load in the 8-thread stress test, cause not found
-                // yet: a free slot that is not empty. Its contents are not touched (in case
-                // they are someone's); the slot is set aside and the next one tried.
-                Err(UffdError::Ioctl { ref source, .. })
-                    if source.raw_os_error() == Some(libc::EEXIST)
-                        && self.staging.available() > 0 =>
-                {
-                    eprintln!(
-                        "rmem: staging slot {slot} was not empty when free ({source}); set aside"
-                    );
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        let dst = self.staging.addr(slot);
-        if moved < ps {
-            // Parts of the page were discarded by the program (madvise): they read as zero.
-            // Fill the holes so the pager never reads a missing staging page.
-            for off in (0..ps).step_by(4096) {
-                // A part that was moved is already mapped: zeropage leaves it.
-                self.uffd.zeropage(dst + off, 4096)?;
-            }
-        }
+        let slot = self
+            .staging
+            .take()
+            .expect("pick_victim checked for a free slot");
+        // Parts of the page the program discarded (madvise) arrive as zero pages, so the
+        // slot is whole and the pager never faults on it.
+        self.uffd
+            .move_range(self.staging.addr(slot), self.addr(v), ps)?;
         self.pages.transition(v, PageState::Leaving);
         self.leaving.insert(v, Leave { slot, wanted: None });
         Stats::add(&self.stats.evictions, 1);

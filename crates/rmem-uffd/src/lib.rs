@@ -5,7 +5,7 @@
 //! kernel-mode faults, then `UFFD_USER_MODE_ONLY` for unprivileged users. It negotiates the
 //! features rmem needs (write-protect faults, and `UFFDIO_MOVE` where present) and exposes
 //! the ioctls as safe methods over raw addresses ([`Uffd::copy`], [`Uffd::write_protect`],
-//! [`Uffd::move_pages`], [`Uffd::wake`], [`Uffd::read_events`]).
+//! [`Uffd::move_range`], [`Uffd::wake`], [`Uffd::read_events`]).
 //!
 //! Written on libc ioctls because the `userfaultfd` crate needs libclang, lacks WP_ASYNC and
 //! MOVE, and fails instead of falling back when `/dev/userfaultfd` exists but cannot be opened.
@@ -52,7 +52,6 @@ const REGISTER_MODE_WP: u64 = 1 << 1;
 const COPY_MODE_WP: u64 = 1 << 1;
 const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
-const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 1 << 1;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
 const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
@@ -207,6 +206,8 @@ pub struct Uffd {
     fd: OwnedFd,
     mode: OpenMode,
     features: u64,
+    /// /proc/self/pagemap, to check what a failed UFFDIO_MOVE really did (None without /proc).
+    pagemap: Option<std::fs::File>,
 }
 
 fn errno() -> io::Error {
@@ -301,7 +302,12 @@ impl Uffd {
         let wanted = feature::PAGEFAULT_FLAG_WP | feature::MOVE;
         let (fd, mode) = open_raw(user_mode_only)?;
         let features = api(fd.as_raw_fd(), wanted & available).map_err(UffdError::Api)?;
-        Ok(Uffd { fd, mode, features })
+        Ok(Uffd {
+            fd,
+            mode,
+            features,
+            pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
+        })
     }
 
     pub fn mode(&self) -> OpenMode {
@@ -476,26 +482,96 @@ impl Uffd {
         Ok(())
     }
 
-    /// Move the present pages of `[src, src+len)` to `dst` (missing, and registered with this
-    /// userfaultfd), leaving `src` unmapped. Holes in `src` are allowed. Returns the bytes moved.
-    pub fn move_pages(&self, dst: u64, src: u64, len: u64) -> Result<u64, UffdError> {
-        let mut m = UffdioMove {
-            dst,
-            src,
-            len,
-            mode: MOVE_MODE_ALLOW_SRC_HOLES,
-            moved: 0,
-        };
-        // SAFETY: `m` is a valid uffdio_move; the kernel validates both ranges.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) } != 0 {
-            return Err(UffdError::Ioctl {
+    /// Move `[src, src+len)` to `dst`, which must be missing and registered with this
+    /// userfaultfd, leaving `src` missing. Every 4 KiB piece of `src` that is present or
+    /// swapped out is moved; a piece that is missing (a hole) becomes the zero page at `dst`,
+    /// so that `dst` is fully populated afterwards and can be read without faulting.
+    ///
+    /// Linux 6.18 can report EEXIST (or ENOENT) for a piece it has just moved: after an
+    /// internal retry, `move_pages()` keeps a stale -EAGAIN and goes over the piece again. It
+    /// happens when the source page is being swapped in or out meanwhile. So a failed piece is
+    /// judged by the page tables (/proc/self/pagemap): gone from `src` and present at `dst`
+    /// means moved. Only `dst` populated while `src` still is, which would overwrite data, is an
+    /// error.
+    pub fn move_range(&self, dst: u64, src: u64, len: u64) -> Result<(), UffdError> {
+        const PIECE: u64 = 4096;
+        let mut done = 0;
+        let mut stalls = 0;
+        while done < len {
+            let mut m = UffdioMove {
+                dst: dst + done,
+                src: src + done,
+                len: len - done,
+                mode: 0,
+                moved: 0,
+            };
+            // SAFETY: `m` is a valid uffdio_move; the kernel validates both ranges.
+            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = errno();
+            let moved = m.moved.max(0) as u64;
+            done += moved;
+            let fail = |source: io::Error| UffdError::Ioctl {
                 op: "UFFDIO_MOVE",
-                addr: src,
-                len,
-                source: errno(),
-            });
+                addr: src + done,
+                len: len - done,
+                source,
+            };
+            match e.raw_os_error() {
+                // Part moved, the rest not yet (the mm changed, or the next piece is a hole or
+                // was moved by the kernel already): go on from where it stopped.
+                Some(libc::EAGAIN) if moved > 0 => continue,
+                Some(libc::EAGAIN | libc::EEXIST | libc::ENOENT) => {}
+                _ => return Err(fail(e)),
+            }
+            let (at_src, at_dst) = match (
+                self.populated(src + done).map_err(&fail)?,
+                self.populated(dst + done).map_err(&fail)?,
+            ) {
+                (Some(s), Some(d)) => (s, d),
+                // No /proc: nothing to judge by.
+                _ => return Err(fail(e)),
+            };
+            match (at_src, at_dst) {
+                // The kernel moved this piece and said otherwise.
+                (false, true) => done += PIECE,
+                // A hole: nothing to move, and the destination must read as zero.
+                (false, false) => {
+                    if self.zeropage(dst + done, PIECE)? == Resolve::AlreadyMapped {
+                        // Populated in between: only the kernel's own move can have done it.
+                        if self.populated(src + done).map_err(&fail)? != Some(false) {
+                            return Err(fail(e));
+                        }
+                    }
+                    done += PIECE;
+                }
+                // Both populated: moving would overwrite whatever `dst` holds.
+                (true, true) => return Err(fail(e)),
+                // Source still there, destination empty: a transient failure; try again.
+                (true, false) => {
+                    stalls += 1;
+                    if stalls > 1000 {
+                        return Err(fail(e));
+                    }
+                    std::thread::yield_now();
+                }
+            }
         }
-        Ok(m.moved as u64)
+        Ok(())
+    }
+
+    /// Whether the 4 KiB page at `addr` of this process is present or swapped out
+    /// (/proc/self/pagemap bits 63 and 62); None without /proc.
+    fn populated(&self, addr: u64) -> io::Result<Option<bool>> {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = &self.pagemap else {
+            return Ok(None);
+        };
+        let mut e = [0u8; 8];
+        f.read_exact_at(&mut e, addr / 4096 * 8)?;
+        Ok(Some(u64::from_ne_bytes(e) & (3 << 62) != 0))
     }
 
     /// Wake threads waiting on faults in a range without resolving anything: they retry the

@@ -158,3 +158,8 @@ pub fn read_json(p: &Path) -> serde_json::Value {
     )
     .unwrap()
 }
+
+#[path = "../../../../tests/rust/swap_file.rs"]
+mod swap_file;
+#[allow(unused_imports)] // used by some of the test crates that include this module
+pub use swap_file::SwapFile;
