@@ -108,11 +108,12 @@ fn init() -> Option<&'static Runtime> {
         Ok(rt) => {
             if std::env::var_os("RMEM_VERBOSE").is_some_and(|v| v != "0") {
                 eprintln!(
-                    "rmem: started: servers {}, capacity {} bytes, page {} bytes, userfaultfd {}",
+                    "rmem: started: servers {}, capacity {} bytes, page {} bytes, userfaultfd {}, faults by {}",
                     rt.servers(),
                     rt.capacity_bytes(),
                     rt.page_size(),
-                    rt.uffd_mode().name()
+                    rt.uffd_mode().name(),
+                    rt.fault_delivery()
                 );
             }
             let rt: &'static Runtime = Box::leak(Box::new(rt));
@@ -128,7 +129,7 @@ fn init() -> Option<&'static Runtime> {
             // `fifo`'s address-order sweep.
             let chunk = (rt.local_bytes() / 64).min(8 << 20).max(ps as u64);
             io::CHUNK.store(chunk as usize, Ordering::Relaxed);
-            io::PREFAULT.store(!rt.uffd_mode().handles_kernel_faults(), Ordering::Relaxed);
+            io::PREFAULT.store(!rt.handles_kernel_faults(), Ordering::Relaxed);
             RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);
             if !ATEXIT_REGISTERED.swap(true, Ordering::AcqRel) {
                 // SAFETY: registering a plain extern "C" fn with no captured state.

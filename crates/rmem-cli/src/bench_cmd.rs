@@ -125,7 +125,7 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     let (_servers, config) = local_setup(
         PS,
         local_pages * PS as u64,
-        (pages as u64 + 16) * PS as u64 * 2,
+        (pages as u64 + 16) * PS as u64 * 4, // two remote runtimes
     )?;
     let mut x = 88172645463325252u64;
 
@@ -143,23 +143,35 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     )
     .map_err(|e| rmem_client::error_chain(&e))?;
     let mut local_faults = Faulter::new(&in_process, pages, local_pages as usize, &mut x)?;
+    // The remote faults again, delivered to the pager by signal (RMEM_FAULT_DELIVERY=signal).
+    let by_signal = Runtime::connect(&Config {
+        fault_by_signal: true,
+        ..config.clone()
+    })
+    .map_err(|e| rmem_client::error_chain(&e))?;
+    let mut signal_faults = Faulter::new(&by_signal, pages, local_pages as usize, &mut x)?;
 
     let before = remote.stats();
-    let (mut rtt, mut faults, mut local) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rtt, mut faults, mut local, mut signal) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         rtt.extend(raw.sample(block, &mut x)?);
         faults.extend(remote_faults.sample(block)?);
         local.extend(local_faults.sample(block)?);
+        signal.extend(signal_faults.sample(block)?);
     }
     let swap_ins = remote.stats().swap_ins - before.swap_ins;
     remote_faults.free()?;
     local_faults.free()?;
+    signal_faults.free()?;
     rtt.sort();
     faults.sort();
     local.sort();
+    signal.sort();
     let (f50, f99) = (percentile_us(&faults, 0.5), percentile_us(&faults, 0.99));
     let (r50, r99) = (percentile_us(&rtt, 0.5), percentile_us(&rtt, 0.99));
     let (l50, l99) = (percentile_us(&local, 0.5), percentile_us(&local, 0.99));
+    let (s50, s99) = (percentile_us(&signal, 0.5), percentile_us(&signal, 0.99));
     println!(
         "rmem bench fault: 4 KiB pages, one local memory server on loopback, \
          {samples} samples each, in {ROUNDS} alternating blocks"
@@ -169,16 +181,23 @@ fn fault(a: FaultArgs) -> Result<(), String> {
         "  remote 4 KiB fault     p50 {f50:7.1} us   p99 {f99:7.1} us   ({swap_ins} swap-ins)"
     );
     println!("  in-process 4 KiB fault p50 {l50:7.1} us   p99 {l99:7.1} us   (no network)");
+    println!("  remote fault by signal p50 {s50:7.1} us   p99 {s99:7.1} us   (RMEM_FAULT_DELIVERY=signal)");
     println!(
         "  fault / round trip     p50 {:5.2}x      p99 {:5.2}x   (target: p50 <= 1.50x)",
         f50 / r50,
         f99 / r99
+    );
+    println!(
+        "  by signal / round trip p50 {:5.2}x      p99 {:5.2}x",
+        s50 / r50,
+        s99 / r99
     );
     write_json(
         &a.json,
         &serde_json::json!({
             "fault_us_p50": f50, "fault_us_p99": f99, "rtt_us_p50": r50, "rtt_us_p99": r99,
             "local_fault_us_p50": l50, "local_fault_us_p99": l99,
+            "signal_fault_us_p50": s50, "signal_fault_us_p99": s99, "signal_ratio_p50": s50 / r50,
             "ratio_p50": f50 / r50, "samples": samples, "swap_ins": swap_ins, "page_size": PS,
         }),
     )

@@ -32,14 +32,14 @@ fn ops_for(page_size: &str) -> &'static str {
 }
 
 fn stress(page_size: &str, as_nobody: bool) {
-    stress_with(page_size, as_nobody, None);
+    let err = stress_with(page_size, as_nobody, "plain", &[]);
+    assert!(err.contains("faults by wait"), "{err}");
 }
 
-/// The stress run; with `pageout_us`, the kernel is also asked that often to page the region
-/// out to swap while the threads and the pager work on it.
-fn stress_with(page_size: &str, as_nobody: bool, pageout_us: Option<u32>) {
+/// The stress run, with more environment for rmem and the program (`tag` names the run).
+fn stress_with(page_size: &str, as_nobody: bool, tag: &str, env: &[(&str, &str)]) -> String {
     let prog = build_c("tests/c/stress.c");
-    let dir = scratch(&format!("stress-{page_size}-{as_nobody}-{pageout_us:?}"));
+    let dir = scratch(&format!("stress-{page_size}-{as_nobody}-{tag}"));
     let stats = dir.join("stats.json");
     let local_mib = 8;
     let region_mib = 4 * local_mib;
@@ -66,9 +66,7 @@ fn stress_with(page_size: &str, as_nobody: bool, pageout_us: Option<u32>) {
     .arg(&prog)
     .args(["8", &region_mib.to_string(), ops_for(page_size)])
     .env("RMEM_VERBOSE", "1");
-    if let Some(us) = pageout_us {
-        cmd.env("STRESS_PAGEOUT_US", us.to_string());
-    }
+    cmd.envs(env.iter().copied());
     let out = run_bounded(&mut cmd, Duration::from_secs(240));
     assert!(
         out.status.success(),
@@ -109,6 +107,7 @@ fn stress_with(page_size: &str, as_nobody: bool, pageout_us: Option<u32>) {
         out.stderr
     );
     let _ = std::fs::remove_dir_all(dir);
+    out.stderr
 }
 
 #[test]
@@ -135,7 +134,15 @@ fn stress_while_the_kernel_swaps_the_region_out() {
         return;
     }
     let _swap = SwapFile::on(256 << 20);
-    stress_with("4K", false, Some(2000));
+    // Ask the kernel every 2 ms to page the region out.
+    stress_with("4K", false, "pageout", &[("STRESS_PAGEOUT_US", "2000")]);
+}
+
+/// Faults delivered by signal (RMEM_FAULT_DELIVERY=signal) under the same 8-thread stress.
+#[test]
+fn stress_with_faults_delivered_by_signal() {
+    let err = stress_with("4K", false, "signal", &[("RMEM_FAULT_DELIVERY", "signal")]);
+    assert!(err.contains("faults by signal"), "{err}");
 }
 
 #[test]

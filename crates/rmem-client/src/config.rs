@@ -60,6 +60,9 @@ pub struct Config {
     pub trace: Option<String>,
     /// Prefetch ahead of sequential and strided fault streams.
     pub prefetch: bool,
+    /// Faults reach the pager by SIGBUS to the faulting thread instead of a userfaultfd
+    /// message it sleeps on (`RMEM_FAULT_DELIVERY=signal`; see rmem-uffd's signal.rs).
+    pub fault_by_signal: bool,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             policy_params: rmem_policy::PolicyParams::default(),
             trace: None,
             prefetch: true,
+            fault_by_signal: false,
         }
     }
 }
@@ -225,6 +229,17 @@ impl Config {
                 ..d.policy_params
             },
             trace: var("RMEM_TRACE"),
+            fault_by_signal: match var("RMEM_FAULT_DELIVERY").as_deref() {
+                None | Some("wait") => d.fault_by_signal,
+                Some("signal") => true,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        var: "RMEM_FAULT_DELIVERY",
+                        value: other.into(),
+                        reason: "expected wait or signal".into(),
+                    })
+                }
+            },
             prefetch: match var("RMEM_PREFETCH").as_deref() {
                 None => d.prefetch,
                 Some("on") | Some("1") => true,

@@ -356,9 +356,14 @@ impl Pager {
                 continue;
             }
             // Idle: sleep until a fault, a command, or a server speaks.
+            if self.core.uffd.set_sleeping(true) {
+                // A fault by signal was posted meanwhile.
+                self.core.uffd.set_sleeping(false);
+                continue;
+            }
             fds.clear();
             fds.push(libc::pollfd {
-                fd: self.core.uffd.as_raw_fd(),
+                fd: self.core.uffd.event_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             });
@@ -375,6 +380,7 @@ impl Pager {
             };
             // SAFETY: `fds` is a valid array of pollfd of the given length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+            self.core.uffd.set_sleeping(false);
             let now = Instant::now();
             self.store.tick(now)?;
             last_tick = now;

@@ -62,6 +62,8 @@ pub struct Runtime {
     alloc: Mutex<Allocator>,
     capacity_bytes: u64,
     mode: OpenMode,
+    kernel_faults: bool,
+    by_signal: bool,
     servers: String,
     local_bytes: u64,
     tracing: bool,
@@ -153,7 +155,13 @@ impl Runtime {
         let policy = rmem_policy::by_name_with(&config.policy, &config.policy_params)
             .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
         let ps = config.page_size as u64;
-        let uffd = Uffd::open_as(config.uffd_user_mode_only)?;
+        let uffd = if config.fault_by_signal {
+            Uffd::open_signal(config.uffd_user_mode_only)?
+        } else {
+            Uffd::open_as(config.uffd_user_mode_only)?
+        };
+        let kernel_faults = uffd.handles_kernel_faults();
+        let by_signal = uffd.by_signal();
         if !uffd.has_move() {
             return Err(RuntimeError::NoMove);
         }
@@ -235,6 +243,8 @@ impl Runtime {
             alloc: Mutex::new(Allocator::new(ps, len / ps, capacity_bytes / ps)),
             capacity_bytes,
             mode,
+            kernel_faults,
+            by_signal,
             servers,
             local_bytes: budget_pages * ps,
             tracing,
@@ -318,6 +328,22 @@ impl Runtime {
 
     pub fn uffd_mode(&self) -> OpenMode {
         self.mode
+    }
+
+    /// Whether a system call reading into or writing from a missing page of the region is
+    /// served (else it fails with EFAULT, and librmem faults its buffers in first).
+    pub fn handles_kernel_faults(&self) -> bool {
+        self.kernel_faults
+    }
+
+    /// How faults reach the pager: "wait" (the thread sleeps in the kernel on a userfaultfd
+    /// message) or "signal" (SIGBUS; RMEM_FAULT_DELIVERY=signal).
+    pub fn fault_delivery(&self) -> &'static str {
+        if self.by_signal {
+            "signal"
+        } else {
+            "wait"
+        }
     }
 
     /// The local memory budget in bytes.

@@ -13,6 +13,10 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+mod signal;
+pub use signal::SLOTS as SIGNAL_SLOTS;
 
 const UFFDIO: u64 = 0xAA;
 const IOC_WRITE: u64 = 1;
@@ -45,10 +49,12 @@ pub mod feature {
     pub const POISON: u64 = 1 << 14;
     pub const WP_ASYNC: u64 = 1 << 15;
     pub const MOVE: u64 = 1 << 16;
+    pub const SIGBUS: u64 = 1 << 7;
 }
 
 const REGISTER_MODE_MISSING: u64 = 1 << 0;
 const REGISTER_MODE_WP: u64 = 1 << 1;
+const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 const COPY_MODE_WP: u64 = 1 << 1;
 const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
@@ -179,6 +185,8 @@ pub enum UffdError {
     },
     #[error("reading userfaultfd events failed")]
     Read(#[source] io::Error),
+    #[error("fault delivery by signal is not available")]
+    Signal(#[source] io::Error),
 }
 
 /// One page-fault event.
@@ -208,6 +216,26 @@ pub struct Uffd {
     features: u64,
     /// /proc/self/pagemap, to check what a failed UFFDIO_MOVE really did (None without /proc).
     pagemap: Option<std::fs::File>,
+    /// Fault delivery by SIGBUS ([`Uffd::open_signal`]).
+    signal: Option<SignalDelivery>,
+}
+
+/// The state of a userfaultfd whose faults arrive by signal (see `signal.rs`).
+#[derive(Debug)]
+struct SignalDelivery {
+    owner: u64,
+    /// Written by a faulting thread's handler when the pager sleeps.
+    kick: OwnedFd,
+    /// Slots taken by the pager and not completed yet: (slot, page address).
+    waiting: Mutex<Vec<(u32, u64)>>,
+}
+
+impl Drop for Uffd {
+    fn drop(&mut self) {
+        if let Some(s) = &self.signal {
+            signal::remove_ranges(s.owner);
+        }
+    }
 }
 
 fn errno() -> io::Error {
@@ -291,6 +319,23 @@ impl Uffd {
     /// As [`Uffd::open`]; with `user_mode_only`, go straight to `UFFD_USER_MODE_ONLY` even
     /// where kernel-mode faults are allowed (to run and test the unprivileged path as root).
     pub fn open_as(user_mode_only: bool) -> Result<Uffd, UffdError> {
+        Uffd::open_with(user_mode_only, false)
+    }
+
+    /// As [`Uffd::open_as`], with faults delivered by signal: the faulting thread waits in
+    /// rmem's SIGBUS handler, not in the kernel (see `signal.rs` for what that costs). Kernel
+    /// accesses to missing pages then fail with EFAULT, as in user-mode-only mode.
+    pub fn open_signal(user_mode_only: bool) -> Result<Uffd, UffdError> {
+        if !cfg!(target_arch = "x86_64") {
+            return Err(UffdError::Signal(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "fault delivery by signal is implemented for x86-64 only",
+            )));
+        }
+        Uffd::open_with(user_mode_only, true)
+    }
+
+    fn open_with(user_mode_only: bool, by_signal: bool) -> Result<Uffd, UffdError> {
         // Probe the available features on a throwaway descriptor: UFFDIO_API may be issued
         // only once per descriptor.
         let (probe, _) = open_raw(user_mode_only)?;
@@ -299,14 +344,40 @@ impl Uffd {
         if available & feature::PAGEFAULT_FLAG_WP == 0 {
             return Err(UffdError::NoWriteProtect(available));
         }
-        let wanted = feature::PAGEFAULT_FLAG_WP | feature::MOVE;
+        let mut wanted = feature::PAGEFAULT_FLAG_WP | feature::MOVE;
+        if by_signal {
+            if available & feature::SIGBUS == 0 {
+                return Err(UffdError::Signal(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "the kernel lacks UFFD_FEATURE_SIGBUS",
+                )));
+            }
+            wanted |= feature::SIGBUS;
+        }
         let (fd, mode) = open_raw(user_mode_only)?;
         let features = api(fd.as_raw_fd(), wanted & available).map_err(UffdError::Api)?;
+        let signal = if by_signal {
+            signal::install().map_err(UffdError::Signal)?;
+            // SAFETY: eventfd creates a new descriptor or fails.
+            let kick = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if kick < 0 {
+                return Err(UffdError::Signal(errno()));
+            }
+            Some(SignalDelivery {
+                owner: signal::new_owner(),
+                // SAFETY: a fresh descriptor that nothing else owns.
+                kick: unsafe { OwnedFd::from_raw_fd(kick) },
+                waiting: Mutex::new(Vec::new()),
+            })
+        } else {
+            None
+        };
         Ok(Uffd {
             fd,
             mode,
             features,
             pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
+            signal,
         })
     }
 
@@ -320,6 +391,66 @@ impl Uffd {
 
     pub fn has_move(&self) -> bool {
         self.features & feature::MOVE != 0
+    }
+
+    /// Faults arrive by signal ([`Uffd::open_signal`]).
+    pub fn by_signal(&self) -> bool {
+        self.signal.is_some()
+    }
+
+    /// Whether a `read(2)` into a missing page is resolved (rather than failing with EFAULT).
+    pub fn handles_kernel_faults(&self) -> bool {
+        self.mode.handles_kernel_faults() && self.signal.is_none()
+    }
+
+    /// The descriptor to poll for new faults.
+    pub fn event_fd(&self) -> RawFd {
+        match &self.signal {
+            Some(s) => s.kick.as_raw_fd(),
+            None => self.fd.as_raw_fd(),
+        }
+    }
+
+    /// The pager is about to sleep until `event_fd` is readable (`true`), or is awake again.
+    /// Returns whether faults are already waiting (then it should not sleep).
+    pub fn set_sleeping(&self, sleeping: bool) -> bool {
+        match &self.signal {
+            Some(s) => {
+                if !sleeping {
+                    let mut buf = 0u64;
+                    // SAFETY: an 8-byte read from our own non-blocking eventfd: drain the
+                    // kicks that woke the pager.
+                    unsafe { libc::read(s.kick.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+                }
+                signal::set_sleeping(s.owner, sleeping)
+            }
+            None => false,
+        }
+    }
+
+    /// Let the threads waiting by signal on faults in `[start, start+len)` retry.
+    fn complete(&self, start: u64, len: u64) {
+        let Some(s) = &self.signal else { return };
+        let mut w = s.waiting.lock().unwrap();
+        w.retain(|&(slot, addr)| {
+            let inside = addr.wrapping_sub(start) < len;
+            if inside {
+                signal::complete(slot);
+            }
+            !inside
+        });
+    }
+
+    fn add_signal_range(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        if let Some(s) = &self.signal {
+            if !signal::add_range(s.owner, start, len, s.kick.as_raw_fd()) {
+                return Err(UffdError::Signal(io::Error::new(
+                    io::ErrorKind::OutOfMemory,
+                    "too many ranges registered for fault delivery by signal",
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Register `[start, start+len)` for missing and write-protect faults.
@@ -337,7 +468,7 @@ impl Uffd {
                 source: errno(),
             });
         }
-        Ok(())
+        self.add_signal_range(start, len)
     }
 
     /// Register `[start, start+len)` for missing faults only (a staging area for MOVE).
@@ -355,7 +486,7 @@ impl Uffd {
                 source: errno(),
             });
         }
-        Ok(())
+        self.add_signal_range(start, len)
     }
 
     pub fn unregister(&self, start: u64, len: u64) -> Result<(), UffdError> {
@@ -384,7 +515,23 @@ impl Uffd {
         len: u64,
         write_protect: bool,
     ) -> Result<Resolve, UffdError> {
-        let mode = if write_protect { COPY_MODE_WP } else { 0 };
+        let r = self.copy_raw(dst, src, len, write_protect)?;
+        self.complete(dst, len);
+        Ok(r)
+    }
+
+    fn copy_raw(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: u64,
+        write_protect: bool,
+    ) -> Result<Resolve, UffdError> {
+        let mut mode = if write_protect { COPY_MODE_WP } else { 0 };
+        if self.signal.is_some() {
+            // Nobody sleeps in the kernel on these pages.
+            mode |= COPY_MODE_DONTWAKE;
+        }
         loop {
             let mut c = UffdioCopy {
                 dst,
@@ -409,7 +556,7 @@ impl Uffd {
                 // in c.copy. Retry the remainder.
                 Some(libc::EAGAIN) if c.copy > 0 && (c.copy as u64) < len => {
                     let done = c.copy as u64;
-                    return self.copy(
+                    return self.copy_raw(
                         dst + done,
                         src.wrapping_add(done as usize),
                         len - done,
@@ -450,6 +597,7 @@ impl Uffd {
                 source: e,
             });
         }
+        self.complete(dst, len);
         Ok(Resolve::Done)
     }
 
@@ -478,6 +626,9 @@ impl Uffd {
                 len,
                 source: errno(),
             });
+        }
+        if !protect && !dont_wake {
+            self.complete(start, len);
         }
         Ok(())
     }
@@ -577,6 +728,10 @@ impl Uffd {
     /// Wake threads waiting on faults in a range without resolving anything: they retry the
     /// access and fault again if the page is still not there.
     pub fn wake(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        if self.signal.is_some() {
+            self.complete(start, len);
+            return Ok(());
+        }
         let mut r = UffdioRange { start, len };
         // SAFETY: `r` is a valid uffdio_range.
         if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_WAKE as _, &mut r) } != 0 {
@@ -594,6 +749,19 @@ impl Uffd {
     /// many were read (0 when none is pending). Events other than page faults are ignored:
     /// none are negotiated.
     pub fn read_events(&self, out: &mut Vec<Fault>) -> Result<usize, UffdError> {
+        if let Some(s) = &self.signal {
+            let mut w = s.waiting.lock().unwrap();
+            return Ok(signal::take_posted(s.owner, &mut |slot, address, write| {
+                w.push((slot, address));
+                // A write to a page that is there is a write-protect fault: only those and
+                // missing pages raise the signal.
+                out.push(Fault {
+                    address,
+                    write,
+                    write_protect: write,
+                });
+            }));
+        }
         let mut msgs = [RawMsg::default(); 64];
         // SAFETY: `msgs` is a writable buffer of 64 uffd_msg-sized entries.
         let n = unsafe {
