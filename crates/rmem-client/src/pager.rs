@@ -130,7 +130,11 @@ impl Mailbox {
         let mut buf = 0u64;
         // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
         unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
-        std::mem::take(&mut *self.queue.lock().unwrap())
+        // Leave capacity behind (allocated here, on the pager thread, in local memory), so
+        // that a program thread's `send` rarely allocates while it holds the lock: with
+        // --min-alloc 0 that allocation could fault on the region while the pager waits for
+        // the lock.
+        std::mem::replace(&mut *self.queue.lock().unwrap(), Vec::with_capacity(64))
     }
 }
 
