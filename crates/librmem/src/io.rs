@@ -58,8 +58,11 @@ fn needs_prefault(buf: *const c_void, len: usize) -> bool {
 
 /// Fault in every DLM page of `[buf, buf+len)` that lies in the region, from this thread.
 /// `for_write`: the kernel will write the buffer, so the pages must be writable (dirty).
+/// Every 4 KiB piece is touched, not only the first of each DLM page: a page has been seen
+/// (rarely, under load) with part of it gone from the page tables, and a touch of the
+/// missing part is what lets the pager notice and fetch it again.
 fn prefault(buf: *const c_void, len: usize, for_write: bool) {
-    let page = PAGE.load(Relaxed) as u64;
+    let page = 4096;
     let (start, end) = (buf as u64, buf as u64 + len as u64);
     let mut at = start;
     while at < end {

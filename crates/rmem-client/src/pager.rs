@@ -50,6 +50,8 @@ pub enum PagerError {
     Madvise(#[source] std::io::Error),
     #[error("cannot write the reference trace")]
     Trace(#[source] std::io::Error),
+    #[error("part of modified page {page} (address {addr:#x}) vanished from the page tables: its contents are lost")]
+    Lost { page: u64, addr: u64 },
 }
 
 /// The reference trace being recorded (`rmem run --trace`), and when it started.
@@ -431,6 +433,12 @@ impl Core {
         self.pages.local_pages() - self.leaving.len() as u64
     }
 
+    /// Whether the 4 KiB piece at `addr` of a page the pager holds as mapped is missing from
+    /// the page tables (a fault there is then not a stale message).
+    fn piece_missing(&self, addr: u64) -> bool {
+        self.uffd.is_populated(addr & !4095) == Some(false)
+    }
+
     fn update_local_bytes(&self) {
         // Mapped, filling and staged pages: everything that holds local memory.
         self.stats
@@ -542,12 +550,32 @@ impl Core {
                     self.policy.on_write(page);
                     self.uffd.write_protect(addr, ps, false, false)?;
                     Stats::add(&self.stats.wp_faults, 1);
+                } else if self.piece_missing(f.address) {
+                    // Part of a page installed whole has gone from the page tables (seen
+                    // rarely under load; cause unknown: see README's Troubleshooting). Its
+                    // contents are on the servers (or zero): drop the rest and let the thread
+                    // fault the whole page in again.
+                    Stats::add(&self.stats.repairs, 1);
+                    self.policy.remove(page);
+                    self.drops.push(page);
+                    self.drop_clean()?;
+                    self.update_local_bytes();
+                    self.uffd.wake(addr, ps)?;
                 } else {
                     // A message queued before the page was installed: the thread retries.
                     self.uffd.wake(addr, ps)?;
                 }
             }
-            PageState::Dirty => self.uffd.wake(addr, ps)?,
+            PageState::Dirty => {
+                if self.piece_missing(f.address) {
+                    // As above, but the missing part's contents existed only here.
+                    return Err(PagerError::Lost {
+                        page: page.0,
+                        addr: f.address,
+                    });
+                }
+                self.uffd.wake(addr, ps)?
+            }
             PageState::Leaving => {
                 self.pages.transition(page, PageState::LeavingWanted);
                 self.leaving

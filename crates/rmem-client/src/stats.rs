@@ -25,6 +25,8 @@ pub struct Stats {
     /// Pages fetched ahead of any fault (prefetching), and those a program touched while in flight.
     pub prefetches: AtomicU64,
     pub prefetch_hits: AtomicU64,
+    /// Pages found partly missing from the page tables and fetched again whole.
+    pub repairs: AtomicU64,
     latency: [AtomicU64; BUCKETS],
 }
 
@@ -45,6 +47,7 @@ impl Default for Stats {
             select_ns_max: AtomicU64::new(0),
             prefetches: AtomicU64::new(0),
             prefetch_hits: AtomicU64::new(0),
+            repairs: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -130,6 +133,7 @@ impl Stats {
             select_us_max: self.select_ns_max.load(Relaxed) as f64 / 1000.0,
             prefetches: self.prefetches.load(Relaxed),
             prefetch_hits: self.prefetch_hits.load(Relaxed),
+            repairs: self.repairs.load(Relaxed),
         }
     }
 }
@@ -157,6 +161,7 @@ pub struct StatsSnapshot {
     pub select_us_max: f64,
     pub prefetches: u64,
     pub prefetch_hits: u64,
+    pub repairs: u64,
 }
 
 impl StatsSnapshot {
@@ -176,6 +181,7 @@ impl StatsSnapshot {
             ("page_size", self.page_size),
             ("prefetches", self.prefetches),
             ("prefetch_hits", self.prefetch_hits),
+            ("repairs", self.repairs),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");

@@ -713,6 +713,12 @@ impl Uffd {
         Ok(())
     }
 
+    /// Whether the 4 KiB page at `addr` of this process is present or swapped out; None when
+    /// that cannot be read (no /proc).
+    pub fn is_populated(&self, addr: u64) -> Option<bool> {
+        self.populated(addr).ok().flatten()
+    }
+
     /// Whether the 4 KiB page at `addr` of this process is present or swapped out
     /// (/proc/self/pagemap bits 63 and 62); None without /proc.
     fn populated(&self, addr: u64) -> io::Result<Option<bool>> {
