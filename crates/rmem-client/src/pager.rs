@@ -545,12 +545,10 @@ impl Core {
                 }
             }
             PageState::ZeroClean | PageState::Clean => {
-                if f.write_protect {
-                    self.pages.transition(page, PageState::Dirty);
-                    self.policy.on_write(page);
-                    self.uffd.write_protect(addr, ps, false, false)?;
-                    Stats::add(&self.stats.wp_faults, 1);
-                } else if self.piece_missing(f.address) {
+                // A write-protect fault is told apart from a missing piece by the kernel,
+                // except when faults arrive by signal (write_protect is then a guess).
+                let maybe_missing = !f.write_protect || self.uffd.by_signal();
+                if maybe_missing && self.piece_missing(f.address) {
                     // Part of a page installed whole has gone from the page tables (seen
                     // rarely under load; cause unknown: see README's Troubleshooting). Its
                     // contents are on the servers (or zero): drop the rest and let the thread
@@ -561,6 +559,11 @@ impl Core {
                     self.drop_clean()?;
                     self.update_local_bytes();
                     self.uffd.wake(addr, ps)?;
+                } else if f.write_protect {
+                    self.pages.transition(page, PageState::Dirty);
+                    self.policy.on_write(page);
+                    self.uffd.write_protect(addr, ps, false, false)?;
+                    Stats::add(&self.stats.wp_faults, 1);
                 } else {
                     // A message queued before the page was installed: the thread retries.
                     self.uffd.wake(addr, ps)?;

@@ -210,8 +210,31 @@ fn prefetching_keeps_data_and_budget() {
 /// touches a missing piece, instead of the touch looping forever.
 #[test]
 fn a_partly_missing_clean_page_is_fetched_again() {
+    partly_missing(false);
+}
+
+/// The same with faults delivered by signal, where a write fault on a mapped page is taken
+/// for a write-protect fault unless the page tables say the piece is missing.
+#[test]
+fn a_partly_missing_clean_page_is_fetched_again_by_signal() {
+    partly_missing(true);
+}
+
+fn partly_missing(by_signal: bool) {
     let ps = 16384;
-    let rt = runtime(ps, 8, 1024);
+    let config = Config {
+        page_size: ps,
+        local_bytes: 8 * ps as u64,
+        region_bytes: 1 << 32,
+        fault_by_signal: by_signal,
+        ..Config::default()
+    };
+    let rt = Runtime::start(
+        &config,
+        Box::new(MemStore::new(ps, 1024 * ps as u64)),
+        Box::new(|m: &str| panic!("pager failed: {m}")),
+    )
+    .unwrap();
     let pages = 64;
     let p = rt.alloc(pages * ps).unwrap();
     // SAFETY: p points to pages*ps bytes of live rmem memory.
@@ -225,6 +248,10 @@ fn a_partly_missing_clean_page_is_fetched_again() {
     // SAFETY: a piece of our own region page; the raw system call, as the cause would.
     let r = unsafe { libc::syscall(libc::SYS_madvise, p.add(4096), 4096, libc::MADV_DONTNEED) };
     assert_eq!(r, 0);
+    // A write into the missing piece: the page must come back whole, then take the write.
+    mem[4096 + 7] = 9;
+    assert_eq!(mem[4096 + 7], 9);
+    mem[4096 + 7] = 1;
     assert!(mem[..ps].iter().all(|&b| b == 1), "page 0 read back whole");
     assert!(rt.stats().repairs >= 1, "{:?}", rt.stats());
     rt.free(p).unwrap();
