@@ -114,7 +114,6 @@ pub(crate) fn local_setup(
 }
 
 fn fault(a: FaultArgs) -> Result<(), String> {
-    const PS: usize = 4096;
     // Blocks of each measurement alternate, so that a change in the machine's speed during
     // the run (other tenants, frequency) weighs on all three alike.
     const ROUNDS: usize = 10;
@@ -203,6 +202,9 @@ fn fault(a: FaultArgs) -> Result<(), String> {
     )
 }
 
+/// The page size `rmem bench fault` measures.
+const PS: usize = 4096;
+
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
@@ -218,7 +220,6 @@ struct RawRoundTrip {
 
 impl RawRoundTrip {
     fn connect(config: &Config) -> Result<RawRoundTrip, String> {
-        const PS: usize = 4096;
         let mut store = RemoteStore::connect(
             &config.servers,
             &config.token,
@@ -287,7 +288,6 @@ impl<'a> Faulter<'a> {
         local_pages: usize,
         x: &mut u64,
     ) -> Result<Faulter<'a>, String> {
-        const PS: usize = 4096;
         let base = rt.alloc(pages * PS).ok_or("allocation failed")?;
         for p in 0..pages {
             // SAFETY: inside the allocation of pages * PS bytes.
@@ -309,7 +309,6 @@ impl<'a> Faulter<'a> {
     }
 
     fn sample(&mut self, n: usize) -> Result<Vec<Duration>, String> {
-        const PS: usize = 4096;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let p = self.order[self.next];

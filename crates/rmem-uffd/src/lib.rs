@@ -16,7 +16,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
 mod signal;
-pub use signal::SLOTS as SIGNAL_SLOTS;
 
 const UFFDIO: u64 = 0xAA;
 const IOC_WRITE: u64 = 1;

@@ -151,8 +151,8 @@ fn owner_of(addr: u64) -> u64 {
     range_of(addr).map_or(0, |r| r.owner.load(Ordering::Relaxed))
 }
 
-/// Whether `owner` has faults posted; also marks its pager as about to sleep (`sleeping`), or
-/// awake again, so that a fault posted meanwhile kicks it.
+/// Whether `owner` has faults posted (others' do not keep it awake); also marks its pager
+/// as about to sleep (`sleeping`), or awake again, so that a fault posted meanwhile kicks it.
 pub(crate) fn set_sleeping(owner: u64, sleeping: bool) -> bool {
     for r in &TABLE_RANGES {
         if r.owner.load(Ordering::Acquire) == owner {
@@ -160,6 +160,10 @@ pub(crate) fn set_sleeping(owner: u64, sleeping: bool) -> bool {
         }
     }
     POSTED_COUNT.load(Ordering::SeqCst) > 0
+        && TABLE.iter().any(|s| {
+            s.state.load(Ordering::SeqCst) & STATE == POSTED
+                && owner_of(s.addr.load(Ordering::Relaxed) & !1) == owner
+        })
 }
 
 /// Take the faults posted in `owner`'s ranges: (slot, page address, write).

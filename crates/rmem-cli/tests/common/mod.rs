@@ -29,47 +29,40 @@ pub fn build_c(rel: &str) -> PathBuf {
         "{} is missing: run `cargo build --release --workspace` first",
         lib.display()
     );
-    let src = repo_root().join(rel);
-    let out_dir = target_dir().join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(src.file_stem().unwrap());
-    let tmp = tmp_output(&out);
-    let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-pthread", "-I"])
-        .arg(repo_root().join("include"))
-        .arg(&src)
-        .arg("-L")
-        .arg(target_dir())
-        .arg("-lrmem")
-        .arg(format!("-Wl,-rpath,{}", target_dir().display()))
-        .arg("-o")
-        .arg(&tmp)
-        .status()
-        .expect("cc must be installed (scripts/deps.sh installs it)");
-    assert!(status.success(), "compiling {rel} failed");
-    publish(&tmp, &out);
-    out
+    let mut args: Vec<std::ffi::OsString> = vec!["-Wall".into(), "-I".into()];
+    args.push(repo_root().join("include").into());
+    args.extend(["-L".into(), target_dir().into(), "-lrmem".into()]);
+    args.push(format!("-Wl,-rpath,{}", target_dir().display()).into());
+    compile(rel, "", &args)
 }
 
 /// Compile a C or C++ program of the repository without librmem (to run it plain, or under
 /// `rmem run`, which preloads librmem).
 pub fn build_plain(rel: &str) -> PathBuf {
+    compile(rel, "plain-", &[])
+}
+
+/// Compile `rel` with `extra` arguments into target/release/c-tests/PREFIX+NAME, through a
+/// private temporary name; returns the binary.
+fn compile(rel: &str, prefix: &str, extra: &[std::ffi::OsString]) -> PathBuf {
     let src = repo_root().join(rel);
     let out_dir = target_dir().join("c-tests");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join(format!(
-        "plain-{}",
+        "{prefix}{}",
         src.file_stem().unwrap().to_string_lossy()
     ));
     let cc = if rel.ends_with(".cpp") { "c++" } else { "cc" };
     let tmp = tmp_output(&out);
-    let st = Command::new(cc)
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&tmp)
+    let status = Command::new(cc)
+        .args(["-O2", "-pthread"])
         .arg(&src)
+        .args(extra)
+        .arg("-o")
+        .arg(&tmp)
         .status()
-        .expect("a C/C++ compiler");
-    assert!(st.success(), "compiling {rel} failed");
+        .expect("a C/C++ compiler must be installed (scripts/deps.sh installs it)");
+    assert!(status.success(), "compiling {rel} failed");
     publish(&tmp, &out);
     out
 }
