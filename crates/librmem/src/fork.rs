@@ -25,6 +25,7 @@ extern "C" fn child() {
         return;
     }
     FORKED.store(true, Relaxed);
+    rmem_uffd::fds::forget_all();
     // SAFETY: reserving, with no access, the range that DONTFORK left empty in this child;
     // FIXED_NOREPLACE fails instead of clobbering anything that could be there.
     unsafe {

@@ -36,16 +36,18 @@ pub fn next_symbol(name: &CStr) -> usize {
 /// Declare `$name` as an interposer and `real` as the C library's definition.
 macro_rules! real {
     ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
         static REAL: AtomicUsize = AtomicUsize::new(0);
         let mut f = REAL.load(Relaxed);
         if f == 0 {
-            f = next_symbol($name);
+            f = $crate::io::next_symbol($name);
             REAL.store(f, Relaxed);
         }
         // SAFETY: f is the C library's definition of this very function, same signature.
         unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(f) }
     }};
 }
+pub(crate) use real;
 
 /// The region part of `[buf, buf+len)` needs faulting in before the kernel touches it.
 fn needs_prefault(buf: *const c_void, len: usize) -> bool {

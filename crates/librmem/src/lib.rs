@@ -10,6 +10,7 @@
 //! [`fork`] what a fork() child sees. A constructor starts the runtime before any constructor
 //! of the program when `rmem run` asks for transparent mode.
 
+mod fds;
 mod fork;
 mod io;
 mod malloc;

@@ -28,11 +28,11 @@ use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
 use rmem_policy::{Admission, Policy};
-use rmem_uffd::{Fault, Uffd, UffdError};
+use rmem_uffd::{fds, Fault, Uffd, UffdError};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::BufWriter;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -96,10 +96,16 @@ impl Done {
 }
 
 /// The command queue shared by program threads and the pager.
+///
+/// Its eventfd is one of rmem's shared descriptors (`rmem_uffd::fds`): program threads write
+/// it in the program's table, where it may move if the program wants its number; the pager
+/// reads and polls its own copy, on the number it had when the pager took its own table. The
+/// runtime holds the last reference, so the program's copy is closed on the program's side.
 pub struct Mailbox {
     queue: Mutex<Vec<Command>>,
     pending: AtomicBool,
-    eventfd: OwnedFd,
+    eventfd: Arc<fds::Movable>,
+    pager_fd: RawFd,
 }
 
 impl Mailbox {
@@ -110,10 +116,11 @@ impl Mailbox {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd is fresh and owned by nobody else.
-        let eventfd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+        let eventfd = fds::Movable::new(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })?;
         Ok(Mailbox {
             queue: Mutex::new(Vec::new()),
             pending: AtomicBool::new(false),
+            pager_fd: eventfd.with(|fd| fd),
             eventfd,
         })
     }
@@ -123,15 +130,24 @@ impl Mailbox {
         self.queue.lock().unwrap().push(c);
         self.pending.store(true, Ordering::Release);
         let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.eventfd.with(|fd| {
+            // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+            if unsafe { libc::write(fd, (&one as *const u64).cast(), 8) } < 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+            {
+                // librmem's close, dup2, close_range and closefrom leave this number alone;
+                // only a raw system call can have closed it. The pager would no longer hear
+                // commands.
+                crate::runtime::exit_descriptor_lost(fd, "its command channel to the pager");
+            }
+        });
     }
 
     fn take(&self) -> Vec<Command> {
         self.pending.store(false, Ordering::Release);
         let mut buf = 0u64;
         // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
-        unsafe { libc::read(self.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+        unsafe { libc::read(self.pager_fd, (&mut buf as *mut u64).cast(), 8) };
         // Leave capacity behind (allocated here, on the pager thread, in local memory), so
         // that a program thread's `send` rarely allocates while it holds the lock: with
         // --min-alloc 0 that allocation could fault on the region while the pager waits for
@@ -374,7 +390,7 @@ impl Pager {
                 revents: 0,
             });
             fds.push(libc::pollfd {
-                fd: self.mailbox.eventfd.as_raw_fd(),
+                fd: self.mailbox.pager_fd,
                 events: libc::POLLIN,
                 revents: 0,
             });
@@ -395,6 +411,23 @@ impl Pager {
 }
 
 impl Pager {
+    /// Descriptors only the pager uses: the userfaultfd, /proc/self/pagemap, the pidfd and the
+    /// servers' sockets. The runtime closes the program's copies once the pager has a
+    /// descriptor table of its own (see `rmem_uffd::fds`).
+    pub fn private_fds(&self) -> Vec<RawFd> {
+        let mut v = self.core.uffd.private_fds();
+        v.extend(self.core.dropper.fd());
+        let mut polled = Vec::new();
+        self.store.wait_fds(&mut polled);
+        v.extend(polled.iter().map(|p| p.fd));
+        v
+    }
+
+    /// Descriptors program threads write (see [`Uffd::shared_fds`]).
+    pub fn shared_fds(&self) -> Vec<RawFd> {
+        self.core.uffd.shared_fds()
+    }
+
     fn flush_trace(&mut self) -> Result<(), PagerError> {
         match &mut self.trace {
             Some((t, _)) => t.flush().map_err(PagerError::Trace),

@@ -209,6 +209,11 @@ impl Dropper {
         }
     }
 
+    /// The pidfd, if pidfd_open worked.
+    pub fn fd(&self) -> Option<std::os::fd::RawFd> {
+        self.pidfd.as_ref().map(|f| f.as_raw_fd())
+    }
+
     /// MADV_DONTNEED each `len`-byte range starting at `addrs`, all inside `m`.
     pub fn discard(&mut self, m: &Mapping, addrs: &[u64], len: u64) -> io::Result<()> {
         for chunk in addrs.chunks(Self::BATCH) {

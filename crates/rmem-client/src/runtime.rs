@@ -10,7 +10,7 @@ use crate::store::remote::RemoteStore;
 use crate::store::{PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
-use rmem_uffd::{OpenMode, Uffd, UffdError};
+use rmem_uffd::{fds, OpenMode, Uffd, UffdError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -35,6 +35,8 @@ pub enum RuntimeError {
     },
     #[error("cannot start the pager thread")]
     Thread(#[source] std::io::Error),
+    #[error("cannot give the pager a descriptor table of its own (unshare(CLONE_FILES))")]
+    Isolate(#[source] std::io::Error),
 }
 
 /// What happens when the pager hits an error it cannot recover from (a lost server).
@@ -48,6 +50,20 @@ pub fn exit_on_fatal(message: &str) {
     // SAFETY: _exit ends the process at once without running atexit handlers, which could
     // touch remote memory and hang.
     unsafe { libc::_exit(crate::EXIT_SERVER_LOST) };
+}
+
+/// Exit status when one of rmem's own descriptors was taken from it.
+pub const EXIT_DESCRIPTOR_LOST: i32 = 71;
+
+/// Report that the program closed one of rmem's descriptors behind its back and end the
+/// process: going on could lose the program's frees or hang it.
+pub fn exit_descriptor_lost(fd: i32, what: &str) -> ! {
+    eprintln!(
+        "rmem: fatal: descriptor {fd}, {what}, was closed by a raw system call of the program \
+         (librmem's close, dup2, dup3, close_range and closefrom leave rmem's descriptors alone)"
+    );
+    // SAFETY: as in exit_on_fatal.
+    unsafe { libc::_exit(EXIT_DESCRIPTOR_LOST) };
 }
 
 /// A running rmem client: the region, its pager and its allocator.
@@ -67,6 +83,9 @@ pub struct Runtime {
     servers: String,
     local_bytes: u64,
     tracing: bool,
+    /// The program table's copies of the descriptors program threads write whose first owner
+    /// went with the pager's table (the fault-by-signal wake-up); closed with the runtime.
+    _shared: Vec<fds::Reserved>,
 }
 
 /// Pages mapped at once in trace mode: the least budget allowed (one of them is the staging
@@ -211,12 +230,23 @@ impl Runtime {
         // malloc before the closure runs. In transparent mode that malloc would go to the region
         // and the pager would fault on its own memory, so the caller waits until the pager has
         // marked itself: transparent mode turns on only after the runtime is started.
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<()>(1);
+        //
+        // The pager then gives itself a descriptor table of its own, and the descriptors only
+        // it uses are closed in the program's: nothing the program does to its descriptors can
+        // reach the userfaultfd or the sockets (rmem_uffd::fds).
+        let private = pager.private_fds();
+        let shared = pager.shared_fds();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<std::io::Result<()>>(1);
         let handle = std::thread::Builder::new()
             .name("rmem-pager".into())
             .spawn(move || {
                 crate::PAGER_THREAD.with(|t| t.set(true));
-                let _ = ready_tx.send(());
+                let isolated = fds::isolate_thread();
+                let failed = isolated.is_err();
+                let _ = ready_tx.send(isolated);
+                if failed {
+                    return;
+                }
                 match pager.run() {
                     Ok(done) => {
                         drop(pager);
@@ -230,8 +260,24 @@ impl Runtime {
                 }
             })
             .map_err(RuntimeError::Thread)?;
-        // An error means the thread is gone already; the pager's own report says why.
-        let _ = ready_rx.recv();
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = handle.join();
+                return Err(RuntimeError::Isolate(e));
+            }
+            // The thread is gone already; the pager's own report says why.
+            Err(_) => {}
+        }
+        for fd in private {
+            fds::close_raw(fd);
+        }
+        // SAFETY: each is open in this table (the pager's copy is in its own) and owned by
+        // nothing else here: the Uffd that owned it now lives in the pager's table.
+        let shared = shared
+            .into_iter()
+            .map(|fd| unsafe { fds::Reserved::adopt(fd) })
+            .collect();
         Ok(Runtime {
             base,
             len,
@@ -248,6 +294,7 @@ impl Runtime {
             servers,
             local_bytes: budget_pages * ps,
             tracing,
+            _shared: shared,
         })
     }
 

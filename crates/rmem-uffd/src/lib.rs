@@ -15,6 +15,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
+pub mod fds;
 mod signal;
 
 const UFFDIO: u64 = 0xAA;
@@ -223,8 +224,9 @@ pub struct Uffd {
 #[derive(Debug)]
 struct SignalDelivery {
     owner: u64,
-    /// Written by a faulting thread's handler when the pager sleeps.
-    kick: OwnedFd,
+    /// Written by a faulting thread's handler when the pager sleeps: a program thread, so
+    /// the descriptor is one of rmem's shared ones.
+    kick: fds::Reserved,
     /// Slots taken by the pager and not completed yet: (slot, page address).
     waiting: Mutex<Vec<(u32, u64)>>,
 }
@@ -362,10 +364,12 @@ impl Uffd {
             if kick < 0 {
                 return Err(UffdError::Signal(errno()));
             }
+            // SAFETY: a fresh descriptor that nothing else owns.
+            let kick =
+                fds::place(unsafe { OwnedFd::from_raw_fd(kick) }).map_err(UffdError::Signal)?;
             Some(SignalDelivery {
                 owner: signal::new_owner(),
-                // SAFETY: a fresh descriptor that nothing else owns.
-                kick: unsafe { OwnedFd::from_raw_fd(kick) },
+                kick,
                 waiting: Mutex::new(Vec::new()),
             })
         } else {
@@ -408,6 +412,19 @@ impl Uffd {
             Some(s) => s.kick.as_raw_fd(),
             None => self.fd.as_raw_fd(),
         }
+    }
+
+    /// The descriptors that program threads write (the fault-by-signal wake-up), as opposed to
+    /// those only the pager uses. See [`fds`].
+    pub fn shared_fds(&self) -> Vec<RawFd> {
+        self.signal.iter().map(|s| s.kick.as_raw_fd()).collect()
+    }
+
+    /// The descriptors only the pager uses: the userfaultfd and /proc/self/pagemap.
+    pub fn private_fds(&self) -> Vec<RawFd> {
+        let mut v = vec![self.fd.as_raw_fd()];
+        v.extend(self.pagemap.as_ref().map(|f| f.as_raw_fd()));
+        v
     }
 
     /// The pager is about to sleep until `event_fd` is readable (`true`), or is awake again.
