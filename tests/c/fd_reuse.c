@@ -2,8 +2,9 @@
  * while its data is in remote memory, then checks every byte.
  *
  *   fd_reuse MODE MIB
- *   MODE: dup2     dup2 a file onto every number from 3 to 1023 and onto every descriptor
- *                  the process has that the program did not open (rmem's, if any)
+ *   MODE: dup2     dup2 a file onto every number from 3 to 511 and onto every descriptor
+ *                  the process has that the program did not open (rmem's, if any), below
+ *                  the open-file limit (above it dup2 fails with EBADF, rmem or not)
  *         range    close_range(3, ~0U, 0) through the C library
  *         closefrom closefrom(3)
  *         loop     close() every number from 3 up to sysconf(_SC_OPEN_MAX)
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -58,14 +60,16 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "dup2")) {
         int z = open("/dev/zero", O_RDONLY);
         int targets[4096], nt = 0;
+        struct rlimit lim;
+        getrlimit(RLIMIT_NOFILE, &lim);
         DIR *d = opendir("/proc/self/fd");
         struct dirent *e;
         while ((e = readdir(d)) && nt < 2048) {
             int fd = atoi(e->d_name);
-            if (fd > 2 && fd != z && fd != dirfd(d)) targets[nt++] = fd;
+            if (fd > 2 && fd != z && fd != dirfd(d) && (rlim_t)fd < lim.rlim_cur) targets[nt++] = fd;
         }
         closedir(d);
-        for (int fd = 3; fd < 1024; fd++) targets[nt++] = fd;
+        for (int fd = 3; fd < 512 && (rlim_t)fd < lim.rlim_cur; fd++) targets[nt++] = fd;
         for (int i = 0; i < nt; i++) {
             if (targets[i] != z && dup2(z, targets[i]) != targets[i]) {
                 fprintf(stderr, "fd_reuse: dup2 onto %d: %s\n", targets[i], strerror(errno));

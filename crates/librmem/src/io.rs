@@ -202,6 +202,114 @@ fn vectored(
     with_prefault(prefault_all, call)
 }
 
+/// Largest receive rmem bounces through local memory (see [`receive`]): a message longer than
+/// this, into a remote buffer, unprivileged, is received truncated to it.
+pub const BOUNCE_MAX: usize = 64 << 20;
+
+/// Whether a receive on `fd` whose copy into the buffer fails can lose data: the kernel takes a
+/// datagram, a SEQPACKET message, an eventfd count or a tty line off its queue before copying
+/// it out, and a copy that fails with EFAULT drops it. Regular files, block devices, pipes
+/// and stream sockets leave data that was not copied where it was, so the prefault-and-retry
+/// path is safe there (and needs no bounce copy).
+fn consumes_on_fault(fd: c_int) -> bool {
+    // SAFETY: fstat fills the struct it is given; all-zero is a valid stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return false; // the real call reports the bad descriptor
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG | libc::S_IFBLK | libc::S_IFIFO | libc::S_IFDIR => false,
+        libc::S_IFSOCK => !is_stream_socket(fd),
+        _ => true,
+    }
+}
+
+fn is_stream_socket(fd: c_int) -> bool {
+    let mut ty: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: SO_TYPE writes one int into `ty`, whose size `len` gives.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut ty as *mut c_int).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && ty == libc::SOCK_STREAM
+}
+
+thread_local! {
+    /// This thread's bounce buffer, kept between calls up to 1 MiB (glibc memory: librmem's
+    /// own allocations never go to the region).
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` with a local (never remote) buffer of `len` bytes.
+fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    const KEEP: usize = 1 << 20;
+    if len > KEEP {
+        return f(&mut vec![0u8; len]);
+    }
+    BOUNCE.with(|b| match b.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, 0);
+            }
+            f(&mut v[..len])
+        }
+        // Re-entered (a signal handler receiving during a receive): a buffer of its own.
+        Err(_) => f(&mut vec![0u8; len]),
+    })
+}
+
+/// Copy `src` into the caller's buffers, in order; returns the bytes copied. The copy is an
+/// ordinary store from this thread, so non-resident pages fault in as usual.
+fn scatter(src: &[u8], iovs: &[libc::iovec]) -> usize {
+    let mut done = 0;
+    for v in iovs {
+        if done == src.len() {
+            break;
+        }
+        let k = v.iov_len.min(src.len() - done);
+        // SAFETY: the caller handed these buffers to a receive call, so each is valid for
+        // iov_len bytes; `src` is our own buffer and does not overlap them.
+        unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), v.iov_base.cast(), k) };
+        done += k;
+    }
+    done
+}
+
+/// A receive into the caller's buffer `[buf, buf+n)`. Where a failed copy could lose data (see
+/// [`consumes_on_fault`]) and the buffer is remote memory the kernel cannot fault in, the call
+/// receives into a local bounce buffer and copies from there: it never consumes a message it
+/// then fails to deliver. Elsewhere it goes through [`chunked`].
+/// `call(ptr, len, done)` is the real call on `[ptr, ptr+len)`, `done` bytes in.
+fn receive(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    mut call: impl FnMut(*mut c_void, usize, usize) -> isize,
+) -> isize {
+    if !needs_prefault(buf, n) || !consumes_on_fault(fd) {
+        return chunked(buf, n, true, |p, k, d| call(p as *mut c_void, k, d));
+    }
+    let len = n.min(BOUNCE_MAX);
+    with_bounce(len, |b| {
+        let r = call(b.as_mut_ptr().cast(), len, 0);
+        if r > 0 {
+            let iov = libc::iovec {
+                iov_base: buf,
+                iov_len: len,
+            };
+            scatter(&b[..(r as usize).min(len)], &[iov]);
+        }
+        r
+    })
+}
+
 type Fd = c_int;
 type Buf = *mut c_void;
 type CBuf = *const c_void;
@@ -216,8 +324,9 @@ type CALen = libc::socklen_t;
 #[no_mangle]
 pub extern "C" fn read(fd: Fd, buf: Buf, n: usize) -> isize {
     let f = real!(c"read", fn(Fd, Buf, usize) -> isize);
-    // SAFETY: forwarding the caller's arguments, narrowed to a sub-range of its buffer.
-    chunked(buf, n, true, |p, n, _| unsafe { f(fd, p as Buf, n) })
+    // SAFETY: forwarding the caller's arguments, with a sub-range of its buffer or a bounce
+    // buffer of at most its length.
+    receive(fd, buf, n, |p, n, _| unsafe { f(fd, p, n) })
 }
 
 /// See write(2).
@@ -265,7 +374,7 @@ pub extern "C" fn pwrite64(fd: Fd, buf: CBuf, n: usize, off: Off) -> isize {
 pub extern "C" fn recv(fd: Fd, buf: Buf, n: usize, flags: Flags) -> isize {
     let f = real!(c"recv", fn(Fd, Buf, usize, Flags) -> isize);
     // SAFETY: as read.
-    chunked(buf, n, true, |p, n, _| unsafe { f(fd, p as Buf, n, flags) })
+    receive(fd, buf, n, |p, n, _| unsafe { f(fd, p, n, flags) })
 }
 
 /// See send(2).
@@ -287,19 +396,34 @@ pub extern "C" fn recvfrom(
     alen: ALen,
 ) -> isize {
     let f = real!(c"recvfrom", fn(Fd, Buf, usize, Flags, Addr, ALen) -> isize);
+    if needs_prefault(addr.cast(), size_of::<libc::sockaddr_storage>()) {
+        // The source address is written after the message is taken: receive through recvmsg,
+        // which bounces the address too.
+        let mut iov = libc::iovec {
+            iov_base: buf,
+            iov_len: n,
+        };
+        // SAFETY: all-zero is a valid msghdr.
+        let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_name = addr.cast();
+        // SAFETY: alen is valid when addr is not null, as recvfrom requires.
+        m.msg_namelen = if alen.is_null() { 0 } else { unsafe { *alen } };
+        // SAFETY: m describes the caller's buffers.
+        let r = unsafe { recvmsg(fd, &mut m, flags) };
+        if r >= 0 && !alen.is_null() {
+            // SAFETY: as above.
+            unsafe { *alen = m.msg_namelen };
+        }
+        return r;
+    }
     // SAFETY: as read; later chunks do not overwrite the address of the first.
-    chunked(buf, n, true, |p, n, d| unsafe {
+    receive(fd, buf, n, |p, n, d| unsafe {
         if d == 0 {
-            f(fd, p as Buf, n, flags, addr, alen)
+            f(fd, p, n, flags, addr, alen)
         } else {
-            f(
-                fd,
-                p as Buf,
-                n,
-                flags,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
+            f(fd, p, n, flags, std::ptr::null_mut(), std::ptr::null_mut())
         }
     })
 }
@@ -402,6 +526,22 @@ fn windowed(
 #[no_mangle]
 pub extern "C" fn readv(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
     let f = real!(c"readv", fn(Fd, *const libc::iovec, c_int) -> isize);
+    let iovs = iovecs(iov, cnt);
+    if iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) && consumes_on_fault(fd) {
+        let len = iovs
+            .iter()
+            .map(|v| v.iov_len)
+            .sum::<usize>()
+            .min(BOUNCE_MAX);
+        return with_bounce(len, |b| {
+            // SAFETY: reading into our own buffer of `len` bytes.
+            let r = unsafe { libc::read(fd, b.as_mut_ptr().cast(), len) };
+            if r > 0 {
+                scatter(&b[..r as usize], iovs);
+            }
+            r
+        });
+    }
     // SAFETY: forwarding the caller's buffers, a window at a time.
     windowed(iov, cnt, true, |v, c| unsafe { f(fd, v, c) })
 }
@@ -423,8 +563,194 @@ pub unsafe extern "C" fn recvmsg(fd: Fd, msg: *mut libc::msghdr, flags: Flags) -
     let f = real!(c"recvmsg", fn(Fd, *mut libc::msghdr, Flags) -> isize);
     // SAFETY: caller's contract; the msghdr's iovecs are the buffers.
     let (iov, cnt) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+    // SAFETY: caller's contract.
+    if unsafe { msghdr_needs_bounce(fd, &*msg) } {
+        // SAFETY: caller's contract; the real call gets our local copies.
+        return unsafe { recvmsg_bounced(&mut *msg, |m| f(fd, m, flags)) };
+    }
     // SAFETY: as readv.
     vectored(iov, cnt, true, || unsafe { f(fd, msg, flags) })
+}
+
+/// A receive with `m` can lose data if its copy-out fails: some buffer of it is remote
+/// memory the kernel cannot fault in, and either the socket takes messages whole or the
+/// kernel writes the address or control data after taking it.
+fn msghdr_needs_bounce(fd: c_int, m: &libc::msghdr) -> bool {
+    if !PREFAULT.load(Relaxed) {
+        return false;
+    }
+    let side = needs_prefault(m.msg_name, m.msg_namelen as usize)
+        || needs_prefault(m.msg_control, m.msg_controllen);
+    let data = iovecs(m.msg_iov, m.msg_iovlen as c_int)
+        .iter()
+        .any(|v| needs_prefault(v.iov_base, v.iov_len));
+    side || (data && consumes_on_fault(fd))
+}
+
+/// Receive with `m` through local copies of its data, address and control buffers, then copy
+/// what arrived into the caller's. `call` is the real call on a msghdr.
+///
+/// # Safety
+/// `m` describes valid buffers, as recvmsg requires.
+unsafe fn recvmsg_bounced(
+    m: &mut libc::msghdr,
+    call: impl FnOnce(*mut libc::msghdr) -> isize,
+) -> isize {
+    let len = iovecs(m.msg_iov, m.msg_iovlen as c_int)
+        .iter()
+        .map(|v| v.iov_len)
+        .sum::<usize>()
+        .min(BOUNCE_MAX);
+    let mut name = vec![0u8; m.msg_namelen as usize];
+    let mut control = vec![0u8; m.msg_controllen];
+    with_bounce(len, |b| {
+        let mut iov = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        let mut local = *m;
+        local.msg_iov = &mut iov;
+        local.msg_iovlen = 1;
+        if !m.msg_name.is_null() {
+            local.msg_name = name.as_mut_ptr().cast();
+        }
+        if !m.msg_control.is_null() {
+            local.msg_control = control.as_mut_ptr().cast();
+        }
+        let r = call(&mut local);
+        if r >= 0 {
+            // SAFETY: caller's contract.
+            unsafe { deliver(m, &local, &b[..(r as usize).min(len)], &name, &control) };
+        }
+        r
+    })
+}
+
+/// Copy what a receive into local copies (`local`, `data`, `name`, `control`) got into the
+/// caller's msghdr `m` and its buffers.
+///
+/// # Safety
+/// `m` describes valid buffers, as recvmsg requires.
+unsafe fn deliver(
+    m: &mut libc::msghdr,
+    local: &libc::msghdr,
+    data: &[u8],
+    name: &[u8],
+    control: &[u8],
+) {
+    scatter(data, iovecs(m.msg_iov, m.msg_iovlen as c_int));
+    if !m.msg_name.is_null() {
+        let k = (local.msg_namelen as usize).min(name.len());
+        // SAFETY: the caller's name buffer holds msg_namelen >= k bytes.
+        unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), m.msg_name.cast(), k) };
+    }
+    if !m.msg_control.is_null() {
+        let k = local.msg_controllen.min(control.len());
+        // SAFETY: the caller's control buffer holds msg_controllen >= k bytes.
+        unsafe { std::ptr::copy_nonoverlapping(control.as_ptr(), m.msg_control.cast(), k) };
+    }
+    m.msg_namelen = local.msg_namelen;
+    m.msg_controllen = local.msg_controllen;
+    m.msg_flags = local.msg_flags;
+}
+
+/// See recvmmsg(2). Where some message would need a bounce (see [`recvmsg`]), every message
+/// is received through local copies, the headers and lengths included.
+///
+/// # Safety
+/// `msgs` points to `vlen` valid mmsghdrs, as the system call requires.
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: Fd,
+    msgs: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: Flags,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    let f = real!(
+        c"recvmmsg",
+        fn(Fd, *mut libc::mmsghdr, libc::c_uint, Flags, *mut libc::timespec) -> c_int
+    );
+    if msgs.is_null() || vlen == 0 || !PREFAULT.load(Relaxed) {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { f(fd, msgs, vlen, flags, timeout) };
+    }
+    let vlen = vlen.min(libc::UIO_MAXIOV as libc::c_uint);
+    // SAFETY: caller's contract.
+    let all = unsafe { std::slice::from_raw_parts_mut(msgs, vlen as usize) };
+    let headers_remote = needs_prefault(msgs.cast(), size_of_val(all))
+        || needs_prefault(timeout.cast(), size_of::<libc::timespec>());
+    if !headers_remote && !all.iter().any(|h| msghdr_needs_bounce(fd, &h.msg_hdr)) {
+        // SAFETY: as above.
+        return unsafe { f(fd, msgs, vlen, flags, timeout) };
+    }
+    // Local copies: one buffer per message, its address and control, the headers, the timeout.
+    let mut local: Vec<libc::mmsghdr> = all.to_vec();
+    let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(all.len());
+    let mut iovs: Vec<libc::iovec> = Vec::with_capacity(all.len());
+    let mut names: Vec<Vec<u8>> = Vec::with_capacity(all.len());
+    let mut controls: Vec<Vec<u8>> = Vec::with_capacity(all.len());
+    for h in all.iter() {
+        let m = &h.msg_hdr;
+        let len = iovecs(m.msg_iov, m.msg_iovlen as c_int)
+            .iter()
+            .map(|v| v.iov_len)
+            .sum::<usize>()
+            .min(BOUNCE_MAX);
+        bufs.push(vec![0u8; len]);
+        names.push(vec![0u8; m.msg_namelen as usize]);
+        controls.push(vec![0u8; m.msg_controllen]);
+    }
+    for (i, l) in local.iter_mut().enumerate() {
+        iovs.push(libc::iovec {
+            iov_base: bufs[i].as_mut_ptr().cast(),
+            iov_len: bufs[i].len(),
+        });
+        let m = &mut l.msg_hdr;
+        if !m.msg_name.is_null() {
+            m.msg_name = names[i].as_mut_ptr().cast();
+        }
+        if !m.msg_control.is_null() {
+            m.msg_control = controls[i].as_mut_ptr().cast();
+        }
+        m.msg_iovlen = 1;
+    }
+    for (l, iov) in local.iter_mut().zip(iovs.iter_mut()) {
+        l.msg_hdr.msg_iov = iov;
+    }
+    let mut t = (!timeout.is_null()).then(|| {
+        // SAFETY: caller's contract: timeout is null or valid.
+        unsafe { *timeout }
+    });
+    let tp = t
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
+    // SAFETY: every pointer in `local` points to our own buffers of the lengths it says.
+    let r = unsafe { f(fd, local.as_mut_ptr(), vlen, flags, tp) };
+    if let Some(t) = t {
+        // SAFETY: as above.
+        unsafe { *timeout = t };
+    }
+    for (i, (h, l)) in all
+        .iter_mut()
+        .zip(&local)
+        .enumerate()
+        .take(r.max(0) as usize)
+    {
+        let got = (l.msg_len as usize).min(bufs[i].len());
+        // SAFETY: caller's contract.
+        unsafe {
+            deliver(
+                &mut h.msg_hdr,
+                &l.msg_hdr,
+                &bufs[i][..got],
+                &names[i],
+                &controls[i],
+            )
+        };
+        h.msg_len = l.msg_len;
+    }
+    r
 }
 
 /// See sendmsg(2).
@@ -513,8 +839,8 @@ stdio!(/// See unlocked_stdio(3).
 pub extern "C" fn __read_chk(fd: Fd, buf: Buf, n: usize, buflen: usize) -> isize {
     let f = real!(c"__read_chk", fn(Fd, Buf, usize, usize) -> isize);
     // SAFETY: as read; the chunk's bound shrinks with it.
-    chunked(buf, n, true, |p, k, d| unsafe {
-        f(fd, p as Buf, k, buflen.saturating_sub(d))
+    receive(fd, buf, n, |p, k, d| unsafe {
+        f(fd, p, k, buflen.saturating_sub(d))
     })
 }
 
@@ -539,8 +865,8 @@ pub extern "C" fn __pread_chk(fd: Fd, buf: Buf, n: usize, off: Off, buflen: usiz
 pub extern "C" fn __recv_chk(fd: Fd, buf: Buf, n: usize, buflen: usize, flags: Flags) -> isize {
     let f = real!(c"__recv_chk", fn(Fd, Buf, usize, usize, Flags) -> isize);
     // SAFETY: as recv.
-    chunked(buf, n, true, |p, k, d| unsafe {
-        f(fd, p as Buf, k, buflen.saturating_sub(d), flags)
+    receive(fd, buf, n, |p, k, d| unsafe {
+        f(fd, p, k, buflen.saturating_sub(d), flags)
     })
 }
 
