@@ -492,3 +492,104 @@ fn large_alignments_are_served_remote() {
     swapped(&stats);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn fork_children_that_reset_sigsegv_get_rmems_error() {
+    let prog = build_plain("tests/c/signals.c");
+    let dir = scratch("sig-fork");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "4M"],
+            &stats,
+            &[prog.to_str().unwrap(), "fork"],
+            true,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success()
+            && out.stdout.contains("children: 70 70 70")
+            && out.stdout.contains("signals: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(
+        out.stderr
+            .matches("fork() child touched its parent's remote memory")
+            .count(),
+        3,
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn program_signal_handlers_coexist_with_rmem() {
+    let prog = build_plain("tests/c/signals.c");
+    for delivery in ["wait", "signal"] {
+        let dir = scratch(&format!("sig-handlers-{delivery}"));
+        let stats = dir.join("stats.json");
+        let mut cmd = rmem_run(
+            &["--local", "4M"],
+            &stats,
+            &[prog.to_str().unwrap(), "handlers"],
+            true,
+        );
+        cmd.env("RMEM_FAULT_DELIVERY", delivery);
+        let out = run_bounded(&mut cmd, Duration::from_secs(120));
+        assert!(
+            out.status.success() && out.stdout.contains("signals: ok"),
+            "faults by {delivery}: {:?}\n{}\n{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        swapped(&stats);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn stress_ng_malloc_workers_get_rmems_error_with_min_alloc_zero() {
+    require("/usr/bin/stress-ng", "stress-ng");
+    let dir = scratch("stress-ng");
+    let stats = dir.join("stats.json");
+    let mut cmd = rmem_run(
+        &["--local", "16M", "--min-alloc", "0"],
+        &stats,
+        &[
+            "/usr/bin/stress-ng",
+            "--malloc",
+            "2",
+            "--malloc-ops",
+            "200",
+            "--timeout",
+            "5s",
+            "--temp-path",
+            dir.to_str().unwrap(),
+            "-v",
+        ],
+        true,
+    );
+    let out = run_bounded(&mut cmd, Duration::from_secs(60));
+    // Remote memory is not shared with fork() children, so every worker stops; what matters is
+    // that each says why (exit 70 and rmem's message) instead of dying of a bare SIGSEGV.
+    let all = format!("{}\n{}", out.stdout, out.stderr);
+    assert!(
+        !all.contains("terminated on signal"),
+        "a worker died of a signal:\n{all}"
+    );
+    assert_eq!(
+        all.matches("exit status=70").count(),
+        2,
+        "workers did not exit 70:\n{all}"
+    );
+    assert!(
+        all.contains("fork() child touched its parent's remote memory"),
+        "{all}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -16,6 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
 mod signal;
+pub use signal::{handle_sigbus, sigbus_previous_action};
 
 const UFFDIO: u64 = 0xAA;
 const IOC_WRITE: u64 = 1;
