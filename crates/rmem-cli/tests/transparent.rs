@@ -1,7 +1,9 @@
 //! Transparent mode: unmodified programs under `rmem run` (LD_PRELOAD), in both userfaultfd
 //! modes, with threads, fork, C++ static initializers, kernel-mode I/O, and real programs
 //! (GNU sort, Python/numpy as `nobody`, Python with many small allocations) whose output is
-//! compared with the same program run without rmem.
+//! compared with the same program run without rmem; programs linked with jemalloc and
+//! tcmalloc, redis-server, large alignments, and programs with their own signal handlers
+//! (fork children that reset SIGSEGV, stress-ng).
 
 mod common;
 use common::*;
