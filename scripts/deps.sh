@@ -11,6 +11,15 @@ command -v c++ >/dev/null || need+=(g++)
 [ -x /usr/bin/python3 ] || need+=(python3)
 /usr/bin/python3 -c 'import numpy' 2>/dev/null || need+=(python3-numpy)
 [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread ] || [ "$(uname -m)" != x86_64 ] || need+=(libopenblas0-pthread)
+# Transparent-mode tests (crates/rmem-cli/tests/transparent.rs): C programs linked with
+# jemalloc and with tcmalloc, Debian's redis-server (linked with jemalloc) driven by
+# redis-cli, and stress-ng's malloc stressor. Installing redis-server also enables its
+# service on a machine with systemd; the tests start their own on a free loopback port.
+[ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
+[ -e /usr/include/gperftools/tcmalloc.h ] || need+=(libgoogle-perftools-dev)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v stress-ng >/dev/null || need+=(stress-ng)
 # The multi-host test (crates/rmem-cli/tests/multihost.rs) runs sshd in network namespaces;
 # it needs root, and says that it skips without it, so only root needs these.
 if [ "$(id -u)" -eq 0 ]; then

@@ -3,12 +3,13 @@
 //! The region is mapped `MADV_DONTFORK`, and its pager thread does not exist in a child, so a
 //! child cannot share it. Rather than let a child read zeros where data should be, the child
 //! keeps the region's address range reserved with no access, and a child that touches it is
-//! stopped with a message that says why. fork() followed by exec(), `system()`, `popen()` and
+//! stopped with a message that says why, whatever it did with SIGSEGV (rmem's handler stays
+//! first: signals.rs). fork() followed by exec(), `system()`, `popen()` and
 //! `posix_spawn` are unaffected. Allocations in the child are local from then on.
 
 use crate::malloc::FORKED;
 use crate::{region_contains, REGION_BASE, REGION_LEN};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
 
 /// Exit status of a fork() child that touched its parent's remote memory.
 pub const EXIT_FORK_TOUCH: i32 = 70;
@@ -40,34 +41,29 @@ extern "C" fn child() {
             -1,
             0,
         );
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_segv as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGSEGV, &sa, std::ptr::addr_of_mut!(PREVIOUS));
     }
 }
 
-/// The SIGSEGV action the program had before the fork handler replaced it.
-// SAFETY: sigaction is a plain C struct for which all-zero bytes are a valid value
-// (SIG_DFL, empty mask, no flags).
-static mut PREVIOUS: libc::sigaction = unsafe { std::mem::zeroed() };
+/// The process that owns the region (set when its runtime starts).
+pub static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+/// Keep rmem's SIGSEGV handler first from now on (when a runtime starts): a fork() child
+/// inherits it, so even glibc's own work in the child before any atfork handler runs (it
+/// resets the locks of every stdio FILE, which may be remote) ends with rmem's message, and
+/// so does a touch after the child has reset SIGSEGV (signals.rs).
+pub fn guard_children() {
+    // SAFETY: getpid has no preconditions.
+    OWNER_PID.store(unsafe { libc::getpid() }, Relaxed);
+    crate::signals::own(libc::SIGSEGV, on_segv, None);
+}
+
+/// rmem's part of SIGSEGV: in a fork() child, a touch of the parent's region ends the child.
+fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) -> bool {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as u64;
-    if !region_contains(addr) {
-        // Not rmem's: put the program's own action back; the faulting access repeats and
-        // gets it.
-        // SAFETY: PREVIOUS was filled by sigaction in `child` before this handler existed.
-        unsafe {
-            libc::sigaction(
-                libc::SIGSEGV,
-                std::ptr::addr_of!(PREVIOUS),
-                std::ptr::null_mut(),
-            )
-        };
-        return;
+    let (addr, code) = unsafe { ((*info).si_addr() as u64, (*info).si_code) };
+    // SAFETY: getpid is async-signal-safe.
+    if code <= 0 || !region_contains(addr) || unsafe { libc::getpid() } == OWNER_PID.load(Relaxed) {
+        return false;
     }
     let mut msg = [0u8; 200];
     let mut n = 0;

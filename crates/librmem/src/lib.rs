@@ -6,14 +6,16 @@
 //! the life of the process; `rmem_exit` stops it, and a later allocation starts a new one.
 //!
 //! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
-//! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode, and
-//! [`fork`] what a fork() child sees. A constructor starts the runtime before any constructor
+//! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode,
+//! [`fork`] what a fork() child sees, and [`signals`] keeps rmem's SIGSEGV/SIGBUS handler first
+//! whatever the program does with those signals. A constructor starts the runtime before any constructor
 //! of the program when `rmem run` asks for transparent mode.
 
 mod fds;
 mod fork;
 mod io;
 mod malloc;
+mod signals;
 
 #[global_allocator]
 static ALLOC: malloc::LibcAlloc = malloc::LibcAlloc;
@@ -131,6 +133,17 @@ fn init() -> Option<&'static Runtime> {
             let chunk = (rt.local_bytes() / 64).min(8 << 20).max(ps as u64);
             io::CHUNK.store(chunk as usize, Ordering::Relaxed);
             io::PREFAULT.store(!rt.handles_kernel_faults(), Ordering::Relaxed);
+            fork::guard_children();
+            if rt.fault_delivery() == "signal" {
+                // Faults arrive as SIGBUS: keep rmem's handler first whatever the program
+                // installs; the program's disposition is the one rmem-uffd's replaced.
+                signals::own(
+                    libc::SIGBUS,
+                    // SAFETY: signals.rs calls this part with the kernel's arguments.
+                    |_, info, ctx| unsafe { rmem_client::handle_sigbus(info, ctx) },
+                    Some(rmem_client::sigbus_previous_action()),
+                );
+            }
             RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);
             if !ATEXIT_REGISTERED.swap(true, Ordering::AcqRel) {
                 // SAFETY: registering a plain extern "C" fn with no captured state.

@@ -1,7 +1,9 @@
 //! Transparent mode: unmodified programs under `rmem run` (LD_PRELOAD), in both userfaultfd
 //! modes, with threads, fork, C++ static initializers, kernel-mode I/O, and real programs
 //! (GNU sort, Python/numpy as `nobody`, Python with many small allocations) whose output is
-//! compared with the same program run without rmem.
+//! compared with the same program run without rmem; programs linked with jemalloc and
+//! tcmalloc, redis-server, large alignments, and programs with their own signal handlers
+//! (fork children that reset SIGSEGV, stress-ng).
 
 mod common;
 use common::*;
@@ -310,6 +312,286 @@ fn allocation_beyond_capacity_falls_back_to_local_memory_and_says_so() {
             .contains("does not fit the memory servers' remaining capacity"),
         "no fallback report: {}",
         out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A Debian package a test needs; the test fails (never skips) without it.
+fn require(path: &str, package: &str) {
+    assert!(
+        Path::new(path).exists(),
+        "{path} is missing: install {package} (scripts/deps.sh does)"
+    );
+}
+
+#[test]
+fn programs_linked_with_jemalloc_or_tcmalloc_use_one_allocator() {
+    require("/usr/include/jemalloc/jemalloc.h", "libjemalloc-dev");
+    require(
+        "/usr/include/gperftools/tcmalloc.h",
+        "libgoogle-perftools-dev",
+    );
+    let je = compile("tests/c/jemalloc_mix.c", "je-", &["-ljemalloc".into()]);
+    let tc = compile(
+        "tests/c/jemalloc_mix.c",
+        "tc-",
+        &["-DNO_MALLOCX".into(), "-ltcmalloc".into()],
+    );
+    for (name, prog) in [("jemalloc", je), ("tcmalloc", tc)] {
+        let dir = scratch(&format!("{name}-mix"));
+        let stats = dir.join("stats.json");
+        let out = run_bounded(
+            &mut rmem_run(&["--local", "4M"], &stats, &[prog.to_str().unwrap()], false),
+            Duration::from_secs(120),
+        );
+        assert!(
+            out.status.success() && out.stdout.contains("jemalloc: ok"),
+            "{name}: {:?}\n{}\n{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        swapped(&stats);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A free TCP port on loopback (the kernel's pick, released at once).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Run redis-cli against `port` with `args` (and `input` on stdin); its stdout, or None if it
+/// failed (no server there yet).
+fn try_redis_cli(port: u16, args: &[&str], input: Option<&[u8]>) -> Option<String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut c = Command::new("redis-cli");
+    c.args(["-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c
+        .spawn()
+        .expect("redis-cli (redis-tools) must be installed");
+    let mut stdin = child.stdin.take().unwrap();
+    if let Some(i) = input {
+        stdin.write_all(i).unwrap();
+    }
+    drop(stdin);
+    let out = wait_bounded(child, Duration::from_secs(30), "redis-cli");
+    out.status.success().then_some(out.stdout)
+}
+
+fn redis_cli(port: u16, args: &[&str], input: Option<&[u8]>) -> String {
+    try_redis_cli(port, args, input).unwrap_or_else(|| panic!("redis-cli {args:?} failed"))
+}
+
+/// A child process killed if the test fails before it was waited for.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn redis_server_stores_and_returns_keys() {
+    require("/usr/bin/redis-server", "redis-server");
+    require("/usr/bin/redis-cli", "redis-tools");
+    let dir = scratch("redis");
+    let stats = dir.join("stats.json");
+    let port = free_port();
+    let mut cmd = rmem_run(
+        &["--local", "4M"],
+        &stats,
+        &[
+            "/usr/bin/redis-server",
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+        false,
+    );
+    let mut server = KillOnDrop(Some(
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let t = std::time::Instant::now();
+    while try_redis_cli(port, &["ping"], None).is_none_or(|r| r.trim() != "PONG") {
+        if let Some(status) = server.0.as_mut().unwrap().try_wait().unwrap() {
+            let out = wait_bounded(server.0.take().unwrap(), Duration::from_secs(5), "redis");
+            panic!(
+                "redis-server under rmem run ended: {status:?}\n{}",
+                out.stderr
+            );
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "redis-server did not answer in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 40 values of 300 KB: above --min-alloc, so remote, and 12 MB against a 4 MiB budget.
+    let value = |i: usize| format!("{i:04}").repeat(75_000);
+    for i in 0..40 {
+        let v = value(i);
+        redis_cli(port, &["-x", "set", &format!("k{i}")], Some(v.as_bytes()));
+    }
+    for i in 0..40 {
+        let got = redis_cli(port, &["get", &format!("k{i}")], None);
+        assert!(got.trim_end() == value(i), "key k{i} came back wrong");
+    }
+    redis_cli(port, &["shutdown", "nosave"], None);
+    let out = wait_bounded(
+        server.0.take().unwrap(),
+        Duration::from_secs(30),
+        "redis-server under rmem run",
+    );
+    assert!(out.status.success(), "{:?}\n{}", out.status, out.stderr);
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn large_alignments_are_served_remote() {
+    let prog = build_plain("tests/c/aligned_big.c");
+    let dir = scratch("aligned");
+    let stats = dir.join("stats.json");
+    // 15 blocks of 128 KiB to 2 MiB (about 12 MiB) against a 4 MiB budget: paging shows in
+    // the statistics only if they are remote.
+    let out = run_bounded(
+        &mut rmem_run(&["--local", "4M"], &stats, &[prog.to_str().unwrap()], false),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success() && out.stdout.contains("aligned: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fork_children_that_reset_sigsegv_get_rmems_error() {
+    let prog = build_plain("tests/c/signals.c");
+    let dir = scratch("sig-fork");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "4M"],
+            &stats,
+            &[prog.to_str().unwrap(), "fork"],
+            true,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success()
+            && out.stdout.contains("children: 70 70 70")
+            && out.stdout.contains("signals: ok"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert_eq!(
+        out.stderr
+            .matches("fork() child touched its parent's remote memory")
+            .count(),
+        3,
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn program_signal_handlers_coexist_with_rmem() {
+    let prog = build_plain("tests/c/signals.c");
+    for delivery in ["wait", "signal"] {
+        let dir = scratch(&format!("sig-handlers-{delivery}"));
+        let stats = dir.join("stats.json");
+        let mut cmd = rmem_run(
+            &["--local", "4M"],
+            &stats,
+            &[prog.to_str().unwrap(), "handlers"],
+            true,
+        );
+        cmd.env("RMEM_FAULT_DELIVERY", delivery);
+        let out = run_bounded(&mut cmd, Duration::from_secs(120));
+        assert!(
+            out.status.success() && out.stdout.contains("signals: ok"),
+            "faults by {delivery}: {:?}\n{}\n{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        swapped(&stats);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn stress_ng_malloc_workers_get_rmems_error_with_min_alloc_zero() {
+    require("/usr/bin/stress-ng", "stress-ng");
+    let dir = scratch("stress-ng");
+    let stats = dir.join("stats.json");
+    let mut cmd = rmem_run(
+        &["--local", "16M", "--min-alloc", "0"],
+        &stats,
+        &[
+            "/usr/bin/stress-ng",
+            "--malloc",
+            "2",
+            "--malloc-ops",
+            "200",
+            "--timeout",
+            "5s",
+            "--temp-path",
+            dir.to_str().unwrap(),
+            "-v",
+        ],
+        true,
+    );
+    let out = run_bounded(&mut cmd, Duration::from_secs(60));
+    // Remote memory is not shared with fork() children, so every worker stops; what matters is
+    // that each says why (exit 70 and rmem's message) instead of dying of a bare SIGSEGV.
+    let all = format!("{}\n{}", out.stdout, out.stderr);
+    assert!(
+        !all.contains("terminated on signal"),
+        "a worker died of a signal:\n{all}"
+    );
+    assert_eq!(
+        all.matches("exit status=70").count(),
+        2,
+        "workers did not exit 70:\n{all}"
+    );
+    assert!(
+        all.contains("fork() child touched its parent's remote memory"),
+        "{all}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

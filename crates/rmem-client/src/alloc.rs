@@ -178,6 +178,28 @@ impl Allocator {
         Some((page * self.page_size + slot as u64 * class_size, true))
     }
 
+    /// Allocate `size` bytes as whole pages whose first page index `start` satisfies
+    /// `(phase + start) % align_pages == 0`: an alignment of more than one page, where `phase`
+    /// is the region base's page number modulo `align_pages`. A run `align_pages - 1` pages
+    /// longer is taken and its unaligned head and tail given back at once, so this can fail
+    /// near capacity where a plain allocation would still fit. Returns the byte offset; the
+    /// memory was never handed out before or was released on its free, so it reads as zero.
+    pub fn alloc_aligned(&mut self, size: u64, align_pages: u64, phase: u64) -> Option<u64> {
+        assert!(align_pages.is_power_of_two() && phase < align_pages);
+        let n = size.max(1).div_ceil(self.page_size);
+        let start = self.take_run(n + align_pages - 1)?;
+        let aligned = (start + phase).next_multiple_of(align_pages) - phase;
+        let tail = start + n + align_pages - 1 - (aligned + n);
+        if tail > 0 {
+            self.give_back_run(aligned + n, tail);
+        }
+        if aligned > start {
+            self.give_back_run(start, aligned - start);
+        }
+        self.large.insert(aligned, n);
+        Some(aligned * self.page_size)
+    }
+
     /// Free the allocation at byte offset `off`. Returns the pages to release, or an error if
     /// `off` is not a live allocation.
     pub fn free(&mut self, off: u64) -> Result<Option<Freed>, &'static str> {
@@ -294,6 +316,35 @@ mod tests {
             })
         );
         assert_eq!(a.committed_bytes(), 0);
+    }
+
+    #[test]
+    fn aligned_runs_are_aligned_and_free_like_others() {
+        let mut a = Allocator::new(4096, 1000, 1000);
+        let (x, _) = a.alloc(4096).unwrap();
+        assert_eq!(x, 0);
+        // Region base at page 3 modulo 8: offset 5 pages is the first 8-page-aligned address.
+        let y = a.alloc_aligned(2 * 4096, 8, 3).unwrap();
+        assert_eq!(y, 5 * 4096);
+        assert_eq!(
+            a.committed_bytes(),
+            3 * 4096,
+            "head and tail were given back"
+        );
+        assert_eq!(a.usable_size(y), Some(2 * 4096));
+        let (z, _) = a.alloc(4 * 4096).unwrap();
+        assert_eq!(z, 4096, "the head is reused");
+        assert_eq!(
+            a.free(y).unwrap(),
+            Some(Freed {
+                first: PageIndex(5),
+                count: 2
+            })
+        );
+        a.free(z).unwrap();
+        a.free(x).unwrap();
+        assert_eq!(a.committed_bytes(), 0);
+        assert_eq!(a.top, 0);
     }
 
     #[test]

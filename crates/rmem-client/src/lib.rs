@@ -24,6 +24,9 @@ pub mod store;
 
 pub use config::Config;
 pub use rmem_policy::PageIndex;
+/// For a library that keeps SIGBUS's handler itself (librmem): the fault-by-signal handler's
+/// own work, and the action it replaced.
+pub use rmem_uffd::{handle_sigbus, sigbus_previous_action};
 pub use runtime::{Runtime, RuntimeError};
 pub use stats::{Stats, StatsSnapshot};
 

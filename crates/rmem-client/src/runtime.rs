@@ -311,6 +311,26 @@ impl Runtime {
         Some(p)
     }
 
+    /// Allocate `size` zeroed bytes in remote memory aligned to `align` (a power of two; more
+    /// than a page: smaller alignments are what [`Runtime::alloc`] of `size.max(align)` gives).
+    /// `None` when the servers' capacity or the region is exhausted.
+    pub fn alloc_aligned(&self, size: usize, align: usize) -> Option<*mut u8> {
+        assert!(align.is_power_of_two());
+        let align_pages = (align as u64 / self.page_size).max(1);
+        let phase = (self.base / self.page_size) % align_pages;
+        let off = self
+            .alloc
+            .lock()
+            .unwrap()
+            .alloc_aligned(size as u64, align_pages, phase)?;
+        Some((self.base + off) as *mut u8)
+    }
+
+    /// Bytes of region pages allocations hold now (what `mallinfo2` reports as rmem's).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.alloc.lock().unwrap().committed_bytes()
+    }
+
     /// Free an allocation. Its pages go back to the servers once no other object uses them.
     /// Returns an error for a pointer that is not a live allocation of this runtime.
     pub fn free(&self, p: *mut u8) -> Result<(), &'static str> {

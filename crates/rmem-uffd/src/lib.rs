@@ -17,6 +17,7 @@ use std::sync::Mutex;
 
 pub mod fds;
 mod signal;
+pub use signal::{handle_sigbus, sigbus_previous_action};
 
 const UFFDIO: u64 = 0xAA;
 const IOC_WRITE: u64 = 1;

@@ -10,9 +10,12 @@
 //! the kernel, so nothing there needs waking.
 //!
 //! The price: faults from kernel mode (a `read(2)` into a missing page) fail with EFAULT, as
-//! with `UFFD_USER_MODE_ONLY`; a program that installs its own SIGBUS handler after rmem, or
-//! blocks SIGBUS in a thread that touches remote memory, is killed instead. x86-64 only: the
-//! handler reads the write bit of the page-fault error code from the signal context.
+//! with `UFFD_USER_MODE_ONLY`; a thread that blocks SIGBUS (by a raw system call: librmem
+//! keeps SIGBUS out of the masks a program sets through libc) and touches remote memory is
+//! killed. A program's own SIGBUS handler would replace this one: librmem's interposed
+//! `sigaction` keeps it instead and runs [`handle_sigbus`] before the program's handler. x86-64
+//! only: the handler reads the write bit of the page-fault error code from the signal
+//! context.
 //!
 //! Everything the handler touches is a static atomic: it allocates nothing and takes no lock.
 
@@ -241,11 +244,36 @@ fn was_write(ctx: *mut libc::c_void) -> bool {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as u64;
-    let Some(range) = range_of(addr) else {
+    // SAFETY: the kernel's arguments to this SA_SIGINFO handler.
+    if !unsafe { handle_sigbus(info, ctx) } {
         chain(sig, info, ctx);
-        return;
+    }
+}
+
+/// The SIGBUS action that [`Uffd::open_signal`](crate::Uffd::open_signal) replaced with rmem's
+/// handler (SIG_DFL before it did).
+pub fn sigbus_previous_action() -> libc::sigaction {
+    // SAFETY: PREVIOUS is written once, in `install`, before the handler exists.
+    unsafe { std::ptr::addr_of!(PREVIOUS).read() }
+}
+
+/// The work of rmem's SIGBUS handler, for a SIGBUS handler installed by someone else: a fault
+/// in a range of a signal-mode userfaultfd is posted to its pager and waited for (the access is
+/// retried on return and succeeds); returns false, having done nothing, for any other SIGBUS.
+/// Async-signal-safe.
+///
+/// # Safety
+/// `info` and `ctx` are what the kernel passed to an SA_SIGINFO handler of SIGBUS.
+pub unsafe fn handle_sigbus(info: *mut libc::siginfo_t, ctx: *mut libc::c_void) -> bool {
+    // SAFETY: the caller passes the kernel's siginfo.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    // A SIGBUS sent by kill(2) has no fault address (si_code <= 0).
+    // SAFETY: as above.
+    if unsafe { (*info).si_code } <= 0 {
+        return false;
+    }
+    let Some(range) = range_of(addr) else {
+        return false;
     };
     // SAFETY: errno is thread-local; the system calls below may change it.
     let saved_errno = unsafe { *libc::__errno_location() };
@@ -314,6 +342,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     slot.state.store(FREE, Ordering::Release);
     // SAFETY: restoring this thread's errno.
     unsafe { *libc::__errno_location() = saved_errno };
+    true
 }
 
 /// Hand a SIGBUS that is not ours to the action the program had.

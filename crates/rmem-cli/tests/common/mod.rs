@@ -42,9 +42,9 @@ pub fn build_plain(rel: &str) -> PathBuf {
     compile(rel, "plain-", &[])
 }
 
-/// Compile `rel` with `extra` arguments into target/release/c-tests/PREFIX+NAME, through a
-/// private temporary name; returns the binary.
-fn compile(rel: &str, prefix: &str, extra: &[std::ffi::OsString]) -> PathBuf {
+/// Compile `rel` with `extra` arguments (libraries to link, defines) into
+/// target/release/c-tests/PREFIX+NAME, through a private temporary name; returns the binary.
+pub fn compile(rel: &str, prefix: &str, extra: &[std::ffi::OsString]) -> PathBuf {
     let src = repo_root().join(rel);
     let out_dir = target_dir().join("c-tests");
     std::fs::create_dir_all(&out_dir).unwrap();

@@ -1,0 +1,153 @@
+/* Programs with their own signal dispositions under `rmem run`.
+ *
+ * "fork": fork() children that reset SIGSEGV to SIG_DFL (by signal(), by sigaction()), or
+ * that catch their own NULL dereference with a handler inherited from the parent, then touch
+ * the parent's remote memory: each must end with rmem's message and exit status 70.
+ * "handlers": a SIGSEGV handler on an alternate signal stack catches NULL dereferences
+ * (sigsetjmp/siglongjmp) and a SIGBUS handler catches an access past the end of a mapped
+ * file, while the program pages through remote memory (with RMEM_FAULT_DELIVERY=signal its
+ * faults arrive as SIGBUS too); sigaction() reports the program's own handlers back; a
+ * SIGSEGV sent by raise() reaches the program's handler.
+ * Prints "signals: ok" or exits 1. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MB (1u << 20)
+static sigjmp_buf jump;
+static volatile sig_atomic_t caught_sig, caught_code;
+static void *volatile caught_addr;
+
+static void catcher(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    caught_sig = sig;
+    caught_code = si->si_code;
+    caught_addr = si->si_addr;
+    siglongjmp(jump, 1);
+}
+
+static void install(int sig, int flags) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = catcher;
+    sa.sa_flags = SA_SIGINFO | flags;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(sig, &sa, NULL)) { perror("sigaction"); exit(1); }
+}
+
+/* Touch all of p (n bytes) and check the pattern written by fill. */
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i / 4096 + seed);
+}
+static int check(const unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i += 512)
+        if (p[i] != (unsigned char)(i / 4096 + seed)) { fprintf(stderr, "signals: data wrong at %zu\n", i); return 1; }
+    return 0;
+}
+
+/* A NULL dereference the program catches itself. */
+static int own_segv(void) {
+    caught_sig = 0;
+    if (sigsetjmp(jump, 1) == 0) {
+        int *volatile bad = (int *)16;
+        *(volatile int *)bad = 1;
+        return 1;
+    }
+    return caught_sig == SIGSEGV && caught_addr == (void *)16 ? 0 : 1;
+}
+
+static int run_child(unsigned char *p, int how) {
+    pid_t c = fork();
+    if (c == 0) {
+        if (how == 0) signal(SIGSEGV, SIG_DFL);
+        if (how == 1) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = SIG_DFL;
+            sigaction(SIGSEGV, &sa, NULL);
+            sigaction(SIGBUS, &sa, NULL);
+        }
+        if (how == 2 && own_segv()) _exit(5); /* the parent's handler, inherited */
+        printf("child %d read %u\n", how, p[3 * MB]);
+        _exit(4);
+    }
+    int st;
+    waitpid(c, &st, 0);
+    if (WIFSIGNALED(st)) return 1000 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+static int handlers(unsigned char *p, size_t n) {
+    static char altstack[64 * 1024];
+    stack_t ss = { .ss_sp = altstack, .ss_size = sizeof altstack, .ss_flags = 0 };
+    if (sigaltstack(&ss, NULL)) { perror("sigaltstack"); return 1; }
+    install(SIGSEGV, SA_ONSTACK);
+    install(SIGBUS, SA_ONSTACK);
+    struct sigaction q;
+    if (sigaction(SIGSEGV, NULL, &q) || q.sa_sigaction != catcher || sigaction(SIGBUS, NULL, &q) || q.sa_sigaction != catcher) {
+        fprintf(stderr, "signals: sigaction does not report the program's handler\n");
+        return 1;
+    }
+    /* A file of one page mapped as two: the second page raises SIGBUS (BUS_ADRERR). */
+    char path[] = "/tmp/rmem-signals-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || ftruncate(fd, 4096)) { perror("file"); return 1; }
+    unlink(path);
+    char *m = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) { perror("mmap"); return 1; }
+    for (int round = 0; round < 4; round++) {
+        fill(p, n, round);
+        if (own_segv()) { fprintf(stderr, "signals: NULL dereference not caught (round %d)\n", round); return 1; }
+        caught_sig = 0;
+        if (sigsetjmp(jump, 1) == 0) {
+            volatile char c = m[4096 + 10];
+            (void)c;
+            fprintf(stderr, "signals: no SIGBUS past the end of the file\n");
+            return 1;
+        }
+        if (caught_sig != SIGBUS || caught_addr != m + 4096 + 10) {
+            fprintf(stderr, "signals: SIGBUS: got %d at %p\n", caught_sig, caught_addr);
+            return 1;
+        }
+        if (check(p, n, round)) return 1;
+    }
+    caught_sig = 0;
+    if (sigsetjmp(jump, 1) == 0) {
+        raise(SIGSEGV);
+        fprintf(stderr, "signals: raise(SIGSEGV) returned\n");
+        return 1;
+    }
+    if (caught_sig != SIGSEGV || caught_code != SI_TKILL) {
+        fprintf(stderr, "signals: raise(SIGSEGV) gave %d code %d\n", caught_sig, caught_code);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    size_t n = 16 * MB;
+    unsigned char *p = malloc(n);
+    if (!p) return 1;
+    fill(p, n, 1);
+    if (strcmp(mode, "fork") == 0) {
+        install(SIGSEGV, 0);
+        int a = run_child(p, 0), b = run_child(p, 1), c = run_child(p, 2);
+        printf("children: %d %d %d\n", a, b, c);
+        if (a != 70 || b != 70 || c != 70) return 1;
+        if (own_segv() || check(p, n, 1)) return 1;
+    } else if (strcmp(mode, "handlers") == 0) {
+        if (handlers(p, n)) return 1;
+    } else {
+        fprintf(stderr, "usage: signals fork|handlers\n");
+        return 2;
+    }
+    printf("signals: ok\n");
+    return 0;
+}
