@@ -340,6 +340,12 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Write one forwarded line in one system call, so that `rmem run` ending meanwhile never
+/// leaves half a line (eprintln! writes its pieces separately).
+fn say(prefix: &str, line: &str) {
+    let _ = std::io::stderr().write_all(format!("{prefix}{line}\n").as_bytes());
+}
+
 /// A server's stderr: kept for error messages until it has started, then passed on to ours.
 #[derive(Default)]
 struct StderrTail {
@@ -351,7 +357,7 @@ impl StderrTail {
     fn push(&self, prefix: &str, line: String) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if s.0 {
-            eprintln!("{prefix}{line}");
+            say(prefix, &line);
         } else {
             if s.1.len() == STDERR_TAIL_LINES {
                 s.1.remove(0);
@@ -364,7 +370,7 @@ impl StderrTail {
     fn forward(&self, prefix: &str) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         for line in s.1.drain(..) {
-            eprintln!("{prefix}{line}");
+            say(prefix, &line);
         }
         s.0 = true;
     }
@@ -433,9 +439,10 @@ impl ServerProc {
                 let _ = s.child.wait();
             }
         }
-        // Pass on the last things it said (the pipe closes once it is gone).
+        // Pass on the last things it said (the pipe closes once it is gone: over ssh, once the
+        // connection is torn down, which takes more than a second on a loaded machine).
         if let Some(t) = s.stderr_thread.take() {
-            let end = Instant::now() + Duration::from_secs(1);
+            let end = Instant::now() + Duration::from_secs(5);
             while !t.is_finished() && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(5));
             }
