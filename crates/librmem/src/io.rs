@@ -58,9 +58,9 @@ fn needs_prefault(buf: *const c_void, len: usize) -> bool {
 
 /// Fault in every DLM page of `[buf, buf+len)` that lies in the region, from this thread.
 /// `for_write`: the kernel will write the buffer, so the pages must be writable (dirty).
-/// Every 4 KiB piece is touched, not only the first of each DLM page: a page has been seen
-/// (rarely, under load) with part of it gone from the page tables, and a touch of the
-/// missing part is what lets the pager notice and fetch it again.
+/// Every 4 KiB piece is touched, not only the first of each DLM page: a piece the program
+/// dropped itself with a raw madvise(2) is missing from a page the pager holds as mapped, and
+/// a touch of it is what lets the pager give it zeros (the kernel would get EFAULT).
 fn prefault(buf: *const c_void, len: usize, for_write: bool) {
     let page = 4096;
     let (start, end) = (buf as u64, buf as u64 + len as u64);

@@ -28,7 +28,7 @@ use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
 use rmem_policy::{Admission, Policy};
-use rmem_uffd::{Fault, Uffd, UffdError};
+use rmem_uffd::{Copied, Fault, Uffd, UffdError, PIECE};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::BufWriter;
@@ -50,8 +50,8 @@ pub enum PagerError {
     Madvise(#[source] std::io::Error),
     #[error("cannot write the reference trace")]
     Trace(#[source] std::io::Error),
-    #[error("part of modified page {page} (address {addr:#x}) vanished from the page tables: its contents are lost")]
-    Lost { page: u64, addr: u64 },
+    #[error("4 KiB piece at {addr:#x} of page {page} stays populated after it was dropped")]
+    Populated { page: u64, addr: u64 },
 }
 
 /// The reference trace being recorded (`rmem run --trace`), and when it started.
@@ -439,6 +439,64 @@ impl Core {
         self.uffd.is_populated(addr & !4095) == Some(false)
     }
 
+    /// Install the contents of `page`, which the pager holds as missing, from `src`,
+    /// write-protected if `write_protect`.
+    ///
+    /// The pager maps pages whole and drops or moves them whole, so no piece of a missing
+    /// page can be populated by rmem; one that is (`Copied::Around`) was put there behind
+    /// rmem's back and does not hold the page's contents. It is dropped and installed like the
+    /// rest. Only those pieces are touched: a thread may already use the others.
+    fn install(
+        &mut self,
+        page: PageIndex,
+        src: *const u8,
+        write_protect: bool,
+    ) -> Result<(), PagerError> {
+        let addr = self.addr(page);
+        let Copied::Around(present) = self.uffd.copy(addr, src, self.ps(), write_protect)? else {
+            return Ok(());
+        };
+        Stats::add(&self.stats.pieces_replaced, present.len() as u64);
+        for off in present {
+            self.region
+                .discard(addr + off, PIECE)
+                .map_err(PagerError::Madvise)?;
+            let again = self.uffd.copy(
+                addr + off,
+                src.wrapping_add(off as usize),
+                PIECE,
+                write_protect,
+            )?;
+            if again != Copied::Whole {
+                return Err(PagerError::Populated {
+                    page: page.0,
+                    addr: addr + off,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The 4 KiB piece at `fault_addr` of a page the pager holds as mapped is missing from the
+    /// page tables. rmem maps, drops and moves pages whole and librmem's `madvise` never
+    /// reaches the kernel for the region, so the program dropped the piece itself with a raw
+    /// madvise(2) system call (MADV_DONTNEED, or MADV_FREE that the kernel acted on). Linux
+    /// gives zeros there: so does rmem. The page then differs from any copy on a server, so it
+    /// becomes dirty (and wholly writable, as a dirty page is).
+    fn zero_piece(&mut self, page: PageIndex, fault_addr: u64) -> Result<(), PagerError> {
+        let piece = fault_addr & !(PIECE - 1);
+        // `Around` here means the piece was populated meanwhile: that is all the fault needs.
+        let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
+        if self.pages.get(page) != PageState::Dirty {
+            self.pages.transition(page, PageState::Dirty);
+            self.policy.on_write(page);
+            self.uffd
+                .write_protect(self.addr(page), self.ps(), false, false)?;
+        }
+        Stats::add(&self.stats.pieces_zeroed, 1);
+        Ok(())
+    }
+
     fn update_local_bytes(&self) {
         // Mapped, filling and staged pages: everything that holds local memory.
         self.stats
@@ -471,7 +529,7 @@ impl Core {
                     PageState::ZeroClean
                 };
                 self.pages.transition(page, state);
-                self.uffd.copy(addr, self.zeros.as_ptr(), ps, !f.write)?;
+                self.install(page, self.zeros.as_ptr(), !f.write)?;
                 self.policy.insert(page, Admission::ZeroFilled);
                 if f.write {
                     self.policy.on_write(page);
@@ -549,16 +607,7 @@ impl Core {
                 // except when faults arrive by signal (write_protect is then a guess).
                 let maybe_missing = !f.write_protect || self.uffd.by_signal();
                 if maybe_missing && self.piece_missing(f.address) {
-                    // Part of a page installed whole has gone from the page tables (seen
-                    // rarely under load; cause unknown: see README's Troubleshooting). Its
-                    // contents are on the servers (or zero): drop the rest and let the thread
-                    // fault the whole page in again.
-                    Stats::add(&self.stats.repairs, 1);
-                    self.policy.remove(page);
-                    self.drops.push(page);
-                    self.drop_clean()?;
-                    self.update_local_bytes();
-                    self.uffd.wake(addr, ps)?;
+                    self.zero_piece(page, f.address)?;
                 } else if f.write_protect {
                     self.pages.transition(page, PageState::Dirty);
                     self.policy.on_write(page);
@@ -571,13 +620,10 @@ impl Core {
             }
             PageState::Dirty => {
                 if self.piece_missing(f.address) {
-                    // As above, but the missing part's contents existed only here.
-                    return Err(PagerError::Lost {
-                        page: page.0,
-                        addr: f.address,
-                    });
+                    self.zero_piece(page, f.address)?;
+                } else {
+                    self.uffd.wake(addr, ps)?
                 }
-                self.uffd.wake(addr, ps)?
             }
             PageState::Leaving => {
                 self.pages.transition(page, PageState::LeavingWanted);
@@ -764,7 +810,7 @@ impl Core {
                     PageState::Clean
                 };
                 self.pages.transition(page, state);
-                self.uffd.copy(addr, data.as_ptr(), ps, !fill.write)?;
+                self.install(page, data.as_ptr(), !fill.write)?;
                 self.policy.insert(page, Admission::Fetched);
                 if fill.write {
                     self.policy.on_write(page);
@@ -831,8 +877,7 @@ impl Core {
             self.pages.transition(page, state);
             // SAFETY: the slot holds the page's contents until released just below.
             let src = unsafe { self.staging.bytes(leave.slot) }.as_ptr();
-            self.uffd
-                .copy(self.addr(page), src, self.ps(), !want.write)?;
+            self.install(page, src, !want.write)?;
             self.staging
                 .release(leave.slot)
                 .map_err(PagerError::Madvise)?;
