@@ -39,13 +39,14 @@ macro_rules! real {
         static REAL: AtomicUsize = AtomicUsize::new(0);
         let mut f = REAL.load(Relaxed);
         if f == 0 {
-            f = next_symbol($name);
+            f = $crate::io::next_symbol($name);
             REAL.store(f, Relaxed);
         }
         // SAFETY: f is the C library's definition of this very function, same signature.
         unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(f) }
     }};
 }
+pub(crate) use real;
 
 /// The region part of `[buf, buf+len)` needs faulting in before the kernel touches it.
 fn needs_prefault(buf: *const c_void, len: usize) -> bool {
@@ -561,21 +562,3 @@ fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread(3).
     __fread_chk, c"__fread_chk");
 fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread_unlocked(3).
     __fread_unlocked_chk, c"__fread_unlocked_chk");
-
-/// See madvise(2). Advice on the region is rmem's business: the pager decides what is
-/// resident, and advice would split the region's mapping into pieces that a page can straddle
-/// (numpy asks for MADV_HUGEPAGE on its large arrays). It is accepted and ignored; the
-/// contents stay as they are, which every advice allows except MADV_DONTNEED's zero-fill
-/// (malloc'ed memory does not promise that).
-#[no_mangle]
-pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    if len > 0 {
-        let (a, b) = (addr as u64, addr as u64 + len as u64 - 1);
-        if region_contains(a) || region_contains(b) || crate::region_within(a, b) {
-            return 0;
-        }
-    }
-    let f = real!(c"madvise", fn(*mut c_void, usize, c_int) -> c_int);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { f(addr, len, advice) }
-}

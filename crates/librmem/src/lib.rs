@@ -6,13 +6,15 @@
 //! the life of the process; `rmem_exit` stops it, and a later allocation starts a new one.
 //!
 //! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
-//! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode, and
-//! [`fork`] what a fork() child sees. A constructor starts the runtime before any constructor
+//! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode,
+//! [`mem`] the memory calls (madvise, munmap, mremap) on remote memory, and [`fork`] what a
+//! fork() child sees. A constructor starts the runtime before any constructor
 //! of the program when `rmem run` asks for transparent mode.
 
 mod fork;
 mod io;
 mod malloc;
+mod mem;
 
 #[global_allocator]
 static ALLOC: malloc::LibcAlloc = malloc::LibcAlloc;
@@ -59,14 +61,14 @@ pub(crate) fn report(msg: &str) {
     eprintln!("rmem: {msg}");
 }
 
-fn current() -> Option<&'static Runtime> {
+pub(crate) fn current() -> Option<&'static Runtime> {
     let p = RUNTIME.load(Ordering::Acquire);
     // SAFETY: non-null values are leaked Box<Runtime>s that are never freed.
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
 /// Run `f`, turning a panic into an abort: unwinding into C is undefined behaviour.
-fn guard<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn guard<T>(f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {

@@ -293,6 +293,95 @@ impl Runtime {
             .map(|s| s as usize)
     }
 
+    /// Drop the pages of `[addr, addr+len)` in the region as madvise(2) does: with
+    /// `zero_ends` as MADV_DONTNEED (the whole range reads as zero afterwards: the parts of
+    /// pages at its ends are zeroed from the calling thread), without as MADV_FREE (whole pages
+    /// only; the rest keeps its data, which Linux allows). Whole pages go back to the servers
+    /// like freed ones and read as zero again. Must not run on the pager thread.
+    pub fn discard(&self, addr: u64, len: u64, zero_ends: bool) {
+        let start = addr.max(self.base);
+        let end = addr.saturating_add(len).min(self.base + self.len);
+        if start >= end {
+            return;
+        }
+        let ps = self.page_size;
+        let first = (start - self.base).div_ceil(ps);
+        let last = (end - self.base) / ps;
+        let (whole_start, whole_end) = if last > first {
+            // Under the allocator's lock, as a free: no page is handed out meanwhile.
+            let _a = self.alloc.lock().unwrap();
+            self.release(PageIndex(first), last - first);
+            (self.base + first * ps, self.base + last * ps)
+        } else {
+            (end, end)
+        };
+        if zero_ends {
+            for (a, b) in [(start, whole_start), (whole_end, end)] {
+                if a < b {
+                    // SAFETY: [a, b) lies in the region, which stays mapped for the life of
+                    // the process; the program asked for these bytes to read as zero, and the
+                    // pager resolves the faults this write takes.
+                    unsafe { std::ptr::write_bytes(a as *mut u8, 0, (b - a) as usize) };
+                }
+            }
+        }
+    }
+
+    /// munmap(2) of `[addr, addr+len)` in the region: its memory is freed. A range that covers
+    /// a large allocation from its start frees it; one that covers its tail gives the tail
+    /// back (the head stays allocated); any other whole page is dropped as by `discard`. The
+    /// range stays mapped: a later touch reads zeros where Linux would raise SIGSEGV.
+    pub fn unmap(&self, addr: u64, len: u64) {
+        let end = addr.saturating_add(len);
+        if !self.contains(addr) {
+            return self.discard(addr, len, false);
+        }
+        let mut a = self.alloc.lock().unwrap();
+        if let Some((off, size)) = a.block_of(addr - self.base) {
+            let (b0, b1) = (self.base + off, self.base + off + size);
+            if end >= b1 {
+                let freed = if addr == b0 {
+                    a.free(off).ok().flatten()
+                } else {
+                    a.shrink(off, addr - b0)
+                };
+                if let Some(f) = freed {
+                    self.release(f.first, f.count);
+                }
+                drop(a);
+                if end > b1 {
+                    self.discard(b1, end - b1, false);
+                }
+                return;
+            }
+        }
+        drop(a);
+        self.discard(addr, len, false);
+    }
+
+    /// mremap(2) of `[addr, addr+old_len)` in the region to `new_len` bytes. Shrinking gives
+    /// the tail back as `unmap` does, in place. Growing moves the contents to a new allocation
+    /// (only if `may_move`: rmem never grows a range in place) and frees the old range.
+    /// Returns the new address, or None where Linux answers ENOMEM.
+    pub fn remap(&self, addr: u64, old_len: u64, new_len: u64, may_move: bool) -> Option<u64> {
+        if new_len <= old_len {
+            if new_len < old_len {
+                self.unmap(addr + new_len, old_len - new_len);
+            }
+            return Some(addr);
+        }
+        if !may_move {
+            return None;
+        }
+        let p = self.alloc(new_len as usize)?;
+        // SAFETY: both ranges lie in the region, which stays mapped; the new one is a fresh
+        // allocation of new_len > old_len bytes, so they do not overlap. The pager resolves
+        // the faults of both.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, p, old_len as usize) };
+        self.unmap(addr, old_len);
+        Some(p as u64)
+    }
+
     fn release(&self, first: PageIndex, count: u64) {
         let done = Arc::new(Done::default());
         self.mailbox.send(Command::Release {

@@ -1,0 +1,105 @@
+//! The memory calls programs make on remote memory (madvise, munmap, mremap), with the
+//! meaning Linux gives them: real programs under `rmem run`, on buffers bigger than the
+//! budget, as root and as `nobody` (userfaultfd in user-mode-only mode).
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+/// Run `tests/c/memcalls.c CASE 2` (2 MiB buffers) under `rmem run` with a 1 MiB budget and
+/// 16 KiB pages (four 4 KiB pieces each); returns the statistics.
+fn memcalls(case: &str, as_nobody: bool) -> serde_json::Value {
+    let prog = build_plain("tests/c/memcalls.c");
+    let dir = scratch(&format!("memcalls-{case}-{as_nobody}"));
+    let stats = dir.join("stats.json");
+    let mut cmd = if as_nobody && is_root() {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(rmem());
+        c
+    } else {
+        std::process::Command::new(rmem())
+    };
+    cmd.args(["run", "--local", "1M", "--page-size", "16K", "--stats-json"])
+        .arg(&stats)
+        .arg("--")
+        .arg(&prog)
+        .args([case, "2"]);
+    let out = run_bounded(&mut cmd, Duration::from_secs(60));
+    assert!(
+        out.status.success() && out.stdout.contains(&format!("memcalls {case}: ok")),
+        "{case} (as nobody: {as_nobody}): {}\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    let v = read_json(&stats);
+    assert!(
+        v["swap_ins"].as_u64().unwrap() > 0 && v["swap_outs"].as_u64().unwrap() > 0,
+        "no paging: {v}"
+    );
+    assert_eq!(v["pieces_replaced"].as_u64(), Some(0), "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+    v
+}
+
+/// madvise(MADV_DONTNEED) through the C library on resident and evicted pages, whole and in
+/// part: zeros there, data elsewhere, and the range usable afterwards. (It was ignored: the
+/// old data stayed.)
+#[test]
+fn madvise_dontneed_gives_zeros() {
+    memcalls("madvise", false);
+}
+
+#[test]
+fn madvise_dontneed_gives_zeros_as_nobody() {
+    memcalls("madvise", true);
+}
+
+/// The raw system call, which rmem cannot interpose, on resident clean and dirty pages: the
+/// pager gives zeros for the pieces the kernel dropped. (A clean page came back with its old
+/// data; a dirty one stopped the program with "vanished from the page tables".)
+#[test]
+fn raw_madvise_dontneed_gives_zeros() {
+    let v = memcalls("raw-madvise", false);
+    assert!(v["pieces_zeroed"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
+fn raw_madvise_dontneed_gives_zeros_as_nobody() {
+    let v = memcalls("raw-madvise", true);
+    assert!(v["pieces_zeroed"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// madvise(MADV_FREE): whole pages freed (zeros), the rest kept, all usable afterwards.
+#[test]
+fn madvise_free_frees_whole_pages() {
+    memcalls("free", false);
+}
+
+#[test]
+fn madvise_free_frees_whole_pages_as_nobody() {
+    memcalls("free", true);
+}
+
+/// munmap of the tail of a malloc'ed block: the head keeps its data through evictions, the
+/// tail goes back to the allocator, the block can still be freed. (It ended with exit 69.)
+#[test]
+fn munmap_of_a_tail_frees_it() {
+    memcalls("munmap", false);
+}
+
+#[test]
+fn munmap_of_a_tail_frees_it_as_nobody() {
+    memcalls("munmap", true);
+}
+
+/// mremap: grown by moving with MREMAP_MAYMOVE (ENOMEM without), shrunk in place, data kept.
+#[test]
+fn mremap_moves_and_shrinks() {
+    memcalls("mremap", false);
+}
+
+#[test]
+fn mremap_moves_and_shrinks_as_nobody() {
+    memcalls("mremap", true);
+}

@@ -1,0 +1,154 @@
+/* The memory calls a program makes on remote memory, with the meaning Linux gives them. Every
+ * buffer is a fresh malloc that lands in the rmem region (transparent mode), bigger than the
+ * local budget, so the calls meet pages that are resident, clean, dirty and evicted. Checks
+ * the data of each case and prints "memcalls CASE: ok" or exits 1.
+ *
+ *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | munmap | mremap
+ *                         (MIB per buffer; run with a local budget of a MiB and 16 KiB pages) */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define PIECE 4096
+static size_t n;
+static int failures;
+
+static unsigned char pattern(size_t i, unsigned seed) {
+    return (unsigned char)((i / 7) * 31 + seed * 17 + 1) | 1; /* never 0 */
+}
+
+static void fill(unsigned char *p, size_t len, unsigned seed) {
+    for (size_t i = 0; i < len; i++) p[i] = pattern(i, seed);
+}
+
+/* Evict everything: touch a different buffer bigger than the budget. */
+static void churn(void) {
+    static unsigned char *c;
+    if (!c) c = malloc(n * 2);
+    for (size_t i = 0; i < n * 2; i += 1024) c[i]++;
+}
+
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); failures++; } while (0)
+
+/* [p, p+len) must hold the pattern, except the zero ranges listed in z (pairs of offsets). */
+static void expect(const char *what, const unsigned char *p, size_t len, unsigned seed,
+                   const size_t *z, int nz) {
+    for (size_t i = 0; i < len; i++) {
+        int zero = 0;
+        for (int k = 0; k < nz; k++) zero |= i >= z[2 * k] && i < z[2 * k + 1];
+        unsigned char want = zero ? 0 : pattern(i, seed);
+        if (p[i] != want) {
+            FAIL("%s: byte %zu is %u, want %u", what, i, p[i], want);
+            return;
+        }
+    }
+}
+
+/* madvise through the C library (or the raw system call) on a buffer partly evicted. The
+ * ranges start and end inside 16 KiB pages and cover whole ones, resident and evicted. */
+static void dontneed(int raw) {
+    unsigned char *p = malloc(n);
+    fill(p, n, 1);
+    churn();
+    size_t z[] = {3 * PIECE, 13 * PIECE, 17 * PIECE, 18 * PIECE, n / 2, n / 2 + 64 * 1024};
+    int nz = 3;
+    if (raw) {
+        /* A raw system call reaches the kernel only: rmem sees what it did to the pages that
+         * are resident. Make them so (the first four clean, the rest dirty) right before. */
+        nz = 2;
+        for (size_t i = 0; i < 8 * PIECE; i++) (void)*(volatile unsigned char *)&p[i];
+        for (size_t i = 8 * PIECE; i < 20 * PIECE; i++) p[i] = pattern(i, 1);
+        for (int k = 0; k < nz; k++)
+            if (syscall(SYS_madvise, p + z[2 * k], z[2 * k + 1] - z[2 * k], MADV_DONTNEED) != 0)
+                FAIL("raw madvise: %s", strerror(errno));
+    } else {
+        for (int k = 0; k < nz; k++)
+            if (madvise(p + z[2 * k], z[2 * k + 1] - z[2 * k], MADV_DONTNEED) != 0)
+                FAIL("madvise: %s", strerror(errno));
+    }
+    expect("after MADV_DONTNEED", p, n, 1, z, nz);
+    /* The zeroed ranges are memory like any other: written, evicted, read back. */
+    fill(p, n, 2);
+    churn();
+    expect("written after MADV_DONTNEED, evicted", p, n, 2, NULL, 0);
+    if (madvise(p + 1, PIECE, MADV_DONTNEED) == 0 || errno != EINVAL)
+        FAIL("madvise at an unaligned address must fail with EINVAL");
+    free(p);
+}
+
+/* MADV_FREE: Linux may keep each page or give zeros until it is written again; rmem frees the
+ * whole pages at once (zeros) and keeps the parts of pages at the ends. */
+static void lazy_free(void) {
+    unsigned char *p = malloc(n);
+    fill(p, n, 3);
+    churn();
+    size_t from = PIECE, to = 2 * 16384 + PIECE; /* page 0 in part, page 1 whole, page 2 in part */
+    if (madvise(p + from, to - from, MADV_FREE) != 0) FAIL("madvise(MADV_FREE): %s", strerror(errno));
+    for (size_t i = from; i < to; i++) {
+        if (p[i] != 0 && p[i] != pattern(i, 3)) { FAIL("MADV_FREE: byte %zu is %u", i, p[i]); break; }
+    }
+    size_t z[] = {16384, 2 * 16384};
+    expect("after MADV_FREE (the whole page freed)", p, n, 3, z, 1);
+    fill(p, n, 4);
+    churn();
+    expect("written after MADV_FREE, evicted", p, n, 4, NULL, 0);
+    free(p);
+}
+
+/* munmap of the tail of a malloc'ed block: the head keeps its data, the tail's memory is
+ * freed, and the block can still be freed. */
+static void unmap_tail(void) {
+    unsigned char *p = malloc(n);
+    fill(p, n, 5);
+    churn();
+    if (munmap(p + n / 2, n / 2) != 0) FAIL("munmap of the tail: %s", strerror(errno));
+    unsigned char *q = malloc(n / 2);
+    fill(q, n / 2, 6);
+    churn();
+    expect("head after munmap of the tail", p, n / 2, 5, NULL, 0);
+    expect("a new block after munmap of a tail", q, n / 2, 6, NULL, 0);
+    free(q);
+    free(p);
+    if (munmap(p + 1, PIECE) == 0 || errno != EINVAL) FAIL("munmap unaligned must fail with EINVAL");
+}
+
+/* mremap: grown by moving (the old data there, the new part zero), shrunk in place. */
+static void remap(void) {
+    unsigned char *p = malloc(n);
+    fill(p, n, 7);
+    churn();
+    if (mremap(p, n, 2 * n, 0) != MAP_FAILED || errno != ENOMEM)
+        FAIL("growing without MREMAP_MAYMOVE must fail with ENOMEM");
+    unsigned char *q = mremap(p, n, 2 * n, MREMAP_MAYMOVE);
+    if (q == MAP_FAILED) { FAIL("mremap grow: %s", strerror(errno)); return; }
+    size_t z[] = {n, 2 * n};
+    expect("grown by mremap", q, 2 * n, 7, z, 1);
+    fill(q, 2 * n, 8);
+    churn();
+    expect("grown, written, evicted", q, 2 * n, 8, NULL, 0);
+    unsigned char *r = mremap(q, 2 * n, n / 2, 0);
+    if (r != q) { FAIL("mremap shrink moved or failed: %s", strerror(errno)); return; }
+    churn();
+    expect("shrunk by mremap, evicted", q, n / 2, 8, NULL, 0);
+    if (munmap(q, n / 2) != 0) FAIL("munmap of the moved block: %s", strerror(errno));
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) { fprintf(stderr, "usage: memcalls CASE MIB\n"); return 2; }
+    n = (size_t)atol(argv[2]) << 20;
+    const char *c = argv[1];
+    if (!strcmp(c, "madvise")) dontneed(0);
+    else if (!strcmp(c, "raw-madvise")) dontneed(1);
+    else if (!strcmp(c, "free")) lazy_free();
+    else if (!strcmp(c, "munmap")) unmap_tail();
+    else if (!strcmp(c, "mremap")) remap();
+    else { fprintf(stderr, "unknown case %s\n", c); return 2; }
+    if (failures) return 1;
+    printf("memcalls %s: ok\n", c);
+    return 0;
+}
