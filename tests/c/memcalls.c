@@ -3,10 +3,12 @@
  * local budget, so the calls meet pages that are resident, clean, dirty and evicted. Checks
  * the data of each case and prints "memcalls CASE: ok" or exits 1.
  *
- *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | munmap | mremap
+ *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | munmap | mremap | mprotect
  *                         (MIB per buffer; run with a local budget of a MiB and 16 KiB pages) */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +140,69 @@ static void remap(void) {
     if (munmap(q, n / 2) != 0) FAIL("munmap of the moved block: %s", strerror(errno));
 }
 
+/* mprotect: the program's own SIGSEGV handler catches a write to a read-only page and any
+ * access to an inaccessible one, with the address, before and after the pages were evicted
+ * (dirty ones written back) and fetched again; the data stays. */
+static sigjmp_buf jump;
+static void *volatile fault_addr;
+
+static void on_segv(int sig, siginfo_t *si, void *ctx) {
+    (void)sig; (void)ctx;
+    fault_addr = si->si_addr;
+    siglongjmp(jump, 1);
+}
+
+/* 1 if the access faulted at `at` (the write stores `v`). */
+static int faults(unsigned char *at, int write, unsigned char v) {
+    fault_addr = NULL;
+    if (sigsetjmp(jump, 1) == 0) {
+        if (write) *(volatile unsigned char *)at = v;
+        else (void)*(volatile unsigned char *)at;
+        return 0;
+    }
+    if (fault_addr != at) FAIL("SIGSEGV at %p, want %p", fault_addr, (void *)at);
+    return 1;
+}
+
+static void protect(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    unsigned char *p = malloc(n);
+    fill(p, n, 9); /* every page dirty */
+    /* Read-only from the middle of a 16 KiB page over whole ones; one piece inaccessible. */
+    size_t ro = 3 * PIECE, ro_end = 13 * PIECE, no = 20 * PIECE;
+    if (mprotect(p + ro, ro_end - ro, PROT_READ) != 0) FAIL("mprotect read-only: %s", strerror(errno));
+    if (mprotect(p + no, PIECE, PROT_NONE) != 0) FAIL("mprotect none: %s", strerror(errno));
+    for (int round = 0; round < 2; round++) {
+        /* Round 0: the pages are resident (and dirty); round 1: evicted and fetched again. */
+        if (!faults(p + 5 * PIECE + 3, 1, 0)) FAIL("round %d: write to a read-only page did not fault", round);
+        if (!faults(p + ro, 1, 0)) FAIL("round %d: write at the start of the read-only range did not fault", round);
+        if (faults(p + ro - 1, 1, pattern(ro - 1, 9))) FAIL("round %d: write before the read-only range faulted", round);
+        if (!faults(p + no + 9, 0, 0)) FAIL("round %d: read of an inaccessible page did not fault", round);
+        if (faults(p + no + PIECE, 0, 0)) FAIL("round %d: read after the inaccessible page faulted", round);
+        /* Reads of the read-only range work and see the data. */
+        for (size_t i = 0; i < no; i++)
+            if (p[i] != pattern(i, 9)) { FAIL("round %d: byte %zu changed", round, i); break; }
+        churn();
+    }
+    if (mprotect(p + no, PIECE, PROT_READ | PROT_WRITE) != 0) FAIL("mprotect back: %s", strerror(errno));
+    if (mprotect(p + ro, ro_end - ro, PROT_READ | PROT_WRITE) != 0) FAIL("mprotect back: %s", strerror(errno));
+    expect("after mprotect, evictions and mprotect back", p, n, 9, NULL, 0);
+    fill(p, n, 10);
+    churn();
+    expect("written after mprotect back, evicted", p, n, 10, NULL, 0);
+    /* Memory freed while read-only is read-write when malloc hands it out again. */
+    if (mprotect(p, n, PROT_READ) != 0) FAIL("mprotect whole: %s", strerror(errno));
+    free(p);
+    unsigned char *q = malloc(n);
+    if (faults(q, 1, 1)) FAIL("memory freed read-only came back read-only");
+    free(q);
+    signal(SIGSEGV, SIG_DFL);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: memcalls CASE MIB\n"); return 2; }
     n = (size_t)atol(argv[2]) << 20;
@@ -147,6 +212,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "free")) lazy_free();
     else if (!strcmp(c, "munmap")) unmap_tail();
     else if (!strcmp(c, "mremap")) remap();
+    else if (!strcmp(c, "mprotect")) protect();
     else { fprintf(stderr, "unknown case %s\n", c); return 2; }
     if (failures) return 1;
     printf("memcalls %s: ok\n", c);

@@ -1,13 +1,14 @@
 //! The memory calls a program makes on remote memory, with the meaning Linux gives them.
 //!
-//! The region is one mapping that the pager owns: the kernel must never split it, drop or
-//! move its pages, or change their protection behind the pager, so these calls do not reach
-//! the kernel for the region. Each does what Linux promises through the pager instead:
-//! `madvise` (MADV_DONTNEED zeroes, MADV_FREE frees whole pages, other advice is accepted and
-//! ignored), `munmap` (the pages are freed; a block's tail goes back to the allocator) and
-//! `mremap` (shrunk in place, grown by moving). The parts of a range outside the region go to
-//! the C library as they are. A raw system call bypasses all this: see the pager's
-//! missing-piece path for what it does with a raw madvise.
+//! The region is one mapping that the pager owns: the kernel must never drop or move its
+//! pages, or change their protection, behind the pager, so these calls do not reach the
+//! kernel for the region as the program made them. Each does what Linux promises through
+//! the runtime instead: `madvise` (MADV_DONTNEED zeroes, MADV_FREE frees whole pages, other
+//! advice is accepted and ignored), `munmap` (the pages are freed; a block's tail goes back to
+//! the allocator), `mremap` (shrunk in place, grown by moving) and `mprotect` (done by the
+//! pager, kept across evictions). The parts of a range outside the region go to the C library
+//! as they are. A raw system call bypasses all this: see the pager's missing-piece path for
+//! what it does with a raw madvise.
 
 use crate::io::real;
 use crate::{current, malloc::FORKED, REGION_BASE, REGION_LEN};
@@ -166,4 +167,29 @@ pub extern "C" fn mremap(
             libc::MAP_FAILED
         }
     }
+}
+
+/// See mprotect(2). On the region the pager changes the protection (`Runtime::protect`), so
+/// that it stays through evictions and fetches: a write to a read-only page, or any access
+/// to an inaccessible one, is the program's SIGSEGV, with the address, as Linux gives.
+#[no_mangle]
+pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let real = || real!(c"mprotect", fn(*mut c_void, usize, c_int) -> c_int);
+    let Some((rt, a, b)) = region_part(addr, len) else {
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { real()(addr, len, prot) };
+    };
+    if !(addr as u64).is_multiple_of(PIECE) {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if let Err(e) = crate::guard(|| rt.protect(a, b - a, prot)) {
+        set_errno(e);
+        return -1;
+    }
+    let end = addr as u64 + (len as u64).div_ceil(PIECE) * PIECE;
+    outside(addr as u64, end, a, b, |s, n| {
+        // SAFETY: the caller's own mapping outside the region.
+        unsafe { real()(s as *mut c_void, n as usize, prot) }
+    })
 }

@@ -1,4 +1,4 @@
-//! The memory calls programs make on remote memory (madvise, munmap, mremap), with the
+//! The memory calls programs make on remote memory (madvise, munmap, mremap, mprotect), with the
 //! meaning Linux gives them: real programs under `rmem run`, on buffers bigger than the
 //! budget, as root and as `nobody` (userfaultfd in user-mode-only mode).
 
@@ -102,4 +102,18 @@ fn mremap_moves_and_shrinks() {
 #[test]
 fn mremap_moves_and_shrinks_as_nobody() {
     memcalls("mremap", true);
+}
+
+/// mprotect: a write to a read-only page and a read of an inaccessible one raise the
+/// program's own SIGSEGV at the address, before and after the (dirty) pages were evicted and
+/// fetched again; the data stays; memory freed read-only comes back read-write. (It ended
+/// with exit 69.)
+#[test]
+fn mprotect_is_kept_across_eviction() {
+    memcalls("mprotect", false);
+}
+
+#[test]
+fn mprotect_is_kept_across_eviction_as_nobody() {
+    memcalls("mprotect", true);
 }

@@ -22,6 +22,7 @@
 
 use crate::pages::{PageState, PageTable};
 use crate::prefetch::Prefetcher;
+use crate::protect::{Protections, READ_WRITE};
 use crate::region::{Dropper, Geometry, Mapping, Staging};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
@@ -48,6 +49,8 @@ pub enum PagerError {
     Stuck(String),
     #[error("madvise on the region failed")]
     Madvise(#[source] std::io::Error),
+    #[error("mprotect on the region failed")]
+    Mprotect(#[source] std::io::Error),
     #[error("cannot write the reference trace")]
     Trace(#[source] std::io::Error),
     #[error("4 KiB piece at {addr:#x} of page {page} stays populated after it was dropped")]
@@ -60,9 +63,22 @@ pub type TraceOut = (TraceWriter<BufWriter<File>>, Instant);
 /// A request from a program thread to the pager.
 pub enum Command {
     /// The program freed these pages: drop them locally and remotely; they read as zero again.
+    /// With `unprotect`, parts the program made other than read-write become read-write (the
+    /// memory goes back to the allocator); without, they keep their protection (madvise).
     Release {
         first: PageIndex,
         count: u64,
+        unprotect: bool,
+        done: Arc<Done>,
+    },
+    /// mprotect(2) of `[addr, addr+len)` (4 KiB-aligned, inside the region) to `prot`, done by
+    /// the pager so that no eviction is halfway through a page meanwhile; the outcome (0 or an
+    /// errno) lands in `errno` before `done` is signalled.
+    Protect {
+        addr: u64,
+        len: u64,
+        prot: i32,
+        errno: Arc<std::sync::atomic::AtomicI32>,
         done: Arc<Done>,
     },
     Stop {
@@ -187,6 +203,8 @@ struct Core {
     blocked: VecDeque<(Fault, Instant)>,
     /// Stride detector, when prefetching is on.
     prefetcher: Option<Prefetcher>,
+    /// Parts of the region the program made other than read-write (mprotect).
+    protections: Protections,
     zeros: Vec<u8>,
 }
 
@@ -260,6 +278,7 @@ impl Pager {
                 blocked: VecDeque::new(),
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
+                protections: Protections::default(),
             },
             store: s.store,
             mailbox: s.mailbox,
@@ -283,8 +302,24 @@ impl Pager {
             if self.mailbox.pending.load(Ordering::Acquire) {
                 for cmd in self.mailbox.take() {
                     match cmd {
-                        Command::Release { first, count, done } => {
-                            self.core.release(&mut *self.store, first, count)?;
+                        Command::Release {
+                            first,
+                            count,
+                            unprotect,
+                            done,
+                        } => {
+                            self.core
+                                .release(&mut *self.store, first, count, unprotect)?;
+                            done.signal();
+                        }
+                        Command::Protect {
+                            addr,
+                            len,
+                            prot,
+                            errno,
+                            done,
+                        } => {
+                            errno.store(self.core.protect(addr, len, prot), Ordering::Release);
                             done.signal();
                         }
                         Command::Stop { done } => {
@@ -776,10 +811,20 @@ impl Core {
             .staging
             .take()
             .expect("pick_victim checked for a free slot");
+        let addr = self.addr(v);
+        // UFFDIO_MOVE moves only between writable mappings: a page the program made
+        // read-only (or inaccessible) is writable for the move, and gets its protection back
+        // as soon as it is out (a program write in between would not fault: a known gap).
+        let prot = self.protections.within(addr, addr + ps);
+        if !prot.is_empty() {
+            mprotect(addr, ps, READ_WRITE).map_err(PagerError::Mprotect)?;
+        }
         // Parts of the page the program discarded (madvise) arrive as zero pages, so the
         // slot is whole and the pager never faults on it.
-        self.uffd
-            .move_range(self.staging.addr(slot), self.addr(v), ps)?;
+        self.uffd.move_range(self.staging.addr(slot), addr, ps)?;
+        for (s, e, p) in prot {
+            mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
+        }
         self.pages.transition(v, PageState::Leaving);
         self.leaving.insert(v, Leave { slot, wanted: None });
         Stats::add(&self.stats.evictions, 1);
@@ -896,13 +941,31 @@ impl Core {
         Ok(())
     }
 
+    /// mprotect(2) for the program (`Command::Protect`): 0 or the errno.
+    fn protect(&mut self, addr: u64, len: u64, prot: i32) -> i32 {
+        match mprotect(addr, len, prot) {
+            Ok(()) => {
+                self.protections.set(addr, addr + len, prot);
+                0
+            }
+            Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
+        }
+    }
+
     /// The program freed `count` pages from `first`: they become untouched (zero) again.
     fn release(
         &mut self,
         store: &mut dyn PageStore,
         first: PageIndex,
         count: u64,
+        unprotect: bool,
     ) -> Result<(), PagerError> {
+        let ps = self.ps();
+        let (start, end) = (self.addr(first), self.addr(first) + count * ps);
+        if unprotect && !self.protections.within(start, end).is_empty() {
+            mprotect(start, end - start, READ_WRITE).map_err(PagerError::Mprotect)?;
+            self.protections.set(start, end, READ_WRITE);
+        }
         for i in 0..count {
             let page = PageIndex(first.0 + i);
             match self.pages.get(page) {
@@ -921,11 +984,20 @@ impl Core {
                 }
             }
         }
-        let ps = self.ps();
         self.region
             .discard(self.addr(first), count * ps)
             .map_err(PagerError::Madvise)?;
         self.update_local_bytes();
         Ok(())
     }
+}
+
+/// mprotect(2) by system call: librmem interposes the `mprotect` symbol for the program.
+fn mprotect(addr: u64, len: u64, prot: i32) -> std::io::Result<()> {
+    // SAFETY: changes only the protection of a range of the region, which the pager owns;
+    // the kernel validates the range.
+    if unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

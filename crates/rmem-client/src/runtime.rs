@@ -275,7 +275,7 @@ impl Runtime {
         if let Some(freed) = a.free(addr - self.base)? {
             // Release before the pages can be handed out again: the lock is held until the
             // pager has dropped them.
-            self.release(freed.first, freed.count);
+            self.release(freed.first, freed.count, true);
         }
         Ok(())
     }
@@ -310,7 +310,7 @@ impl Runtime {
         let (whole_start, whole_end) = if last > first {
             // Under the allocator's lock, as a free: no page is handed out meanwhile.
             let _a = self.alloc.lock().unwrap();
-            self.release(PageIndex(first), last - first);
+            self.release(PageIndex(first), last - first, false);
             (self.base + first * ps, self.base + last * ps)
         } else {
             (end, end)
@@ -346,7 +346,7 @@ impl Runtime {
                     a.shrink(off, addr - b0)
                 };
                 if let Some(f) = freed {
-                    self.release(f.first, f.count);
+                    self.release(f.first, f.count, true);
                 }
                 drop(a);
                 if end > b1 {
@@ -382,11 +382,31 @@ impl Runtime {
         Some(p as u64)
     }
 
-    fn release(&self, first: PageIndex, count: u64) {
+    /// mprotect(2) of `[addr, addr+len)`, 4 KiB-aligned and inside the region, to `prot`:
+    /// kept across evictions; a forbidden access is the program's SIGSEGV. Err: the errno.
+    pub fn protect(&self, addr: u64, len: u64, prot: i32) -> Result<(), i32> {
+        let done = Arc::new(Done::default());
+        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        self.mailbox.send(Command::Protect {
+            addr,
+            len,
+            prot,
+            errno: errno.clone(),
+            done: done.clone(),
+        });
+        done.wait();
+        match errno.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    fn release(&self, first: PageIndex, count: u64, unprotect: bool) {
         let done = Arc::new(Done::default());
         self.mailbox.send(Command::Release {
             first,
             count,
+            unprotect,
             done: done.clone(),
         });
         done.wait();

@@ -284,3 +284,54 @@ fn dropped_piece(by_signal: bool) {
     assert_eq!(s.pieces_replaced, 0, "{s:?}");
     rt.free(p).unwrap();
 }
+
+/// mprotect through the runtime: dirty pages made read-only (one in part: the region's
+/// mapping is split inside a page) are written back and fetched again with their data and
+/// their protection; memory freed read-only is read-write again.
+#[test]
+fn protection_is_kept_across_eviction() {
+    let ps = 16384;
+    let rt = runtime(ps, 8, 1024);
+    let pages = 64;
+    let p = rt.alloc(pages * ps).unwrap();
+    // SAFETY: p points to pages*ps bytes of live rmem memory.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p, pages * ps) };
+    for (i, c) in mem.chunks_mut(ps).enumerate() {
+        c.fill(i as u8 | 1);
+    }
+    let (ro, ro_end) = (p as u64 + 4096, p as u64 + 3 * ps as u64);
+    rt.protect(ro, ro_end - ro, libc::PROT_READ).unwrap();
+    // Whether the mapping at `a` is read-write, by /proc/self/maps.
+    let writable = |a: u64| {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().any(|l| {
+            let (range, rest) = l.split_once(' ').unwrap();
+            let (s, e) = range.split_once('-').unwrap();
+            let (s, e) = (
+                u64::from_str_radix(s, 16).unwrap(),
+                u64::from_str_radix(e, 16).unwrap(),
+            );
+            s <= a && a < e && rest.starts_with("rw")
+        })
+    };
+    for _ in 0..2 {
+        // Evict everything, then read it all back.
+        for c in mem.chunks(ps) {
+            // SAFETY: volatile, so every page is touched.
+            assert_eq!(unsafe { std::ptr::read_volatile(&c[1]) }, c[0]);
+        }
+        for (i, c) in mem.chunks(ps).enumerate() {
+            assert!(c.iter().all(|&b| b == i as u8 | 1), "page {i}");
+        }
+        assert!(writable(p as u64), "before the range");
+        assert!(!writable(ro), "read-only range kept");
+        assert!(!writable(ro_end - 1), "read-only range kept");
+        assert!(writable(ro_end), "after the range");
+    }
+    assert!(rt.stats().swap_outs >= pages as u64 - 8);
+    rt.free(p).unwrap();
+    let q = rt.alloc(pages * ps).unwrap();
+    assert_eq!(q, p, "the same pages again");
+    assert!(writable(ro), "freed memory is read-write again");
+    rt.free(q).unwrap();
+}

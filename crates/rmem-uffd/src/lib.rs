@@ -552,11 +552,14 @@ impl Uffd {
         let mut done = 0;
         let mut present = Vec::new();
         let mut stalls = 0;
+        // One piece per call once the range is found to straddle mappings.
+        let mut piecewise = false;
         while done < len {
+            let want = if piecewise { PIECE } else { len - done };
             let mut c = UffdioCopy {
                 dst: dst + done,
                 src: src as u64 + done,
-                len: len - done,
+                len: want,
                 mode,
                 copy: 0,
             };
@@ -564,7 +567,8 @@ impl Uffd {
             // `src` through copy_from_user, so a bad pointer yields EFAULT, not UB.
             let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY as _, &mut c) };
             if rc == 0 {
-                break;
+                done += want;
+                continue;
             }
             let e = errno();
             // The kernel stops at the first piece it cannot install. If it installed some
@@ -594,6 +598,11 @@ impl Uffd {
                 Some(libc::EEXIST) => {
                     present.push(done);
                     done += PIECE;
+                }
+                // The range must lie in one mapping (VMA): the program's mprotect may have
+                // split the region inside a page. Go on a piece at a time.
+                Some(libc::ENOENT) if !piecewise && c.copy <= 0 && len - done > PIECE => {
+                    piecewise = true;
                 }
                 _ => {
                     return Err(UffdError::Ioctl {
