@@ -3,7 +3,7 @@
  * local budget, so the calls meet pages that are resident, clean, dirty and evicted. Checks
  * the data of each case and prints "memcalls CASE: ok" or exits 1.
  *
- *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | munmap | mremap | mprotect
+ *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | munmap | mremap | mprotect | mlock
  *                         (MIB per buffer; run with a local budget of a MiB and 16 KiB pages) */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -203,6 +203,53 @@ static void protect(void) {
     signal(SIGSEGV, SIG_DFL);
 }
 
+/* Pieces of [p, p+len) resident now (mincore). */
+static size_t resident(unsigned char *p, size_t len) {
+    unsigned char v[4096];
+    size_t pieces = len / PIECE, k = 0;
+    if (pieces > sizeof v || mincore(p, len, v) != 0) { FAIL("mincore: %s", strerror(errno)); return 0; }
+    for (size_t i = 0; i < pieces; i++) k += v[i] & 1;
+    return k;
+}
+
+/* mlock: pinned pages stay resident through evictions of everything else; pinning more than
+ * the budget fails with ENOMEM and pins nothing; munlock makes them evictable again. */
+static void lock(void) {
+    size_t pinned = 256 * 1024; /* a quarter of the 1 MiB budget */
+    unsigned char *p = malloc(n);
+    fill(p, n, 11);
+    churn();
+    if (mlock(p, pinned) != 0) FAIL("mlock within the budget: %s", strerror(errno));
+    for (int round = 0; round < 3; round++) {
+        churn();
+        if (resident(p, pinned) != pinned / PIECE)
+            FAIL("round %d: %zu of %zu pinned pieces resident", round, resident(p, pinned), pinned / PIECE);
+    }
+    expect("pinned", p, pinned, 11, NULL, 0);
+    /* Writes to pinned pages stay, and so does the pin. */
+    fill(p, pinned, 12);
+    churn();
+    if (resident(p, pinned) != pinned / PIECE) FAIL("written pinned pages were evicted");
+    expect("pinned, written", p, pinned, 12, NULL, 0);
+    if (mlock(p, n) == 0 || errno != ENOMEM) FAIL("mlock beyond the budget must fail with ENOMEM");
+    churn();
+    if (resident(p + pinned, n - pinned) == (n - pinned) / PIECE) FAIL("a refused mlock pinned pages");
+    if (mlockall(MCL_CURRENT) == 0 || errno != ENOMEM) FAIL("mlockall beyond the budget must fail with ENOMEM");
+    if (munlock(p, pinned) != 0) FAIL("munlock: %s", strerror(errno));
+    churn();
+    if (resident(p, pinned) == pinned / PIECE) FAIL("unpinned pages were never evicted");
+    expect("unpinned, evicted", p, pinned, 12, NULL, 0);
+    /* MLOCK_ONFAULT pins pages as they are touched. */
+    if (mlock2(p, pinned, MLOCK_ONFAULT) != 0) FAIL("mlock2: %s", strerror(errno));
+    expect("touched after mlock2(MLOCK_ONFAULT)", p, pinned, 12, NULL, 0);
+    churn();
+    if (resident(p, pinned) != pinned / PIECE) FAIL("pages pinned on fault were evicted");
+    if (munlockall() != 0) FAIL("munlockall: %s", strerror(errno));
+    churn();
+    if (resident(p, pinned) == pinned / PIECE) FAIL("pages stayed pinned after munlockall");
+    free(p);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: memcalls CASE MIB\n"); return 2; }
     n = (size_t)atol(argv[2]) << 20;
@@ -213,6 +260,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "munmap")) unmap_tail();
     else if (!strcmp(c, "mremap")) remap();
     else if (!strcmp(c, "mprotect")) protect();
+    else if (!strcmp(c, "mlock")) lock();
     else { fprintf(stderr, "unknown case %s\n", c); return 2; }
     if (failures) return 1;
     printf("memcalls %s: ok\n", c);

@@ -193,3 +193,132 @@ pub extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int 
         unsafe { real()(s as *mut c_void, n as usize, prot) }
     })
 }
+
+/// Pin or unpin `[addr, addr+len)`: the region part by the pager, the rest by `real`.
+fn lock_range(
+    addr: *const c_void,
+    len: usize,
+    lock: bool,
+    populate: bool,
+    real: impl Fn(u64, u64) -> c_int,
+) -> c_int {
+    // mlock(2) takes whole pages: the start rounded down, the end up.
+    let start = addr as u64 & !(PIECE - 1);
+    let end = (addr as u64).saturating_add(len as u64).div_ceil(PIECE) * PIECE;
+    let Some((rt, a, b)) = region_part(start as *mut c_void, (end - start) as usize) else {
+        return real(addr as u64, len as u64);
+    };
+    if let Err(e) = crate::guard(|| rt.lock(a, b - a, lock, populate)) {
+        set_errno(e);
+        return -1;
+    }
+    outside(start, end, a, b, real)
+}
+
+/// See mlock(2). On the region the pages are pinned by the pager: faulted in now, never
+/// evicted, counted against the budget; more than the budget allows (all but an eighth)
+/// fails with ENOMEM and pins nothing. The kernel never locks the region itself: a locked
+/// page could not be dropped or moved out.
+#[no_mangle]
+pub extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
+    let real = real!(c"mlock", fn(*const c_void, usize) -> c_int);
+    // SAFETY: the caller's own range outside the region.
+    lock_range(addr, len, true, true, |s, n| unsafe {
+        real(s as *const c_void, n as usize)
+    })
+}
+
+/// See mlock2(2): as [`mlock`]; with MLOCK_ONFAULT the pages are pinned as they are touched.
+#[no_mangle]
+pub extern "C" fn mlock2(addr: *const c_void, len: usize, flags: libc::c_uint) -> c_int {
+    let real = real!(c"mlock2", fn(*const c_void, usize, libc::c_uint) -> c_int);
+    let populate = flags & libc::MLOCK_ONFAULT == 0;
+    // SAFETY: the caller's own range outside the region.
+    lock_range(addr, len, true, populate, |s, n| unsafe {
+        real(s as *const c_void, n as usize, flags)
+    })
+}
+
+/// See munlock(2): the region's pages may be evicted again.
+#[no_mangle]
+pub extern "C" fn munlock(addr: *const c_void, len: usize) -> c_int {
+    let real = real!(c"munlock", fn(*const c_void, usize) -> c_int);
+    // SAFETY: the caller's own range outside the region.
+    lock_range(addr, len, false, false, |s, n| unsafe {
+        real(s as *const c_void, n as usize)
+    })
+}
+
+/// See mlockall(2). MCL_CURRENT pins every page of remote memory allocated now (ENOMEM, and
+/// nothing pinned there, beyond the budget) and locks every other mapping of the process
+/// except rmem's own, one mlock(2) each: the kernel's mlockall would populate and lock the
+/// whole region. MCL_FUTURE goes to the kernel for future mappings; future remote allocations
+/// are not pinned.
+#[no_mangle]
+pub extern "C" fn mlockall(flags: c_int) -> c_int {
+    let real = real!(c"mlockall", fn(c_int) -> c_int);
+    let rt = match current() {
+        Some(rt) if !FORKED.load(Relaxed) && !rmem_client::on_pager_thread() => rt,
+        // SAFETY: forwarding the caller's argument unchanged.
+        _ => return unsafe { real(flags) },
+    };
+    if flags & (libc::MCL_CURRENT | libc::MCL_FUTURE) == 0 {
+        // SAFETY: invalid flags: the kernel says so without doing anything.
+        return unsafe { real(flags) };
+    }
+    if flags & libc::MCL_FUTURE != 0 {
+        // SAFETY: without MCL_CURRENT the kernel only marks future mappings.
+        if unsafe { real(flags & !libc::MCL_CURRENT) } != 0 {
+            return -1;
+        }
+    }
+    if flags & libc::MCL_CURRENT == 0 {
+        return 0;
+    }
+    let populate = flags & libc::MCL_ONFAULT == 0;
+    if let Err(e) = crate::guard(|| rt.lock_all(true, populate)) {
+        set_errno(e);
+        return -1;
+    }
+    let lock2 = real!(c"mlock2", fn(*const c_void, usize, libc::c_uint) -> c_int);
+    let mlock_flags = if populate { 0 } else { libc::MLOCK_ONFAULT };
+    for (s, e) in other_mappings() {
+        // SAFETY: locking a mapping of this process outside rmem's.
+        if unsafe { lock2(s as *const c_void, (e - s) as usize, mlock_flags) } != 0 {
+            return -1;
+        }
+    }
+    0
+}
+
+/// See munlockall(2): every page of remote memory may be evicted again.
+#[no_mangle]
+pub extern "C" fn munlockall() -> c_int {
+    let real = real!(c"munlockall", fn() -> c_int);
+    if let Some(rt) = current() {
+        if !FORKED.load(Relaxed) && !rmem_client::on_pager_thread() {
+            let _ = crate::guard(|| rt.lock_all(false, false));
+        }
+    }
+    // SAFETY: no arguments; unlocks the process's other mappings.
+    unsafe { real() }
+}
+
+/// The mappings of this process (from /proc/self/maps) that are not rmem's and can be
+/// locked: not [vsyscall] (no real mapping) and not inaccessible (guard pages, which the
+/// kernel's mlockall passes over).
+fn other_mappings() -> Vec<(u64, u64)> {
+    let rmem = rmem_client::region::reserved();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter(|l| !l.ends_with("[vsyscall]") && !l.contains(" ---p "))
+        .filter_map(|l| {
+            let (s, e) = l.split_once(' ')?.0.split_once('-')?;
+            Some((
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            ))
+        })
+        .filter(|&(s, e)| rmem.iter().all(|&(b, n)| e <= b || s >= b + n))
+        .collect()
+}

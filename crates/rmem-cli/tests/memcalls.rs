@@ -1,6 +1,7 @@
-//! The memory calls programs make on remote memory (madvise, munmap, mremap, mprotect), with the
-//! meaning Linux gives them: real programs under `rmem run`, on buffers bigger than the
-//! budget, as root and as `nobody` (userfaultfd in user-mode-only mode).
+//! The memory calls programs make on remote memory (madvise, munmap, mremap, mprotect,
+//! mlock), with the meaning Linux gives them: real programs under `rmem run`, on buffers
+//! bigger than the budget, as root and as `nobody` (userfaultfd in user-mode-only mode). Each
+//! failed before these calls were honoured (wrong data, or exit 69).
 
 mod common;
 use common::*;
@@ -116,4 +117,17 @@ fn mprotect_is_kept_across_eviction() {
 #[test]
 fn mprotect_is_kept_across_eviction_as_nobody() {
     memcalls("mprotect", true);
+}
+
+/// mlock: pinned pages stay resident through evictions of everything else and keep their
+/// data; beyond the budget mlock and mlockall fail with ENOMEM and pin nothing; munlock,
+/// mlock2(MLOCK_ONFAULT) and munlockall. (It ended with exit 69.)
+#[test]
+fn mlock_pins_within_the_budget() {
+    memcalls("mlock", false);
+}
+
+#[test]
+fn mlock_pins_within_the_budget_as_nobody() {
+    memcalls("mlock", true);
 }

@@ -251,6 +251,18 @@ impl Allocator {
         })
     }
 
+    /// Every run of pages in use (large allocations and pages of small objects), as
+    /// (first page, pages).
+    pub fn runs(&self) -> Vec<(PageIndex, u64)> {
+        let mut runs: Vec<(PageIndex, u64)> = self
+            .large
+            .iter()
+            .map(|(&s, &n)| (PageIndex(s), n))
+            .collect();
+        runs.extend(self.slabs.keys().map(|&p| (PageIndex(p), 1)));
+        runs
+    }
+
     /// Usable bytes of the allocation at `off`, if it is one.
     pub fn usable_size(&self, off: u64) -> Option<u64> {
         let page = off / self.page_size;

@@ -71,6 +71,16 @@ pub enum Command {
         unprotect: bool,
         done: Arc<Done>,
     },
+    /// Pin (`lock`) or unpin `count` pages from `first` (mlock(2), munlock(2)): a pinned page is
+    /// never evicted once resident. Pinning beyond the limit fails with ENOMEM and pins
+    /// nothing; the outcome (0 or an errno) lands in `errno` before `done` is signalled.
+    Lock {
+        first: PageIndex,
+        count: u64,
+        lock: bool,
+        errno: Arc<std::sync::atomic::AtomicI32>,
+        done: Arc<Done>,
+    },
     /// mprotect(2) of `[addr, addr+len)` (4 KiB-aligned, inside the region) to `prot`, done by
     /// the pager so that no eviction is halfway through a page meanwhile; the outcome (0 or an
     /// errno) lands in `errno` before `done` is signalled.
@@ -205,6 +215,10 @@ struct Core {
     prefetcher: Option<Prefetcher>,
     /// Parts of the region the program made other than read-write (mprotect).
     protections: Protections,
+    /// Pages the program pinned (mlock): never in the policy, so never evicted once mapped.
+    locked: HashSet<PageIndex>,
+    /// Most pages pinned at once: the budget less room for everything else.
+    locked_max: u64,
     zeros: Vec<u8>,
 }
 
@@ -212,6 +226,12 @@ struct Core {
 /// up to 15 (one 16-page batch) from 1024 resident pages.
 fn evict_ahead(resident_max: u64) -> u64 {
     (resident_max / 64).min(15)
+}
+
+/// Most pages the program may pin (mlock): an eighth of the resident pages, and at least one,
+/// stay free for faults on everything else.
+fn locked_max(resident_max: u64) -> u64 {
+    resident_max.saturating_sub(resident_max / 8 + 1)
 }
 
 /// The pager thread's state.
@@ -279,6 +299,8 @@ impl Pager {
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 protections: Protections::default(),
+                locked: HashSet::new(),
+                locked_max: locked_max(s.budget_pages - slots),
             },
             store: s.store,
             mailbox: s.mailbox,
@@ -310,6 +332,17 @@ impl Pager {
                         } => {
                             self.core
                                 .release(&mut *self.store, first, count, unprotect)?;
+                            done.signal();
+                        }
+                        Command::Lock {
+                            first,
+                            count,
+                            lock,
+                            errno,
+                            done,
+                        } => {
+                            let e = self.core.lock(first, count, lock);
+                            errno.store(e, Ordering::Release);
                             done.signal();
                         }
                         Command::Protect {
@@ -565,7 +598,7 @@ impl Core {
                 };
                 self.pages.transition(page, state);
                 self.install(page, self.zeros.as_ptr(), !f.write)?;
-                self.policy.insert(page, Admission::ZeroFilled);
+                self.admit(page, Admission::ZeroFilled);
                 if f.write {
                     self.policy.on_write(page);
                 }
@@ -856,7 +889,7 @@ impl Core {
                 };
                 self.pages.transition(page, state);
                 self.install(page, data.as_ptr(), !fill.write)?;
-                self.policy.insert(page, Admission::Fetched);
+                self.admit(page, Admission::Fetched);
                 if fill.write {
                     self.policy.on_write(page);
                 }
@@ -926,7 +959,7 @@ impl Core {
             self.staging
                 .release(leave.slot)
                 .map_err(PagerError::Madvise)?;
-            self.policy.insert(page, Admission::Fetched);
+            self.admit(page, Admission::Fetched);
             Stats::add(&self.stats.faults, 1);
             self.stats.record_fault(want.t0.elapsed());
             // If every other resident page is in flight this stays one over until one lands;
@@ -939,6 +972,38 @@ impl Core {
         }
         self.update_local_bytes();
         Ok(())
+    }
+
+    /// A page just mapped may be evicted from now on, unless the program pinned it.
+    fn admit(&mut self, page: PageIndex, how: Admission) {
+        if !self.locked.contains(&page) {
+            self.policy.insert(page, how);
+        }
+    }
+
+    /// mlock(2)/munlock(2) for the program (`Command::Lock`): 0 or the errno. Pinned pages
+    /// leave the policy; the program's own touch then makes them resident (and counted
+    /// against the budget, which is why their number is bounded).
+    fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> i32 {
+        let pages = (first.0..first.0 + count).map(PageIndex);
+        if lock {
+            let new = pages.clone().filter(|p| !self.locked.contains(p)).count() as u64;
+            if self.locked.len() as u64 + new > self.locked_max {
+                return libc::ENOMEM;
+            }
+            for p in pages {
+                if self.locked.insert(p) {
+                    self.policy.remove(p);
+                }
+            }
+        } else {
+            for p in pages {
+                if self.locked.remove(&p) && self.pages.get(p).is_mapped() {
+                    self.policy.insert(p, Admission::Fetched);
+                }
+            }
+        }
+        0
     }
 
     /// mprotect(2) for the program (`Command::Protect`): 0 or the errno.
@@ -968,6 +1033,8 @@ impl Core {
         }
         for i in 0..count {
             let page = PageIndex(first.0 + i);
+            // Freed memory is unpinned, as munmap(2) unlocks.
+            self.locked.remove(&page);
             match self.pages.get(page) {
                 PageState::Untouched => {}
                 PageState::Remote => {

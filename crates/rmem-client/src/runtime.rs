@@ -382,6 +382,71 @@ impl Runtime {
         Some(p as u64)
     }
 
+    /// mlock(2) (`lock`) or munlock(2) of the pages of `[addr, addr+len)` in the region: pinned
+    /// pages stay resident and count against the budget; pinning more than the budget allows
+    /// (all but an eighth of it) fails with ENOMEM and pins nothing. With `populate` the pages
+    /// are made resident now (touched from this thread), else on first touch (MLOCK_ONFAULT).
+    pub fn lock(&self, addr: u64, len: u64, lock: bool, populate: bool) -> Result<(), i32> {
+        let start = addr.max(self.base);
+        let end = addr.saturating_add(len).min(self.base + self.len);
+        if start >= end {
+            return Ok(());
+        }
+        let ps = self.page_size;
+        let first = (start - self.base) / ps;
+        let count = (end - self.base).div_ceil(ps) - first;
+        self.lock_pages(PageIndex(first), count, lock)?;
+        if lock && populate {
+            self.touch(PageIndex(first), count);
+        }
+        Ok(())
+    }
+
+    /// Fault in `count` pages from `first` from this thread.
+    fn touch(&self, first: PageIndex, count: u64) {
+        for p in first.0..first.0 + count {
+            // SAFETY: a page of the region, which stays mapped; a read only faults it in.
+            unsafe { std::ptr::read_volatile((self.base + p * self.page_size) as *const u8) };
+        }
+    }
+
+    /// mlockall(2) (`lock`) or munlockall(2) for the region: every page allocated now. A
+    /// refusal (ENOMEM) leaves no page pinned by this call.
+    pub fn lock_all(&self, lock: bool, populate: bool) -> Result<(), i32> {
+        let runs = self.alloc.lock().unwrap().runs();
+        for (i, &(first, count)) in runs.iter().enumerate() {
+            if let Err(e) = self.lock_pages(first, count, lock) {
+                for &(f, c) in &runs[..i] {
+                    let _ = self.lock_pages(f, c, false);
+                }
+                return Err(e);
+            }
+        }
+        if lock && populate {
+            for (first, count) in runs {
+                self.touch(first, count);
+            }
+        }
+        Ok(())
+    }
+
+    fn lock_pages(&self, first: PageIndex, count: u64, lock: bool) -> Result<(), i32> {
+        let done = Arc::new(Done::default());
+        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        self.mailbox.send(Command::Lock {
+            first,
+            count,
+            lock,
+            errno: errno.clone(),
+            done: done.clone(),
+        });
+        done.wait();
+        match errno.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
     /// mprotect(2) of `[addr, addr+len)`, 4 KiB-aligned and inside the region, to `prot`:
     /// kept across evictions; a forbidden access is the program's SIGSEGV. Err: the errno.
     pub fn protect(&self, addr: u64, len: u64, prot: i32) -> Result<(), i32> {

@@ -335,3 +335,46 @@ fn protection_is_kept_across_eviction() {
     assert!(writable(ro), "freed memory is read-write again");
     rt.free(q).unwrap();
 }
+
+/// mlock through the runtime: pinned pages stay resident while everything else is evicted,
+/// pinning beyond the budget fails with ENOMEM and pins nothing, unpinned pages leave again.
+#[test]
+fn pinned_pages_stay_resident_within_the_budget() {
+    let ps = 16384;
+    let rt = runtime(ps, 16, 1024);
+    let pages = 64;
+    let p = rt.alloc(pages * ps).unwrap();
+    // SAFETY: p points to pages*ps bytes of live rmem memory.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p, pages * ps) };
+    let resident = |from: usize, n: usize| {
+        let mut v = vec![0u8; n * ps / 4096];
+        // SAFETY: mincore reads page tables of our own mapping into v (one byte per piece).
+        let r = unsafe { libc::mincore(p.add(from * ps).cast(), n * ps, v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v.iter().filter(|&&b| b & 1 != 0).count() * 4096 / ps
+    };
+    let sweep = |mem: &mut [u8], tag: u8| {
+        for c in mem.chunks_mut(ps) {
+            c[9] = tag;
+        }
+    };
+    sweep(mem, 1);
+    rt.lock(p as u64, 4 * ps as u64, true, true).unwrap();
+    assert_eq!(
+        rt.lock(p as u64, 16 * ps as u64, true, true),
+        Err(libc::ENOMEM)
+    );
+    for tag in 2..4 {
+        sweep(mem, tag);
+        assert_eq!(resident(0, 4), 4, "pinned pages resident");
+        assert!(resident(4, 12) < 12, "a refused lock pinned nothing");
+    }
+    rt.lock(p as u64, 4 * ps as u64, false, false).unwrap();
+    sweep(mem, 4);
+    sweep(mem, 5);
+    assert_eq!(resident(0, 4), 0, "unpinned pages evicted");
+    assert!(mem.chunks(ps).all(|c| c[9] == 5));
+    let s = rt.stats();
+    assert!(s.local_bytes_max <= 16 * ps as u64, "{s:?}");
+    rt.free(p).unwrap();
+}
