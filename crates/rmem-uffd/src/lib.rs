@@ -925,4 +925,51 @@ mod tests {
         // SAFETY: unmapping the mapping made above.
         unsafe { libc::munmap(m, len as usize) };
     }
+
+    /// A copy over a range that a mprotect split into two mappings (the kernel answers
+    /// ENOENT: one UFFDIO_COPY must lie in one mapping) installs it a piece at a time.
+    #[test]
+    fn a_copy_over_a_split_mapping_goes_a_piece_at_a_time() {
+        let u = Uffd::open().expect("userfaultfd");
+        let len = 4 * PIECE;
+        // SAFETY: a fresh private anonymous mapping of our own.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let base = m as u64;
+        u.register(base, len).unwrap();
+        // SAFETY: changing the protection of the third piece of our own mapping.
+        let r = unsafe {
+            libc::mprotect(
+                (base + 2 * PIECE) as *mut _,
+                PIECE as usize,
+                libc::PROT_READ,
+            )
+        };
+        assert_eq!(r, 0);
+        let src: Vec<u8> = (0..len).map(|i| (i / PIECE) as u8 + 1).collect();
+        assert_eq!(
+            u.copy(base, src.as_ptr(), len, false).unwrap(),
+            Copied::Whole
+        );
+        for i in 0..4 {
+            let at = base + i * PIECE;
+            assert_eq!(u.is_populated(at), Some(true), "piece {i} installed");
+            // SAFETY: a populated, readable piece of our own mapping.
+            assert_eq!(
+                unsafe { std::ptr::read_volatile(at as *const u8) },
+                i as u8 + 1
+            );
+        }
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(m, len as usize) };
+    }
 }
