@@ -964,10 +964,8 @@ mod tests {
             let at = base + i * PIECE;
             assert_eq!(u.is_populated(at), Some(true), "piece {i} installed");
             // SAFETY: a populated, readable piece of our own mapping.
-            assert_eq!(
-                unsafe { std::ptr::read_volatile(at as *const u8) },
-                i as u8 + 1
-            );
+            let v = unsafe { std::ptr::read_volatile(at as *const u8) };
+            assert_eq!(v, i as u8 + 1, "piece {i}");
         }
         // SAFETY: unmapping the mapping made above.
         unsafe { libc::munmap(m, len as usize) };
