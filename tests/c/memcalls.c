@@ -3,7 +3,8 @@
  * local budget, so the calls meet pages that are resident, clean, dirty and evicted. Checks
  * the data of each case and prints "memcalls CASE: ok" or exits 1.
  *
- *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | munmap | mremap | mprotect | mlock
+ *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | raw-free | munmap | mremap |
+ *                               mprotect | mlock
  *                         (MIB per buffer; run with a local budget of a MiB and 16 KiB pages) */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -99,6 +100,39 @@ static void lazy_free(void) {
     fill(p, n, 4);
     churn();
     expect("written after MADV_FREE, evicted", p, n, 4, NULL, 0);
+    free(p);
+}
+
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+
+/* MADV_FREE by the raw system call on resident clean and dirty pages, then MADV_PAGEOUT so
+ * that the kernel really frees them: what it freed reads as zero, the rest as before, piece
+ * by piece; afterwards the memory is usable as any other. */
+static void raw_lazy_free(void) {
+    unsigned char *p = malloc(n);
+    fill(p, n, 13);
+    churn();
+    size_t from = 3 * PIECE, to = 14 * PIECE;
+    for (size_t i = 0; i < 8 * PIECE; i++) (void)*(volatile unsigned char *)&p[i]; /* clean */
+    for (size_t i = 8 * PIECE; i < 16 * PIECE; i++) p[i] = pattern(i, 13);         /* dirty */
+    if (syscall(SYS_madvise, p + from, to - from, MADV_FREE) != 0) FAIL("raw MADV_FREE: %s", strerror(errno));
+    /* Refused on old kernels; then the kernel frees nothing, which MADV_FREE allows. */
+    (void)syscall(SYS_madvise, p + from, to - from, MADV_PAGEOUT);
+    size_t zeroed = 0;
+    for (size_t k = from / PIECE; k < to / PIECE; k++) {
+        int zero = p[k * PIECE] == 0;
+        zeroed += zero;
+        for (size_t i = k * PIECE; i < (k + 1) * PIECE; i++)
+            if (p[i] != (zero ? 0 : pattern(i, 13))) { FAIL("raw MADV_FREE: byte %zu is %u", i, p[i]); k = to; break; }
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((i < from || i >= to) && p[i] != pattern(i, 13)) { FAIL("raw MADV_FREE: byte %zu outside changed", i); break; }
+    printf("raw MADV_FREE: %zu of %zu pieces freed\n", zeroed, (to - from) / PIECE);
+    fill(p, n, 14);
+    churn();
+    expect("written after a raw MADV_FREE, evicted", p, n, 14, NULL, 0);
     free(p);
 }
 
@@ -257,6 +291,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "madvise")) dontneed(0);
     else if (!strcmp(c, "raw-madvise")) dontneed(1);
     else if (!strcmp(c, "free")) lazy_free();
+    else if (!strcmp(c, "raw-free")) raw_lazy_free();
     else if (!strcmp(c, "munmap")) unmap_tail();
     else if (!strcmp(c, "mremap")) remap();
     else if (!strcmp(c, "mprotect")) protect();

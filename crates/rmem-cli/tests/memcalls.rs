@@ -82,6 +82,19 @@ fn madvise_free_frees_whole_pages_as_nobody() {
     memcalls("free", true);
 }
 
+/// MADV_FREE by the raw system call, then MADV_PAGEOUT so that the kernel frees the pages:
+/// each piece reads as before or as zero (Linux's choice), never anything else, and the
+/// memory is usable afterwards. (A freed piece of a modified page stopped the program.)
+#[test]
+fn raw_madvise_free_gives_old_data_or_zeros() {
+    memcalls("raw-free", false);
+}
+
+#[test]
+fn raw_madvise_free_gives_old_data_or_zeros_as_nobody() {
+    memcalls("raw-free", true);
+}
+
 /// munmap of the tail of a malloc'ed block: the head keeps its data through evictions, the
 /// tail goes back to the allocator, the block can still be freed. (It ended with exit 69.)
 #[test]
