@@ -4,15 +4,18 @@
  * the data of each case and prints "memcalls CASE: ok" or exits 1.
  *
  *   memcalls CASE MIB     CASE: madvise | raw-madvise | free | raw-free | munmap | mremap |
- *                               mprotect | mlock
+ *                               mprotect | mlock | stacks
  *                         (MIB per buffer; run with a local budget of a MiB and 16 KiB pages) */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -284,6 +287,87 @@ static void lock(void) {
     free(p);
 }
 
+/* Stacks in remote memory: threads on malloc'ed stacks (one big, whose top only can be
+ * pinned, and small ones) making system calls with buffers on their stacks and taking
+ * signals there, and an alternate signal stack, all while everything else is evicted. The
+ * kernel writes signal frames and each thread's control block (rseq, the thread id cleared
+ * at exit) itself: unprivileged, that once killed the program with SIGSEGV. */
+static _Atomic int handled;
+static char *alt_lo, *alt_hi;
+
+static void on_signal(int sig) {
+    volatile char buf[1024];
+    memset((char *)buf, sig, sizeof buf);
+    if (sig == SIGUSR1 && ((char *)buf < alt_lo || (char *)buf >= alt_hi)) FAIL("handler not on the alternate stack");
+    if (buf[sizeof buf - 1] == sig) handled++;
+}
+
+static long deep(int d) {
+    volatile char a[512];
+    a[0] = (char)d;
+    if (d == 0) { churn(); return 0; }
+    return deep(d - 1) + a[0];
+}
+
+static void *stack_worker(void *arg) {
+    (void)arg;
+    char buf[4096];
+    int fd = open("/dev/zero", O_RDONLY);
+    for (int r = 0; r < 10; r++) {
+        memset(buf, 1, sizeof buf);
+        churn();
+        if (read(fd, buf, sizeof buf) != (ssize_t)sizeof buf || buf[100] != 0) FAIL("read into a stack buffer");
+        struct timespec ts = {0, 1000};
+        churn();
+        if (nanosleep(&ts, NULL) != 0 && errno != EINTR) FAIL("nanosleep with its argument on the stack: %s", strerror(errno));
+        if (deep(100) != 5050) FAIL("deep recursion lost data");
+    }
+    close(fd);
+    return arg;
+}
+
+static void stacks(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_ONSTACK;
+    sigaction(SIGUSR1, &sa, NULL);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &sa, NULL);
+    size_t alt = 64 * 1024;
+    stack_t ss = {.ss_sp = malloc(alt), .ss_size = alt, .ss_flags = 0};
+    alt_lo = ss.ss_sp;
+    alt_hi = alt_lo + alt;
+    if (sigaltstack(&ss, NULL) != 0) FAIL("sigaltstack: %s", strerror(errno));
+    for (int i = 0; i < 5; i++) { churn(); raise(SIGUSR1); }
+    if (handled != 5) FAIL("%d of 5 signals handled on the alternate stack", handled);
+    enum { THREADS = 4 };
+    size_t sizes[THREADS] = {n / 2, 64 * 1024, 64 * 1024, 128 * 1024};
+    pthread_t t[THREADS];
+    void *mem[THREADS];
+    for (long i = 0; i < THREADS; i++) {
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        mem[i] = malloc(sizes[i]);
+        if (pthread_attr_setstack(&a, mem[i], sizes[i]) != 0) FAIL("pthread_attr_setstack");
+        if (pthread_create(&t[i], &a, stack_worker, (void *)i) != 0) FAIL("pthread_create");
+        pthread_attr_destroy(&a);
+    }
+    int sent = 0;
+    for (int k = 0; k < 20; k++) {
+        for (int i = 0; i < THREADS; i++)
+            if (pthread_kill(t[i], SIGUSR2) == 0) sent++;
+        churn();
+    }
+    for (long i = 0; i < THREADS; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        if (r != (void *)i) FAIL("thread %ld returned %p", i, r);
+        free(mem[i]);
+    }
+    if (handled < 5 + 1) FAIL("no signal handled on a thread stack (%d sent)", sent);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: memcalls CASE MIB\n"); return 2; }
     n = (size_t)atol(argv[2]) << 20;
@@ -296,6 +380,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "mremap")) remap();
     else if (!strcmp(c, "mprotect")) protect();
     else if (!strcmp(c, "mlock")) lock();
+    else if (!strcmp(c, "stacks")) stacks();
     else { fprintf(stderr, "unknown case %s\n", c); return 2; }
     if (failures) return 1;
     printf("memcalls %s: ok\n", c);

@@ -36,11 +36,11 @@ pub fn next_symbol(name: &CStr) -> usize {
 /// Declare `$name` as an interposer and `real` as the C library's definition.
 macro_rules! real {
     ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
-        static REAL: AtomicUsize = AtomicUsize::new(0);
-        let mut f = REAL.load(Relaxed);
+        static REAL: ::std::sync::atomic::AtomicUsize = ::std::sync::atomic::AtomicUsize::new(0);
+        let mut f = REAL.load(::std::sync::atomic::Ordering::Relaxed);
         if f == 0 {
             f = $crate::io::next_symbol($name);
-            REAL.store(f, Relaxed);
+            REAL.store(f, ::std::sync::atomic::Ordering::Relaxed);
         }
         // SAFETY: f is the C library's definition of this very function, same signature.
         unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(f) }

@@ -7,14 +7,16 @@
 //!
 //! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
 //! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode,
-//! [`mem`] the memory calls (madvise, munmap, mremap, mprotect) on remote memory, and [`fork`] what a
-//! fork() child sees. A constructor starts the runtime before any constructor
-//! of the program when `rmem run` asks for transparent mode.
+//! [`mem`] the memory calls (madvise, munmap, mremap, mprotect, mlock) on remote memory,
+//! [`stack`] stacks in remote memory, and [`fork`] what a fork() child sees. A constructor
+//! starts the runtime before any constructor of the program when `rmem run` asks for
+//! transparent mode.
 
 mod fork;
 mod io;
 mod malloc;
 mod mem;
+mod stack;
 
 #[global_allocator]
 static ALLOC: malloc::LibcAlloc = malloc::LibcAlloc;

@@ -1,7 +1,7 @@
 //! The memory calls programs make on remote memory (madvise, munmap, mremap, mprotect,
-//! mlock), with the meaning Linux gives them: real programs under `rmem run`, on buffers
-//! bigger than the budget, as root and as `nobody` (userfaultfd in user-mode-only mode). Each
-//! failed before these calls were honoured (wrong data, or exit 69).
+//! mlock) and stacks there, with the meaning Linux gives them: real programs under `rmem
+//! run`, on buffers bigger than the budget, as root and as `nobody` (userfaultfd in
+//! user-mode-only mode). Each failed before (wrong data, exit 69, or SIGSEGV).
 
 mod common;
 use common::*;
@@ -143,4 +143,18 @@ fn mlock_pins_within_the_budget() {
 #[test]
 fn mlock_pins_within_the_budget_as_nobody() {
     memcalls("mlock", true);
+}
+
+/// Stacks in remote memory: threads on malloc'ed stacks (one too big to pin whole) making
+/// system calls with stack buffers and taking signals on their stacks, and an alternate
+/// signal stack, while everything else is evicted. (Unprivileged, the kernel's own writes
+/// there killed the program with SIGSEGV.)
+#[test]
+fn threads_on_remote_stacks_and_sigaltstack() {
+    memcalls("stacks", false);
+}
+
+#[test]
+fn threads_on_remote_stacks_and_sigaltstack_as_nobody() {
+    memcalls("stacks", true);
 }

@@ -341,7 +341,7 @@ impl Pager {
                             errno,
                             done,
                         } => {
-                            let e = self.core.lock(first, count, lock);
+                            let e = self.core.lock(first, count, lock)?;
                             errno.store(e, Ordering::Release);
                             done.signal();
                         }
@@ -591,15 +591,17 @@ impl Core {
                     self.blocked.push_back((f, t0));
                     return Ok(());
                 }
-                let state = if f.write {
+                // A pinned page is installed writable: the kernel may write it on its own.
+                let write = f.write || self.locked.contains(&page);
+                let state = if write {
                     PageState::Dirty
                 } else {
                     PageState::ZeroClean
                 };
                 self.pages.transition(page, state);
-                self.install(page, self.zeros.as_ptr(), !f.write)?;
+                self.install(page, self.zeros.as_ptr(), !write)?;
                 self.admit(page, Admission::ZeroFilled);
-                if f.write {
+                if write {
                     self.policy.on_write(page);
                 }
                 Stats::add(&self.stats.zero_fills, 1);
@@ -882,15 +884,16 @@ impl Core {
                     self.uffd.wake(addr, ps)?;
                     return Ok(());
                 }
-                let state = if fill.write {
+                let write = fill.write || self.locked.contains(&page);
+                let state = if write {
                     PageState::Dirty
                 } else {
                     PageState::Clean
                 };
                 self.pages.transition(page, state);
-                self.install(page, data.as_ptr(), !fill.write)?;
+                self.install(page, data.as_ptr(), !write)?;
                 self.admit(page, Admission::Fetched);
-                if fill.write {
+                if write {
                     self.policy.on_write(page);
                 }
                 Stats::add(&self.stats.swap_ins, 1);
@@ -947,7 +950,8 @@ impl Core {
                 continue;
             }
             let want = leave.wanted.expect("reinstalled page was wanted");
-            let state = if want.write {
+            let write = want.write || self.locked.contains(&page);
+            let state = if write {
                 PageState::Dirty
             } else {
                 PageState::Clean
@@ -955,7 +959,7 @@ impl Core {
             self.pages.transition(page, state);
             // SAFETY: the slot holds the page's contents until released just below.
             let src = unsafe { self.staging.bytes(leave.slot) }.as_ptr();
-            self.install(page, src, !want.write)?;
+            self.install(page, src, !write)?;
             self.staging
                 .release(leave.slot)
                 .map_err(PagerError::Madvise)?;
@@ -983,17 +987,25 @@ impl Core {
 
     /// mlock(2)/munlock(2) for the program (`Command::Lock`): 0 or the errno. Pinned pages
     /// leave the policy; the program's own touch then makes them resident (and counted
-    /// against the budget, which is why their number is bounded).
-    fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> i32 {
+    /// against the budget, which is why their number is bounded). They are kept writable
+    /// (dirty), as Linux's mlock populates a writable mapping for writing: the kernel may
+    /// write them on its own (a signal frame, a thread's rseq area), and in user-mode-only
+    /// mode it cannot take a write-protect fault.
+    fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> Result<i32, PagerError> {
         let pages = (first.0..first.0 + count).map(PageIndex);
         if lock {
             let new = pages.clone().filter(|p| !self.locked.contains(p)).count() as u64;
             if self.locked.len() as u64 + new > self.locked_max {
-                return libc::ENOMEM;
+                return Ok(libc::ENOMEM);
             }
             for p in pages {
                 if self.locked.insert(p) {
                     self.policy.remove(p);
+                    if matches!(self.pages.get(p), PageState::ZeroClean | PageState::Clean) {
+                        self.pages.transition(p, PageState::Dirty);
+                        self.uffd
+                            .write_protect(self.addr(p), self.ps(), false, false)?;
+                    }
                 }
             }
         } else {
@@ -1003,7 +1015,7 @@ impl Core {
                 }
             }
         }
-        0
+        Ok(0)
     }
 
     /// mprotect(2) for the program (`Command::Protect`): 0 or the errno.
