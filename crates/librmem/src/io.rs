@@ -60,9 +60,9 @@ fn needs_prefault(buf: *const c_void, len: usize) -> bool {
 
 /// Fault in every DLM page of `[buf, buf+len)` that lies in the region, from this thread.
 /// `for_write`: the kernel will write the buffer, so the pages must be writable (dirty).
-/// Every 4 KiB piece is touched, not only the first of each DLM page: a page has been seen
-/// (rarely, under load) with part of it gone from the page tables, and a touch of the
-/// missing part is what lets the pager notice and fetch it again.
+/// Every 4 KiB piece is touched, not only the first of each DLM page: a piece the program
+/// dropped itself with a raw madvise(2) is missing from a page the pager holds as mapped, and
+/// a touch of it is what lets the pager give it zeros (the kernel would get EFAULT).
 fn prefault(buf: *const c_void, len: usize, for_write: bool) {
     let page = 4096;
     let (start, end) = (buf as u64, buf as u64 + len as u64);
@@ -889,21 +889,3 @@ fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread(3).
     __fread_chk, c"__fread_chk");
 fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread_unlocked(3).
     __fread_unlocked_chk, c"__fread_unlocked_chk");
-
-/// See madvise(2). Advice on the region is rmem's business: the pager decides what is
-/// resident, and advice would split the region's mapping into pieces that a page can straddle
-/// (numpy asks for MADV_HUGEPAGE on its large arrays). It is accepted and ignored; the
-/// contents stay as they are, which every advice allows except MADV_DONTNEED's zero-fill
-/// (malloc'ed memory does not promise that).
-#[no_mangle]
-pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    if len > 0 {
-        let (a, b) = (addr as u64, addr as u64 + len as u64 - 1);
-        if region_contains(a) || region_contains(b) || crate::region_within(a, b) {
-            return 0;
-        }
-    }
-    let f = real!(c"madvise", fn(*mut c_void, usize, c_int) -> c_int);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { f(addr, len, advice) }
-}

@@ -7,15 +7,19 @@
 //!
 //! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
 //! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode,
-//! [`fork`] what a fork() child sees, and [`signals`] keeps rmem's SIGSEGV/SIGBUS handler first
-//! whatever the program does with those signals. A constructor starts the runtime before any constructor
-//! of the program when `rmem run` asks for transparent mode.
+//! [`mem`] the memory calls (madvise, munmap, mremap, mprotect, mlock) on remote memory,
+//! [`stack`] stacks in remote memory, [`fork`] what a fork() child sees, and [`signals`] keeps
+//! rmem's SIGSEGV/SIGBUS handler first whatever the program does with those signals. A
+//! constructor starts the runtime before any constructor of the program when `rmem run` asks
+//! for transparent mode.
 
 mod fds;
 mod fork;
 mod io;
 mod malloc;
+mod mem;
 mod signals;
+mod stack;
 
 #[global_allocator]
 static ALLOC: malloc::LibcAlloc = malloc::LibcAlloc;
@@ -62,14 +66,14 @@ pub(crate) fn report(msg: &str) {
     eprintln!("rmem: {msg}");
 }
 
-fn current() -> Option<&'static Runtime> {
+pub(crate) fn current() -> Option<&'static Runtime> {
     let p = RUNTIME.load(Ordering::Acquire);
     // SAFETY: non-null values are leaked Box<Runtime>s that are never freed.
     (!p.is_null()).then(|| unsafe { &*p })
 }
 
 /// Run `f`, turning a panic into an abort: unwinding into C is undefined behaviour.
-fn guard<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn guard<T>(f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {

@@ -348,16 +348,17 @@ fn summary(json: &str, elapsed: Duration) -> String {
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let repairs = match n("repairs") {
+    let replaced = match n("pieces_replaced") {
         0 => String::new(),
         r => format!(
-            "\nrmem: {r} pages found partly missing from the page tables were fetched again"
+            "\nrmem: {r} pieces of 4 KiB were found mapped in pages rmem held as missing and \
+             were replaced (something maps memory in rmem's region behind it: please report)"
         ),
     };
     format!(
         "rmem: {:.2} s, {} faults ({} swap-ins, {} zero-fills), {} swap-outs, {} evictions\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
-         rmem: fault latency p50 {:.1} us, p99 {:.1} us{repairs}",
+         rmem: fault latency p50 {:.1} us, p99 {:.1} us{replaced}",
         elapsed.as_secs_f64(),
         n("faults"),
         n("swap_ins"),

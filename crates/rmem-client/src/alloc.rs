@@ -36,7 +36,8 @@ pub struct Allocator {
     top: u64,
     free_by_start: BTreeMap<u64, u64>,
     free_by_len: BTreeSet<(u64, u64)>,
-    large: HashMap<u64, u64>,
+    /// Large runs by first page (ordered, to find the run that holds an address).
+    large: BTreeMap<u64, u64>,
     slabs: HashMap<u64, Slab>,
     /// Per class: pages with a free slot.
     partial: Vec<BTreeSet<u64>>,
@@ -57,7 +58,7 @@ impl Allocator {
             top: 0,
             free_by_start: BTreeMap::new(),
             free_by_len: BTreeSet::new(),
-            large: HashMap::new(),
+            large: BTreeMap::new(),
             slabs: HashMap::new(),
             partial: vec![BTreeSet::new(); classes],
             committed: 0,
@@ -243,6 +244,47 @@ impl Allocator {
         Ok(None)
     }
 
+    /// The large allocation that holds byte offset `off`: its offset and length in bytes.
+    pub fn block_of(&self, off: u64) -> Option<(u64, u64)> {
+        let page = off / self.page_size;
+        let (&start, &n) = self.large.range(..=page).next_back()?;
+        (page < start + n).then(|| (start * self.page_size, n * self.page_size))
+    }
+
+    /// Keep the first `keep` bytes (rounded up to whole pages, at least one) of the large
+    /// allocation at byte offset `off` and give back the rest, as munmap(2) or mremap(2) of
+    /// its tail do. Returns the pages to release: None when nothing is given back or `off`
+    /// is not a large allocation.
+    pub fn shrink(&mut self, off: u64, keep: u64) -> Option<Freed> {
+        if !off.is_multiple_of(self.page_size) {
+            return None;
+        }
+        let page = off / self.page_size;
+        let n = *self.large.get(&page)?;
+        let kept = keep.div_ceil(self.page_size).max(1);
+        if kept >= n {
+            return None;
+        }
+        self.large.insert(page, kept);
+        self.give_back_run(page + kept, n - kept);
+        Some(Freed {
+            first: PageIndex(page + kept),
+            count: n - kept,
+        })
+    }
+
+    /// Every run of pages in use (large allocations and pages of small objects), as
+    /// (first page, pages).
+    pub fn runs(&self) -> Vec<(PageIndex, u64)> {
+        let mut runs: Vec<(PageIndex, u64)> = self
+            .large
+            .iter()
+            .map(|(&s, &n)| (PageIndex(s), n))
+            .collect();
+        runs.extend(self.slabs.keys().map(|&p| (PageIndex(p), 1)));
+        runs
+    }
+
     /// Usable bytes of the allocation at `off`, if it is one.
     pub fn usable_size(&self, off: u64) -> Option<u64> {
         let page = off / self.page_size;
@@ -279,6 +321,29 @@ mod tests {
         a.free(z).unwrap();
         assert_eq!(a.committed_bytes(), 0);
         assert_eq!(a.top, 0, "everything coalesced back to the top");
+    }
+
+    #[test]
+    fn a_tail_given_back_is_reused_and_the_head_stays() {
+        let mut a = Allocator::new(4096, 1000, 1000);
+        let (x, _) = a.alloc(8 * 4096).unwrap();
+        assert_eq!(a.block_of(x + 5 * 4096 + 7), Some((x, 8 * 4096)));
+        assert_eq!(a.block_of(x + 8 * 4096), None);
+        assert_eq!(
+            a.shrink(x, 3 * 4096 - 100),
+            Some(Freed {
+                first: PageIndex(3),
+                count: 5
+            })
+        );
+        assert_eq!(a.usable_size(x), Some(3 * 4096));
+        assert_eq!(a.committed_bytes(), 3 * 4096);
+        assert_eq!(a.shrink(x, 3 * 4096), None, "nothing more to give back");
+        let (y, _) = a.alloc(5 * 4096).unwrap();
+        assert_eq!(y, 3 * 4096, "the tail is reused");
+        a.free(x).unwrap();
+        a.free(y).unwrap();
+        assert_eq!(a.committed_bytes(), 0);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod config;
 pub mod pager;
 pub mod pages;
 pub mod prefetch;
+pub mod protect;
 pub mod region;
 pub mod runtime;
 pub mod stats;

@@ -22,13 +22,14 @@
 
 use crate::pages::{PageState, PageTable};
 use crate::prefetch::Prefetcher;
+use crate::protect::{Protections, READ_WRITE};
 use crate::region::{Dropper, Geometry, Mapping, Staging};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
 use rmem_policy::{Admission, Policy};
-use rmem_uffd::{fds, Fault, Uffd, UffdError};
+use rmem_uffd::{fds, Copied, Fault, Uffd, UffdError, PIECE};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::BufWriter;
@@ -48,10 +49,12 @@ pub enum PagerError {
     Stuck(String),
     #[error("madvise on the region failed")]
     Madvise(#[source] std::io::Error),
+    #[error("mprotect on the region failed")]
+    Mprotect(#[source] std::io::Error),
     #[error("cannot write the reference trace")]
     Trace(#[source] std::io::Error),
-    #[error("part of modified page {page} (address {addr:#x}) vanished from the page tables: its contents are lost")]
-    Lost { page: u64, addr: u64 },
+    #[error("4 KiB piece at {addr:#x} of page {page} stays populated after it was dropped")]
+    Populated { page: u64, addr: u64 },
 }
 
 /// The reference trace being recorded (`rmem run --trace`), and when it started.
@@ -60,9 +63,32 @@ pub type TraceOut = (TraceWriter<BufWriter<File>>, Instant);
 /// A request from a program thread to the pager.
 pub enum Command {
     /// The program freed these pages: drop them locally and remotely; they read as zero again.
+    /// With `unprotect`, parts the program made other than read-write become read-write (the
+    /// memory goes back to the allocator); without, they keep their protection (madvise).
     Release {
         first: PageIndex,
         count: u64,
+        unprotect: bool,
+        done: Arc<Done>,
+    },
+    /// Pin (`lock`) or unpin `count` pages from `first` (mlock(2), munlock(2)): a pinned page is
+    /// never evicted once resident. Pinning beyond the limit fails with ENOMEM and pins
+    /// nothing; the outcome (0 or an errno) lands in `errno` before `done` is signalled.
+    Lock {
+        first: PageIndex,
+        count: u64,
+        lock: bool,
+        errno: Arc<std::sync::atomic::AtomicI32>,
+        done: Arc<Done>,
+    },
+    /// mprotect(2) of `[addr, addr+len)` (4 KiB-aligned, inside the region) to `prot`, done by
+    /// the pager so that no eviction is halfway through a page meanwhile; the outcome (0 or an
+    /// errno) lands in `errno` before `done` is signalled.
+    Protect {
+        addr: u64,
+        len: u64,
+        prot: i32,
+        errno: Arc<std::sync::atomic::AtomicI32>,
         done: Arc<Done>,
     },
     Stop {
@@ -203,6 +229,12 @@ struct Core {
     blocked: VecDeque<(Fault, Instant)>,
     /// Stride detector, when prefetching is on.
     prefetcher: Option<Prefetcher>,
+    /// Parts of the region the program made other than read-write (mprotect).
+    protections: Protections,
+    /// Pages the program pinned (mlock): never in the policy, so never evicted once mapped.
+    locked: HashSet<PageIndex>,
+    /// Most pages pinned at once: the budget less room for everything else.
+    locked_max: u64,
     zeros: Vec<u8>,
 }
 
@@ -210,6 +242,12 @@ struct Core {
 /// up to 15 (one 16-page batch) from 1024 resident pages.
 fn evict_ahead(resident_max: u64) -> u64 {
     (resident_max / 64).min(15)
+}
+
+/// Most pages the program may pin (mlock): an eighth of the resident pages, and at least one,
+/// stay free for faults on everything else.
+fn locked_max(resident_max: u64) -> u64 {
+    resident_max.saturating_sub(resident_max / 8 + 1)
 }
 
 /// The pager thread's state.
@@ -276,6 +314,9 @@ impl Pager {
                 blocked: VecDeque::new(),
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
+                protections: Protections::default(),
+                locked: HashSet::new(),
+                locked_max: locked_max(s.budget_pages - slots),
             },
             store: s.store,
             mailbox: s.mailbox,
@@ -299,8 +340,35 @@ impl Pager {
             if self.mailbox.pending.load(Ordering::Acquire) {
                 for cmd in self.mailbox.take() {
                     match cmd {
-                        Command::Release { first, count, done } => {
-                            self.core.release(&mut *self.store, first, count)?;
+                        Command::Release {
+                            first,
+                            count,
+                            unprotect,
+                            done,
+                        } => {
+                            self.core
+                                .release(&mut *self.store, first, count, unprotect)?;
+                            done.signal();
+                        }
+                        Command::Lock {
+                            first,
+                            count,
+                            lock,
+                            errno,
+                            done,
+                        } => {
+                            let e = self.core.lock(first, count, lock)?;
+                            errno.store(e, Ordering::Release);
+                            done.signal();
+                        }
+                        Command::Protect {
+                            addr,
+                            len,
+                            prot,
+                            errno,
+                            done,
+                        } => {
+                            errno.store(self.core.protect(addr, len, prot), Ordering::Release);
                             done.signal();
                         }
                         Command::Stop { done } => {
@@ -472,6 +540,64 @@ impl Core {
         self.uffd.is_populated(addr & !4095) == Some(false)
     }
 
+    /// Install the contents of `page`, which the pager holds as missing, from `src`,
+    /// write-protected if `write_protect`.
+    ///
+    /// The pager maps pages whole and drops or moves them whole, so no piece of a missing
+    /// page can be populated by rmem; one that is (`Copied::Around`) was put there behind
+    /// rmem's back and does not hold the page's contents. It is dropped and installed like the
+    /// rest. Only those pieces are touched: a thread may already use the others.
+    fn install(
+        &mut self,
+        page: PageIndex,
+        src: *const u8,
+        write_protect: bool,
+    ) -> Result<(), PagerError> {
+        let addr = self.addr(page);
+        let Copied::Around(present) = self.uffd.copy(addr, src, self.ps(), write_protect)? else {
+            return Ok(());
+        };
+        Stats::add(&self.stats.pieces_replaced, present.len() as u64);
+        for off in present {
+            self.region
+                .discard(addr + off, PIECE)
+                .map_err(PagerError::Madvise)?;
+            let again = self.uffd.copy(
+                addr + off,
+                src.wrapping_add(off as usize),
+                PIECE,
+                write_protect,
+            )?;
+            if again != Copied::Whole {
+                return Err(PagerError::Populated {
+                    page: page.0,
+                    addr: addr + off,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The 4 KiB piece at `fault_addr` of a page the pager holds as mapped is missing from the
+    /// page tables. rmem maps, drops and moves pages whole and librmem's `madvise` never
+    /// reaches the kernel for the region, so the program dropped the piece itself with a raw
+    /// madvise(2) system call (MADV_DONTNEED, or MADV_FREE that the kernel acted on). Linux
+    /// gives zeros there: so does rmem. The page then differs from any copy on a server, so it
+    /// becomes dirty (and wholly writable, as a dirty page is).
+    fn zero_piece(&mut self, page: PageIndex, fault_addr: u64) -> Result<(), PagerError> {
+        let piece = fault_addr & !(PIECE - 1);
+        // `Around` here means the piece was populated meanwhile: that is all the fault needs.
+        let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
+        if self.pages.get(page) != PageState::Dirty {
+            self.pages.transition(page, PageState::Dirty);
+            self.policy.on_write(page);
+            self.uffd
+                .write_protect(self.addr(page), self.ps(), false, false)?;
+        }
+        Stats::add(&self.stats.pieces_zeroed, 1);
+        Ok(())
+    }
+
     fn update_local_bytes(&self) {
         // Mapped, filling and staged pages: everything that holds local memory.
         self.stats
@@ -498,15 +624,17 @@ impl Core {
                     self.blocked.push_back((f, t0));
                     return Ok(());
                 }
-                let state = if f.write {
+                // A pinned page is installed writable: the kernel may write it on its own.
+                let write = f.write || self.locked.contains(&page);
+                let state = if write {
                     PageState::Dirty
                 } else {
                     PageState::ZeroClean
                 };
                 self.pages.transition(page, state);
-                self.uffd.copy(addr, self.zeros.as_ptr(), ps, !f.write)?;
-                self.policy.insert(page, Admission::ZeroFilled);
-                if f.write {
+                self.install(page, self.zeros.as_ptr(), !write)?;
+                self.admit(page, Admission::ZeroFilled);
+                if write {
                     self.policy.on_write(page);
                 }
                 Stats::add(&self.stats.zero_fills, 1);
@@ -582,16 +710,7 @@ impl Core {
                 // except when faults arrive by signal (write_protect is then a guess).
                 let maybe_missing = !f.write_protect || self.uffd.by_signal();
                 if maybe_missing && self.piece_missing(f.address) {
-                    // Part of a page installed whole has gone from the page tables (seen
-                    // rarely under load; cause unknown: see README's Troubleshooting). Its
-                    // contents are on the servers (or zero): drop the rest and let the thread
-                    // fault the whole page in again.
-                    Stats::add(&self.stats.repairs, 1);
-                    self.policy.remove(page);
-                    self.drops.push(page);
-                    self.drop_clean()?;
-                    self.update_local_bytes();
-                    self.uffd.wake(addr, ps)?;
+                    self.zero_piece(page, f.address)?;
                 } else if f.write_protect {
                     self.pages.transition(page, PageState::Dirty);
                     self.policy.on_write(page);
@@ -604,13 +723,10 @@ impl Core {
             }
             PageState::Dirty => {
                 if self.piece_missing(f.address) {
-                    // As above, but the missing part's contents existed only here.
-                    return Err(PagerError::Lost {
-                        page: page.0,
-                        addr: f.address,
-                    });
+                    self.zero_piece(page, f.address)?;
+                } else {
+                    self.uffd.wake(addr, ps)?
                 }
-                self.uffd.wake(addr, ps)?
             }
             PageState::Leaving => {
                 self.pages.transition(page, PageState::LeavingWanted);
@@ -763,10 +879,20 @@ impl Core {
             .staging
             .take()
             .expect("pick_victim checked for a free slot");
+        let addr = self.addr(v);
+        // UFFDIO_MOVE moves only between writable mappings: a page the program made
+        // read-only (or inaccessible) is writable for the move, and gets its protection back
+        // as soon as it is out (a program write in between would not fault: a known gap).
+        let prot = self.protections.within(addr, addr + ps);
+        if !prot.is_empty() {
+            mprotect(addr, ps, READ_WRITE).map_err(PagerError::Mprotect)?;
+        }
         // Parts of the page the program discarded (madvise) arrive as zero pages, so the
         // slot is whole and the pager never faults on it.
-        self.uffd
-            .move_range(self.staging.addr(slot), self.addr(v), ps)?;
+        self.uffd.move_range(self.staging.addr(slot), addr, ps)?;
+        for (s, e, p) in prot {
+            mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
+        }
         self.pages.transition(v, PageState::Leaving);
         self.leaving.insert(v, Leave { slot, wanted: None });
         Stats::add(&self.stats.evictions, 1);
@@ -791,15 +917,16 @@ impl Core {
                     self.uffd.wake(addr, ps)?;
                     return Ok(());
                 }
-                let state = if fill.write {
+                let write = fill.write || self.locked.contains(&page);
+                let state = if write {
                     PageState::Dirty
                 } else {
                     PageState::Clean
                 };
                 self.pages.transition(page, state);
-                self.uffd.copy(addr, data.as_ptr(), ps, !fill.write)?;
-                self.policy.insert(page, Admission::Fetched);
-                if fill.write {
+                self.install(page, data.as_ptr(), !write)?;
+                self.admit(page, Admission::Fetched);
+                if write {
                     self.policy.on_write(page);
                 }
                 Stats::add(&self.stats.swap_ins, 1);
@@ -856,7 +983,8 @@ impl Core {
                 continue;
             }
             let want = leave.wanted.expect("reinstalled page was wanted");
-            let state = if want.write {
+            let write = want.write || self.locked.contains(&page);
+            let state = if write {
                 PageState::Dirty
             } else {
                 PageState::Clean
@@ -864,12 +992,11 @@ impl Core {
             self.pages.transition(page, state);
             // SAFETY: the slot holds the page's contents until released just below.
             let src = unsafe { self.staging.bytes(leave.slot) }.as_ptr();
-            self.uffd
-                .copy(self.addr(page), src, self.ps(), !want.write)?;
+            self.install(page, src, !write)?;
             self.staging
                 .release(leave.slot)
                 .map_err(PagerError::Madvise)?;
-            self.policy.insert(page, Admission::Fetched);
+            self.admit(page, Admission::Fetched);
             Stats::add(&self.stats.faults, 1);
             self.stats.record_fault(want.t0.elapsed());
             // If every other resident page is in flight this stays one over until one lands;
@@ -884,15 +1011,75 @@ impl Core {
         Ok(())
     }
 
+    /// A page just mapped may be evicted from now on, unless the program pinned it.
+    fn admit(&mut self, page: PageIndex, how: Admission) {
+        if !self.locked.contains(&page) {
+            self.policy.insert(page, how);
+        }
+    }
+
+    /// mlock(2)/munlock(2) for the program (`Command::Lock`): 0 or the errno. Pinned pages
+    /// leave the policy; the program's own touch then makes them resident (and counted
+    /// against the budget, which is why their number is bounded). They are kept writable
+    /// (dirty), as Linux's mlock populates a writable mapping for writing: the kernel may
+    /// write them on its own (a signal frame, a thread's rseq area), and in user-mode-only
+    /// mode it cannot take a write-protect fault.
+    fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> Result<i32, PagerError> {
+        let pages = (first.0..first.0 + count).map(PageIndex);
+        if lock {
+            let new = pages.clone().filter(|p| !self.locked.contains(p)).count() as u64;
+            if self.locked.len() as u64 + new > self.locked_max {
+                return Ok(libc::ENOMEM);
+            }
+            for p in pages {
+                if self.locked.insert(p) {
+                    self.policy.remove(p);
+                    if matches!(self.pages.get(p), PageState::ZeroClean | PageState::Clean) {
+                        self.pages.transition(p, PageState::Dirty);
+                        self.uffd
+                            .write_protect(self.addr(p), self.ps(), false, false)?;
+                    }
+                }
+            }
+        } else {
+            for p in pages {
+                if self.locked.remove(&p) && self.pages.get(p).is_mapped() {
+                    self.policy.insert(p, Admission::Fetched);
+                }
+            }
+        }
+        Ok(0)
+    }
+
+    /// mprotect(2) for the program (`Command::Protect`): 0 or the errno.
+    fn protect(&mut self, addr: u64, len: u64, prot: i32) -> i32 {
+        match mprotect(addr, len, prot) {
+            Ok(()) => {
+                self.protections.set(addr, addr + len, prot);
+                0
+            }
+            Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
+        }
+    }
+
     /// The program freed `count` pages from `first`: they become untouched (zero) again.
     fn release(
         &mut self,
         store: &mut dyn PageStore,
         first: PageIndex,
         count: u64,
+        unprotect: bool,
     ) -> Result<(), PagerError> {
+        let ps = self.ps();
+        let (start, end) = (self.addr(first), self.addr(first) + count * ps);
+        if unprotect && !self.protections.within(start, end).is_empty() {
+            mprotect(start, end - start, READ_WRITE).map_err(PagerError::Mprotect)?;
+            self.protections.set(start, end, READ_WRITE);
+        }
         for i in 0..count {
             let page = PageIndex(first.0 + i);
+            // Freed memory is unpinned, as munmap(2) unlocks.
+            self.locked.remove(&page);
             match self.pages.get(page) {
                 PageState::Untouched => {}
                 PageState::Remote => {
@@ -909,11 +1096,20 @@ impl Core {
                 }
             }
         }
-        let ps = self.ps();
         self.region
             .discard(self.addr(first), count * ps)
             .map_err(PagerError::Madvise)?;
         self.update_local_bytes();
         Ok(())
     }
+}
+
+/// mprotect(2) by system call: librmem interposes the `mprotect` symbol for the program.
+fn mprotect(addr: u64, len: u64, prot: i32) -> std::io::Result<()> {
+    // SAFETY: changes only the protection of a range of the region, which the pager owns;
+    // the kernel validates the range.
+    if unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -4,6 +4,16 @@
 use crate::PageIndex;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
+
+/// Every mapping rmem has reserved and not yet unmapped, as (start, length): what the
+/// program's mlockall(2) must leave alone (locking would populate them and pin them).
+static RESERVED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// The address ranges rmem has reserved (the region and staging areas of every runtime).
+pub fn reserved() -> Vec<(u64, u64)> {
+    RESERVED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
 
 /// A private anonymous mapping reserved with `MAP_NORESERVE`: no memory is committed until a
 /// page is installed. Huge pages are disabled (the paging unit is the DLM page) and the
@@ -52,6 +62,10 @@ impl Mapping {
                 return Err(io::Error::last_os_error());
             }
         }
+        RESERVED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((raw_base, raw_len));
         Ok(m)
     }
 
@@ -99,6 +113,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        RESERVED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&r| r != (self.raw_base, self.raw_len));
         // SAFETY: unmapping exactly the mapping we created; nothing else refers to it once the
         // pager has stopped.
         unsafe { libc::munmap(self.raw_base as *mut _, self.raw_len as usize) };

@@ -342,7 +342,7 @@ impl Runtime {
         if let Some(freed) = a.free(addr - self.base)? {
             // Release before the pages can be handed out again: the lock is held until the
             // pager has dropped them.
-            self.release(freed.first, freed.count);
+            self.release(freed.first, freed.count, true);
         }
         Ok(())
     }
@@ -360,11 +360,185 @@ impl Runtime {
             .map(|s| s as usize)
     }
 
-    fn release(&self, first: PageIndex, count: u64) {
+    /// Drop the pages of `[addr, addr+len)` in the region as madvise(2) does: with
+    /// `zero_ends` as MADV_DONTNEED (the whole range reads as zero afterwards: the parts of
+    /// pages at its ends are zeroed from the calling thread), without as MADV_FREE (whole pages
+    /// only; the rest keeps its data, which Linux allows). Whole pages go back to the servers
+    /// like freed ones and read as zero again. Must not run on the pager thread.
+    pub fn discard(&self, addr: u64, len: u64, zero_ends: bool) {
+        let start = addr.max(self.base);
+        let end = addr.saturating_add(len).min(self.base + self.len);
+        if start >= end {
+            return;
+        }
+        let ps = self.page_size;
+        let first = (start - self.base).div_ceil(ps);
+        let last = (end - self.base) / ps;
+        let (whole_start, whole_end) = if last > first {
+            // Under the allocator's lock, as a free: no page is handed out meanwhile.
+            let _a = self.alloc.lock().unwrap();
+            self.release(PageIndex(first), last - first, false);
+            (self.base + first * ps, self.base + last * ps)
+        } else {
+            (end, end)
+        };
+        if zero_ends {
+            for (a, b) in [(start, whole_start), (whole_end, end)] {
+                if a < b {
+                    // SAFETY: [a, b) lies in the region, which stays mapped for the life of
+                    // the process; the program asked for these bytes to read as zero, and the
+                    // pager resolves the faults this write takes.
+                    unsafe { std::ptr::write_bytes(a as *mut u8, 0, (b - a) as usize) };
+                }
+            }
+        }
+    }
+
+    /// munmap(2) of `[addr, addr+len)` in the region: its memory is freed. A range that covers
+    /// a large allocation from its start frees it; one that covers its tail gives the tail
+    /// back (the head stays allocated); any other whole page is dropped as by `discard`. The
+    /// range stays mapped: a later touch reads zeros where Linux would raise SIGSEGV.
+    pub fn unmap(&self, addr: u64, len: u64) {
+        let end = addr.saturating_add(len);
+        if !self.contains(addr) {
+            return self.discard(addr, len, false);
+        }
+        let mut a = self.alloc.lock().unwrap();
+        if let Some((off, size)) = a.block_of(addr - self.base) {
+            let (b0, b1) = (self.base + off, self.base + off + size);
+            if end >= b1 {
+                let freed = if addr == b0 {
+                    a.free(off).ok().flatten()
+                } else {
+                    a.shrink(off, addr - b0)
+                };
+                if let Some(f) = freed {
+                    self.release(f.first, f.count, true);
+                }
+                drop(a);
+                if end > b1 {
+                    self.discard(b1, end - b1, false);
+                }
+                return;
+            }
+        }
+        drop(a);
+        self.discard(addr, len, false);
+    }
+
+    /// mremap(2) of `[addr, addr+old_len)` in the region to `new_len` bytes. Shrinking gives
+    /// the tail back as `unmap` does, in place. Growing moves the contents to a new allocation
+    /// (only if `may_move`: rmem never grows a range in place) and frees the old range.
+    /// Returns the new address, or None where Linux answers ENOMEM.
+    pub fn remap(&self, addr: u64, old_len: u64, new_len: u64, may_move: bool) -> Option<u64> {
+        if new_len <= old_len {
+            if new_len < old_len {
+                self.unmap(addr + new_len, old_len - new_len);
+            }
+            return Some(addr);
+        }
+        if !may_move {
+            return None;
+        }
+        let p = self.alloc(new_len as usize)?;
+        // SAFETY: both ranges lie in the region, which stays mapped; the new one is a fresh
+        // allocation of new_len > old_len bytes, so they do not overlap. The pager resolves
+        // the faults of both.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, p, old_len as usize) };
+        self.unmap(addr, old_len);
+        Some(p as u64)
+    }
+
+    /// mlock(2) (`lock`) or munlock(2) of the pages of `[addr, addr+len)` in the region: pinned
+    /// pages stay resident and count against the budget; pinning more than the budget allows
+    /// (all but an eighth of it) fails with ENOMEM and pins nothing. With `populate` the pages
+    /// are made resident now (touched from this thread), else on first touch (MLOCK_ONFAULT).
+    pub fn lock(&self, addr: u64, len: u64, lock: bool, populate: bool) -> Result<(), i32> {
+        let start = addr.max(self.base);
+        let end = addr.saturating_add(len).min(self.base + self.len);
+        if start >= end {
+            return Ok(());
+        }
+        let ps = self.page_size;
+        let first = (start - self.base) / ps;
+        let count = (end - self.base).div_ceil(ps) - first;
+        self.lock_pages(PageIndex(first), count, lock)?;
+        if lock && populate {
+            self.touch(PageIndex(first), count);
+        }
+        Ok(())
+    }
+
+    /// Fault in `count` pages from `first` from this thread.
+    fn touch(&self, first: PageIndex, count: u64) {
+        for p in first.0..first.0 + count {
+            // SAFETY: a page of the region, which stays mapped; a read only faults it in.
+            unsafe { std::ptr::read_volatile((self.base + p * self.page_size) as *const u8) };
+        }
+    }
+
+    /// mlockall(2) (`lock`) or munlockall(2) for the region: every page allocated now. A
+    /// refusal (ENOMEM) leaves no page pinned by this call.
+    pub fn lock_all(&self, lock: bool, populate: bool) -> Result<(), i32> {
+        let runs = self.alloc.lock().unwrap().runs();
+        for (i, &(first, count)) in runs.iter().enumerate() {
+            if let Err(e) = self.lock_pages(first, count, lock) {
+                for &(f, c) in &runs[..i] {
+                    let _ = self.lock_pages(f, c, false);
+                }
+                return Err(e);
+            }
+        }
+        if lock && populate {
+            for (first, count) in runs {
+                self.touch(first, count);
+            }
+        }
+        Ok(())
+    }
+
+    fn lock_pages(&self, first: PageIndex, count: u64, lock: bool) -> Result<(), i32> {
+        let done = Arc::new(Done::default());
+        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        self.mailbox.send(Command::Lock {
+            first,
+            count,
+            lock,
+            errno: errno.clone(),
+            done: done.clone(),
+        });
+        done.wait();
+        match errno.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    /// mprotect(2) of `[addr, addr+len)`, 4 KiB-aligned and inside the region, to `prot`:
+    /// kept across evictions; a forbidden access is the program's SIGSEGV. Err: the errno.
+    pub fn protect(&self, addr: u64, len: u64, prot: i32) -> Result<(), i32> {
+        let done = Arc::new(Done::default());
+        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        self.mailbox.send(Command::Protect {
+            addr,
+            len,
+            prot,
+            errno: errno.clone(),
+            done: done.clone(),
+        });
+        done.wait();
+        match errno.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    fn release(&self, first: PageIndex, count: u64, unprotect: bool) {
         let done = Arc::new(Done::default());
         self.mailbox.send(Command::Release {
             first,
             count,
+            unprotect,
             done: done.clone(),
         });
         done.wait();

@@ -25,8 +25,12 @@ pub struct Stats {
     /// Pages fetched ahead of any fault (prefetching), and those a program touched while in flight.
     pub prefetches: AtomicU64,
     pub prefetch_hits: AtomicU64,
-    /// Pages found partly missing from the page tables and fetched again whole.
-    pub repairs: AtomicU64,
+    /// 4 KiB pieces of mapped pages that the program dropped itself (a raw madvise) and that
+    /// were given zeros when touched again, as Linux gives.
+    pub pieces_zeroed: AtomicU64,
+    /// 4 KiB pieces found populated on a page the pager held as missing, and replaced by the
+    /// page's contents. Always 0 unless something maps memory in the region behind rmem.
+    pub pieces_replaced: AtomicU64,
     latency: [AtomicU64; BUCKETS],
 }
 
@@ -47,7 +51,8 @@ impl Default for Stats {
             select_ns_max: AtomicU64::new(0),
             prefetches: AtomicU64::new(0),
             prefetch_hits: AtomicU64::new(0),
-            repairs: AtomicU64::new(0),
+            pieces_zeroed: AtomicU64::new(0),
+            pieces_replaced: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -133,7 +138,8 @@ impl Stats {
             select_us_max: self.select_ns_max.load(Relaxed) as f64 / 1000.0,
             prefetches: self.prefetches.load(Relaxed),
             prefetch_hits: self.prefetch_hits.load(Relaxed),
-            repairs: self.repairs.load(Relaxed),
+            pieces_zeroed: self.pieces_zeroed.load(Relaxed),
+            pieces_replaced: self.pieces_replaced.load(Relaxed),
         }
     }
 }
@@ -161,7 +167,8 @@ pub struct StatsSnapshot {
     pub select_us_max: f64,
     pub prefetches: u64,
     pub prefetch_hits: u64,
-    pub repairs: u64,
+    pub pieces_zeroed: u64,
+    pub pieces_replaced: u64,
 }
 
 impl StatsSnapshot {
@@ -181,7 +188,8 @@ impl StatsSnapshot {
             ("page_size", self.page_size),
             ("prefetches", self.prefetches),
             ("prefetch_hits", self.prefetch_hits),
-            ("repairs", self.repairs),
+            ("pieces_zeroed", self.pieces_zeroed),
+            ("pieces_replaced", self.pieces_replaced),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");

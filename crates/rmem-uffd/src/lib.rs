@@ -201,7 +201,22 @@ pub struct Fault {
     pub write_protect: bool,
 }
 
+/// The size of the kernel's pages, the unit the resolve ioctls map (x86-64).
+pub const PIECE: u64 = 4096;
+
+/// What [`Uffd::copy`] installed.
+#[must_use = "pieces already populated were left as they were"]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Copied {
+    /// Every piece of the range.
+    Whole,
+    /// Every piece except these (byte offsets from the destination, one per [`PIECE`]), which
+    /// the kernel found populated (EEXIST) and which were left as they were.
+    Around(Vec<u64>),
+}
+
 /// Result of a resolve ioctl that may legitimately lose a race.
+#[must_use = "the range may have been populated by someone else"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolve {
     Done,
@@ -520,8 +535,11 @@ impl Uffd {
         Ok(())
     }
 
-    /// Atomically install `len` bytes from `src` at `dst` (a missing range), write-protected
-    /// if `write_protect`, and wake the threads waiting on it.
+    /// Install `len` bytes from `src` at `dst` (a missing range), write-protected if
+    /// `write_protect`, and wake the threads waiting on it. Each 4 KiB piece is mapped
+    /// atomically. A piece that is already populated is left as it is and every other piece
+    /// is still installed: the result names those pieces, and only the caller knows whether
+    /// something may be there.
     ///
     /// `src` must point to `len` readable bytes outside any range registered with this
     /// userfaultfd; the kernel reads it with copy_from_user and fails with EFAULT otherwise.
@@ -531,7 +549,7 @@ impl Uffd {
         src: *const u8,
         len: u64,
         write_protect: bool,
-    ) -> Result<Resolve, UffdError> {
+    ) -> Result<Copied, UffdError> {
         let r = self.copy_raw(dst, src, len, write_protect)?;
         self.complete(dst, len);
         Ok(r)
@@ -543,17 +561,23 @@ impl Uffd {
         src: *const u8,
         len: u64,
         write_protect: bool,
-    ) -> Result<Resolve, UffdError> {
+    ) -> Result<Copied, UffdError> {
         let mut mode = if write_protect { COPY_MODE_WP } else { 0 };
         if self.signal.is_some() {
             // Nobody sleeps in the kernel on these pages.
             mode |= COPY_MODE_DONTWAKE;
         }
-        loop {
+        let mut done = 0;
+        let mut present = Vec::new();
+        let mut stalls = 0;
+        // One piece per call once the range is found to straddle mappings.
+        let mut piecewise = false;
+        while done < len {
+            let want = if piecewise { PIECE } else { len - done };
             let mut c = UffdioCopy {
-                dst,
-                src: src as u64,
-                len,
+                dst: dst + done,
+                src: src as u64 + done,
+                len: want,
                 mode,
                 copy: 0,
             };
@@ -561,35 +585,59 @@ impl Uffd {
             // `src` through copy_from_user, so a bad pointer yields EFAULT, not UB.
             let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_COPY as _, &mut c) };
             if rc == 0 {
-                return Ok(Resolve::Done);
+                done += want;
+                continue;
             }
             let e = errno();
+            // The kernel stops at the first piece it cannot install. If it installed some
+            // before, it says how many bytes in `copy` (and wakes their waiters) and answers
+            // EAGAIN whatever stopped it; the next call from there says what that was.
+            if c.copy > 0 {
+                done += c.copy as u64;
+            }
             match e.raw_os_error() {
+                Some(libc::EAGAIN) => {
+                    if c.copy <= 0 {
+                        // Nothing installed: the mm changed under us. Bounded, as every loop.
+                        stalls += 1;
+                        if stalls > 1000 {
+                            return Err(UffdError::Ioctl {
+                                op: "UFFDIO_COPY",
+                                addr: dst + done,
+                                len: len - done,
+                                source: e,
+                            });
+                        }
+                        std::thread::yield_now();
+                    }
+                }
+                // The piece at `done` is populated: leave it, install the rest past it, and
+                // tell the caller, who knows whether anything may be there.
                 Some(libc::EEXIST) => {
-                    self.wake(dst, len)?;
-                    return Ok(Resolve::AlreadyMapped);
+                    present.push(done);
+                    done += PIECE;
                 }
-                // EAGAIN: the mm changed under us (a racing mremap/fork); the partial count is
-                // in c.copy. Retry the remainder.
-                Some(libc::EAGAIN) if c.copy > 0 && (c.copy as u64) < len => {
-                    let done = c.copy as u64;
-                    return self.copy_raw(
-                        dst + done,
-                        src.wrapping_add(done as usize),
-                        len - done,
-                        write_protect,
-                    );
+                // The range must lie in one mapping (VMA): the program's mprotect may have
+                // split the region inside a page. Go on a piece at a time.
+                Some(libc::ENOENT) if !piecewise && c.copy <= 0 && len - done > PIECE => {
+                    piecewise = true;
                 }
-                Some(libc::EAGAIN) => continue,
                 _ => {
                     return Err(UffdError::Ioctl {
                         op: "UFFDIO_COPY",
-                        addr: dst,
-                        len,
+                        addr: dst + done,
+                        len: len - done,
                         source: e,
                     })
                 }
             }
+        }
+        if present.is_empty() {
+            Ok(Copied::Whole)
+        } else {
+            // Threads may wait on a populated piece (their fault raced its mapping).
+            self.wake(dst, len)?;
+            Ok(Copied::Around(present))
         }
     }
 
@@ -662,7 +710,6 @@ impl Uffd {
     /// means moved. Only `dst` populated while `src` still is, which would overwrite data, is an
     /// error.
     pub fn move_range(&self, dst: u64, src: u64, len: u64) -> Result<(), UffdError> {
-        const PIECE: u64 = 4096;
         let mut done = 0;
         let mut stalls = 0;
         while done < len {
@@ -851,5 +898,94 @@ mod tests {
             u.mode(),
             u.features()
         );
+    }
+
+    /// A copy over a range with one piece already populated installs every other piece and
+    /// names that one. The kernel answers such a copy with a partial count and EAGAIN, then
+    /// EEXIST at the populated piece; reading that EEXIST as "the range is mapped" (as rmem
+    /// once did) left every piece after it missing while the pager held the page as mapped.
+    #[test]
+    fn a_copy_installs_every_piece_around_a_populated_one() {
+        let u = Uffd::open().expect("userfaultfd");
+        let pieces = 4u64;
+        let len = pieces * PIECE;
+        // SAFETY: a fresh private anonymous mapping of our own.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let base = m as u64;
+        u.register(base, len).unwrap();
+        let src: Vec<u8> = (0..len).map(|i| (i / PIECE) as u8 + 1).collect();
+        let other = vec![0xEEu8; PIECE as usize];
+        assert_eq!(
+            u.copy(base + PIECE, other.as_ptr(), PIECE, false).unwrap(),
+            Copied::Whole
+        );
+        let r = u.copy(base, src.as_ptr(), len, false).unwrap();
+        assert_eq!(r, Copied::Around(vec![PIECE]));
+        for i in 0..pieces {
+            let at = base + i * PIECE;
+            // Checked before reading: a missing piece would block this thread forever.
+            assert_eq!(u.is_populated(at), Some(true), "piece {i} installed");
+            // SAFETY: a populated piece of our own mapping.
+            let v = unsafe { std::ptr::read_volatile(at as *const u8) };
+            let want = if i == 1 { 0xEE } else { i as u8 + 1 };
+            assert_eq!(v, want, "piece {i}");
+        }
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(m, len as usize) };
+    }
+
+    /// A copy over a range that a mprotect split into two mappings (the kernel answers
+    /// ENOENT: one UFFDIO_COPY must lie in one mapping) installs it a piece at a time.
+    #[test]
+    fn a_copy_over_a_split_mapping_goes_a_piece_at_a_time() {
+        let u = Uffd::open().expect("userfaultfd");
+        let len = 4 * PIECE;
+        // SAFETY: a fresh private anonymous mapping of our own.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let base = m as u64;
+        u.register(base, len).unwrap();
+        // SAFETY: changing the protection of the third piece of our own mapping.
+        let r = unsafe {
+            libc::mprotect(
+                (base + 2 * PIECE) as *mut _,
+                PIECE as usize,
+                libc::PROT_READ,
+            )
+        };
+        assert_eq!(r, 0);
+        let src: Vec<u8> = (0..len).map(|i| (i / PIECE) as u8 + 1).collect();
+        assert_eq!(
+            u.copy(base, src.as_ptr(), len, false).unwrap(),
+            Copied::Whole
+        );
+        for i in 0..4 {
+            let at = base + i * PIECE;
+            assert_eq!(u.is_populated(at), Some(true), "piece {i} installed");
+            // SAFETY: a populated, readable piece of our own mapping.
+            let v = unsafe { std::ptr::read_volatile(at as *const u8) };
+            assert_eq!(v, i as u8 + 1, "piece {i}");
+        }
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(m, len as usize) };
     }
 }
