@@ -1014,10 +1014,10 @@ impl Core {
 
     /// mlock(2)/munlock(2) for the program (`Command::Lock`): 0 or the errno. Pinned pages
     /// leave the policy and are made resident (`populate`), counted against the budget,
-    /// which is why their number is bounded. They are kept writable
-    /// (dirty), as Linux's mlock populates a writable mapping for writing: the kernel may
-    /// write them on its own (a signal frame, a thread's rseq area), and in user-mode-only
-    /// mode it cannot take a write-protect fault.
+    /// which is why their number is bounded. They are kept writable (dirty), as Linux's
+    /// mlock populates a writable mapping for writing: the kernel may write them on its own
+    /// (a signal frame, a thread's rseq area), and in user-mode-only mode it cannot take a
+    /// write-protect fault.
     fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> Result<i32, PagerError> {
         let pages = (first.0..first.0 + count).map(PageIndex);
         if lock {
