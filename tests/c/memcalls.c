@@ -284,6 +284,13 @@ static void lock(void) {
     if (munlockall() != 0) FAIL("munlockall: %s", strerror(errno));
     churn();
     if (resident(p, pinned) == pinned / PIECE) FAIL("pages stayed pinned after munlockall");
+    /* Pinning an inaccessible page makes it resident without touching it (no SIGSEGV). */
+    if (mprotect(p, 16384, PROT_NONE) != 0) FAIL("mprotect: %s", strerror(errno));
+    if (mlock(p, 16384) != 0) FAIL("mlock of an inaccessible page: %s", strerror(errno));
+    churn();
+    if (resident(p, 16384) != 16384 / PIECE) FAIL("a pinned inaccessible page was evicted");
+    if (mprotect(p, 16384, PROT_READ | PROT_WRITE) != 0 || munlock(p, 16384) != 0) FAIL("mprotect/munlock back");
+    expect("pinned while inaccessible", p, pinned, 12, NULL, 0);
     free(p);
 }
 

@@ -73,11 +73,13 @@ pub enum Command {
     },
     /// Pin (`lock`) or unpin `count` pages from `first` (mlock(2), munlock(2)): a pinned page is
     /// never evicted once resident. Pinning beyond the limit fails with ENOMEM and pins
-    /// nothing; the outcome (0 or an errno) lands in `errno` before `done` is signalled.
+    /// nothing; the outcome (0 or an errno) lands in `errno` before `done` is signalled. With
+    /// `populate` the pager makes the pages resident (they may still be arriving then).
     Lock {
         first: PageIndex,
         count: u64,
         lock: bool,
+        populate: bool,
         errno: Arc<std::sync::atomic::AtomicI32>,
         done: Arc<Done>,
     },
@@ -354,12 +356,16 @@ impl Pager {
                             first,
                             count,
                             lock,
+                            populate,
                             errno,
                             done,
                         } => {
                             let e = self.core.lock(first, count, lock)?;
                             errno.store(e, Ordering::Release);
                             done.signal();
+                            if e == 0 && lock && populate {
+                                self.core.populate(&mut *self.store, first, count)?;
+                            }
                         }
                         Command::Protect {
                             addr,
@@ -1018,12 +1024,33 @@ impl Core {
         }
     }
 
+    /// Make `count` pages from `first` resident, as a write fault on each would (mlock's
+    /// populate), without a program thread touching them: one may be inaccessible
+    /// (mprotect). Counted as faults in the statistics.
+    fn populate(
+        &mut self,
+        store: &mut dyn PageStore,
+        first: PageIndex,
+        count: u64,
+    ) -> Result<(), PagerError> {
+        let now = Instant::now();
+        for p in first.0..first.0 + count {
+            let f = Fault {
+                address: self.addr(PageIndex(p)),
+                write: true,
+                write_protect: false,
+            };
+            self.fault(store, f, now)?;
+        }
+        Ok(())
+    }
+
     /// mlock(2)/munlock(2) for the program (`Command::Lock`): 0 or the errno. Pinned pages
-    /// leave the policy; the program's own touch then makes them resident (and counted
-    /// against the budget, which is why their number is bounded). They are kept writable
-    /// (dirty), as Linux's mlock populates a writable mapping for writing: the kernel may
-    /// write them on its own (a signal frame, a thread's rseq area), and in user-mode-only
-    /// mode it cannot take a write-protect fault.
+    /// leave the policy and are made resident (`populate`), counted against the budget,
+    /// which is why their number is bounded. They are kept writable (dirty), as Linux's
+    /// mlock populates a writable mapping for writing: the kernel may write them on its own
+    /// (a signal frame, a thread's rseq area), and in user-mode-only mode it cannot take a
+    /// write-protect fault.
     fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> Result<i32, PagerError> {
         let pages = (first.0..first.0 + count).map(PageIndex);
         if lock {

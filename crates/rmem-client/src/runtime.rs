@@ -451,8 +451,9 @@ impl Runtime {
 
     /// mlock(2) (`lock`) or munlock(2) of the pages of `[addr, addr+len)` in the region: pinned
     /// pages stay resident and count against the budget; pinning more than the budget allows
-    /// (all but an eighth of it) fails with ENOMEM and pins nothing. With `populate` the pages
-    /// are made resident now (touched from this thread), else on first touch (MLOCK_ONFAULT).
+    /// (all but an eighth of it) fails with ENOMEM and pins nothing. With `populate` the pager
+    /// makes the pages resident now (this thread waits for them), else on first touch
+    /// (MLOCK_ONFAULT).
     pub fn lock(&self, addr: u64, len: u64, lock: bool, populate: bool) -> Result<(), i32> {
         let start = addr.max(self.base);
         let end = addr.saturating_add(len).min(self.base + self.len);
@@ -462,18 +463,33 @@ impl Runtime {
         let ps = self.page_size;
         let first = (start - self.base) / ps;
         let count = (end - self.base).div_ceil(ps) - first;
-        self.lock_pages(PageIndex(first), count, lock)?;
+        self.lock_pages(PageIndex(first), count, lock, populate)?;
         if lock && populate {
-            self.touch(PageIndex(first), count);
+            self.wait_resident(PageIndex(first), count);
         }
         Ok(())
     }
 
-    /// Fault in `count` pages from `first` from this thread.
-    fn touch(&self, first: PageIndex, count: u64) {
-        for p in first.0..first.0 + count {
-            // SAFETY: a page of the region, which stays mapped; a read only faults it in.
-            unsafe { std::ptr::read_volatile((self.base + p * self.page_size) as *const u8) };
+    /// Wait until `count` pages from `first`, pinned and being made resident by the pager,
+    /// are mapped (mincore, bounded to 10 s), without touching them: a touch of a page the
+    /// program made inaccessible would raise SIGSEGV. Pages are mapped whole, so the first
+    /// 4 KiB of each tells.
+    fn wait_resident(&self, first: PageIndex, count: u64) {
+        let ps = self.page_size;
+        let (addr, len) = (self.base + first.0 * ps, count * ps);
+        let mut v = vec![0u8; (len / 4096) as usize];
+        let step = (ps / 4096) as usize;
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: mincore only reads the page tables of this range of the region into
+            // `v`, which has one byte per 4 KiB of it.
+            let r =
+                unsafe { libc::mincore(addr as *mut libc::c_void, len as usize, v.as_mut_ptr()) };
+            let all = v.iter().step_by(step).all(|b| b & 1 != 0);
+            if r != 0 || all || t0.elapsed() > std::time::Duration::from_secs(10) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
         }
     }
 
@@ -482,28 +498,36 @@ impl Runtime {
     pub fn lock_all(&self, lock: bool, populate: bool) -> Result<(), i32> {
         let runs = self.alloc.lock().unwrap().runs();
         for (i, &(first, count)) in runs.iter().enumerate() {
-            if let Err(e) = self.lock_pages(first, count, lock) {
+            if let Err(e) = self.lock_pages(first, count, lock, false) {
                 for &(f, c) in &runs[..i] {
-                    let _ = self.lock_pages(f, c, false);
+                    let _ = self.lock_pages(f, c, false, false);
                 }
                 return Err(e);
             }
         }
         if lock && populate {
             for (first, count) in runs {
-                self.touch(first, count);
+                self.lock_pages(first, count, true, true)?;
+                self.wait_resident(first, count);
             }
         }
         Ok(())
     }
 
-    fn lock_pages(&self, first: PageIndex, count: u64, lock: bool) -> Result<(), i32> {
+    fn lock_pages(
+        &self,
+        first: PageIndex,
+        count: u64,
+        lock: bool,
+        populate: bool,
+    ) -> Result<(), i32> {
         let done = Arc::new(Done::default());
         let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
         self.mailbox.send(Command::Lock {
             first,
             count,
             lock,
+            populate,
             errno: errno.clone(),
             done: done.clone(),
         });
