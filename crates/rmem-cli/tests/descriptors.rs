@@ -6,25 +6,12 @@
 mod common;
 use common::*;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-/// `rmem run OPTS -- PROGRAM` as the caller, or as `nobody` (user-mode-only userfaultfd)
-/// where `unprivileged` and the tests run as root; user-mode-only is forced otherwise.
+/// `rmem run OPTS -- PROGRAM`; `unprivileged`: as `nobody` when root, and user-mode-only
+/// userfaultfd either way.
 fn run(opts: &[&str], stats: &Path, program: &[&str], unprivileged: bool) -> Output {
-    let mut c = if unprivileged && is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "nobody", "--"]).arg(rmem());
-        c
-    } else {
-        Command::new(rmem())
-    };
-    c.arg("run")
-        .args(opts)
-        .arg("--stats-json")
-        .arg(stats)
-        .arg("--")
-        .args(program);
+    let mut c = rmem_run(opts, stats, program, unprivileged);
     if unprivileged {
         c.env("RMEM_UFFD_USER_MODE_ONLY", "1");
     }

@@ -11,25 +11,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// Compile a test program without librmem (transparent mode needs no relinking).
-/// `rmem run` with the given options around `program`, optionally as `nobody`.
-fn rmem_run(opts: &[&str], stats: &Path, program: &[&str], as_nobody: bool) -> Command {
-    let mut c = if as_nobody && is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "nobody", "--"]).arg(rmem());
-        c
-    } else {
-        Command::new(rmem())
-    };
-    c.arg("run")
-        .args(opts)
-        .arg("--stats-json")
-        .arg(stats)
-        .arg("--")
-        .args(program);
-    c
-}
-
 fn swapped(stats: &Path) -> serde_json::Value {
     let v = read_json(stats);
     assert!(

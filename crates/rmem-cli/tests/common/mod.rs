@@ -132,6 +132,24 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     wait_bounded(child, limit, &what)
 }
 
+/// `rmem run` with the given options around `program`, optionally as `nobody`.
+pub fn rmem_run(opts: &[&str], stats: &Path, program: &[&str], as_nobody: bool) -> Command {
+    let mut c = if as_nobody && is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(rmem());
+        c
+    } else {
+        Command::new(rmem())
+    };
+    c.arg("run")
+        .args(opts)
+        .arg("--stats-json")
+        .arg(stats)
+        .arg("--")
+        .args(program);
+    c
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
