@@ -521,16 +521,24 @@ impl Runtime {
         lock: bool,
         populate: bool,
     ) -> Result<(), i32> {
-        let done = Arc::new(Done::default());
-        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
-        self.mailbox.send(Command::Lock {
+        self.ask(|errno, done| Command::Lock {
             first,
             count,
             lock,
             populate,
-            errno: errno.clone(),
-            done: done.clone(),
-        });
+            errno,
+            done,
+        })
+    }
+
+    /// Send the pager the command `make` builds and wait for it; Err: the errno it set.
+    fn ask(
+        &self,
+        make: impl FnOnce(Arc<std::sync::atomic::AtomicI32>, Arc<Done>) -> Command,
+    ) -> Result<(), i32> {
+        let done = Arc::new(Done::default());
+        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        self.mailbox.send(make(errno.clone(), done.clone()));
         done.wait();
         match errno.load(std::sync::atomic::Ordering::Acquire) {
             0 => Ok(()),
@@ -541,20 +549,13 @@ impl Runtime {
     /// mprotect(2) of `[addr, addr+len)`, 4 KiB-aligned and inside the region, to `prot`:
     /// kept across evictions; a forbidden access is the program's SIGSEGV. Err: the errno.
     pub fn protect(&self, addr: u64, len: u64, prot: i32) -> Result<(), i32> {
-        let done = Arc::new(Done::default());
-        let errno = Arc::new(std::sync::atomic::AtomicI32::new(0));
-        self.mailbox.send(Command::Protect {
+        self.ask(|errno, done| Command::Protect {
             addr,
             len,
             prot,
-            errno: errno.clone(),
-            done: done.clone(),
-        });
-        done.wait();
-        match errno.load(std::sync::atomic::Ordering::Acquire) {
-            0 => Ok(()),
-            e => Err(e),
-        }
+            errno,
+            done,
+        })
     }
 
     fn release(&self, first: PageIndex, count: u64, unprotect: bool) {
