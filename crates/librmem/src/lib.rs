@@ -2,7 +2,8 @@
 //!
 //! Entry point: `rmem_init` (or `dlm_init`), called implicitly by the first allocation. The
 //! runtime is configured from the environment that `rmem run` sets
-//! ([`rmem_client::Config::from_env`]). One runtime per process, created once and kept for
+//! ([`rmem_client::Config::from_env`]); a program started without it starts its own memory
+//! servers ([`own_servers`]). One runtime per process, created once and kept for
 //! the life of the process; `rmem_exit` stops it, and a later allocation starts a new one.
 //!
 //! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
@@ -18,6 +19,7 @@ mod fork;
 mod io;
 mod malloc;
 mod mem;
+mod own_servers;
 mod signals;
 mod stack;
 
@@ -111,7 +113,7 @@ fn init() -> Option<&'static Runtime> {
     if let Some(rt) = current() {
         return Some(rt);
     }
-    match Runtime::from_env() {
+    match start_runtime() {
         Ok(rt) => {
             if std::env::var_os("RMEM_VERBOSE").is_some_and(|v| v != "0") {
                 eprintln!(
@@ -157,9 +159,40 @@ fn init() -> Option<&'static Runtime> {
         }
         Err(e) => {
             if !INIT_ERROR_REPORTED.swap(true, Ordering::AcqRel) {
-                eprintln!("rmem: cannot start: {}", rmem_client::error_chain(&e));
+                eprintln!("rmem: cannot start: {e}");
             }
             None
+        }
+    }
+}
+
+/// The runtime `RMEM_*` describes; with no servers configured (and not in trace mode, which
+/// needs none), on memory servers started for this process ([`own_servers`]).
+fn start_runtime() -> Result<Runtime, String> {
+    let trace = std::env::var_os("RMEM_TRACE").is_some_and(|v| !v.is_empty());
+    let own = if trace || rmem_client::config::servers_configured() {
+        None
+    } else {
+        Some(own_servers::start()?)
+    };
+    let started = rmem_client::Config::from_env_with(own.as_ref())
+        .map_err(rmem_client::RuntimeError::from)
+        .and_then(|c| Runtime::from_config(&c));
+    match started {
+        Ok(rt) => {
+            if let Some(o) = &own {
+                if std::env::var_os("RMEM_VERBOSE").is_some_and(|v| v != "0") {
+                    eprintln!(
+                        "rmem: no servers configured: started {} itself",
+                        o.servers.join(", ")
+                    );
+                }
+            }
+            Ok(rt)
+        }
+        Err(e) => {
+            own_servers::stop();
+            Err(rmem_client::error_chain(&e))
         }
     }
 }
@@ -227,6 +260,7 @@ pub extern "C" fn rmem_exit() {
             write_stats(rt);
             rt.shutdown();
         }
+        own_servers::stop();
     })
 }
 

@@ -7,6 +7,7 @@ mod bench_cmd;
 mod bench_suite;
 mod hostfile;
 mod launch;
+mod launch_cmd;
 mod policy_bench;
 mod programs_bench;
 mod run_cmd;
@@ -38,6 +39,9 @@ enum Command {
     Bench(bench_cmd::BenchCommand),
     /// Replay a reference trace under every policy and Belady's OPT.
     Sim(sim_cmd::SimArgs),
+    /// Start memory servers, print where they are, finalize them when stdin closes (what
+    /// librmem runs for a program started without `rmem run`).
+    Launch(launch_cmd::LaunchCmdArgs),
 }
 
 fn main() {
@@ -47,6 +51,7 @@ fn main() {
         Command::Run(a) => run_cmd::run(a),
         Command::Bench(b) => bench_cmd::run(b),
         Command::Sim(a) => sim_cmd::run(a),
+        Command::Launch(a) => launch_cmd::run(a),
     };
     std::process::exit(code);
 }

@@ -153,28 +153,61 @@ fn ratio_var(name: &'static str, default: f64) -> Result<f64, ConfigError> {
     }
 }
 
+fn servers_from_env() -> Result<Vec<String>, ConfigError> {
+    Ok(var("RMEM_SERVERS")
+        .ok_or(ConfigError::NoServers)?
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+fn token_from_env() -> Result<Vec<u8>, ConfigError> {
+    match (var("RMEM_TOKEN"), var("RMEM_TOKEN_FILE")) {
+        (Some(t), _) => Ok(t.into_bytes()),
+        (None, Some(path)) => Ok(std::fs::read_to_string(&path)
+            .map_err(|source| ConfigError::TokenFile { path, source })?
+            .trim_end()
+            .as_bytes()
+            .to_vec()),
+        (None, None) => Err(ConfigError::NoToken),
+    }
+}
+
+/// Memory servers a program started for itself (librmem does when none are configured), in
+/// place of `RMEM_SERVERS` and the token.
+#[derive(Clone, Debug)]
+pub struct OwnServers {
+    /// `host:port`, in priority order.
+    pub servers: Vec<String>,
+    pub token: Vec<u8>,
+    /// The hosts file's local budget, the default when `RMEM_LOCAL` is not set.
+    pub local_bytes: Option<u64>,
+}
+
+/// `RMEM_SERVERS` names at least one server (else a program may start its own).
+pub fn servers_configured() -> bool {
+    var("RMEM_SERVERS").is_some_and(|v| v.split(',').any(|s| !s.trim().is_empty()))
+}
+
 impl Config {
     /// Read the configuration from `RMEM_*` environment variables over the defaults.
     pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_env_with(None)
+    }
+
+    /// [`Config::from_env`], with the servers and token of `own` instead of `RMEM_SERVERS`
+    /// and `RMEM_TOKEN` when given.
+    pub fn from_env_with(own: Option<&OwnServers>) -> Result<Config, ConfigError> {
         let d = Config::default();
-        let servers: Vec<String> = var("RMEM_SERVERS")
-            .ok_or(ConfigError::NoServers)?
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
+        let (servers, token) = match own {
+            Some(o) => (o.servers.clone(), o.token.clone()),
+            None => (servers_from_env()?, token_from_env()?),
+        };
         if servers.is_empty() {
             return Err(ConfigError::NoServers);
         }
-        let token = match (var("RMEM_TOKEN"), var("RMEM_TOKEN_FILE")) {
-            (Some(t), _) => t.into_bytes(),
-            (None, Some(path)) => std::fs::read_to_string(&path)
-                .map_err(|source| ConfigError::TokenFile { path, source })?
-                .trim_end()
-                .as_bytes()
-                .to_vec(),
-            (None, None) => return Err(ConfigError::NoToken),
-        };
+        let local_default = own.and_then(|o| o.local_bytes).unwrap_or(d.local_bytes);
         let placement = match var("RMEM_PLACEMENT").as_deref() {
             None | Some("priority") => Placement::Priority,
             Some("stripe") | Some("round-robin") => Placement::Stripe,
@@ -212,7 +245,7 @@ impl Config {
         let c = Config {
             servers,
             token,
-            local_bytes: size_var("RMEM_LOCAL", d.local_bytes)?,
+            local_bytes: size_var("RMEM_LOCAL", local_default)?,
             page_size: size_var("RMEM_PAGE_SIZE", d.page_size as u64)? as usize,
             policy: var("RMEM_POLICY").unwrap_or(d.policy),
             placement,

@@ -101,10 +101,14 @@ pub const PREFETCH_AHEAD_BYTES: u64 = 2 << 20;
 impl Runtime {
     /// Start from the `RMEM_*` environment, connecting to the servers it names.
     pub fn from_env() -> Result<Runtime, RuntimeError> {
-        let config = Config::from_env()?;
+        Runtime::from_config(&Config::from_env()?)
+    }
+
+    /// Start from `config`: trace mode if it names a trace file, else connect to its servers.
+    pub fn from_config(config: &Config) -> Result<Runtime, RuntimeError> {
         match &config.trace {
-            Some(path) => Runtime::trace(&config, path),
-            None => Runtime::connect(&config),
+            Some(path) => Runtime::trace(config, path),
+            None => Runtime::connect(config),
         }
     }
 
