@@ -353,6 +353,50 @@ pub extern "C" fn dlm_exit() {
     rmem_exit()
 }
 
+/// The allocation of one `dlm` array, called by the constructor `rmem cc` writes into each
+/// translation unit: `bytes` of zeroed remote memory, the first `init_bytes` of them (at most
+/// `bytes`) copied from `init`. Never returns NULL: a program whose arrays cannot be allocated
+/// ends here, before `main`, with status 69 and a message naming the array and where it is
+/// declared.
+///
+/// # Safety
+/// `init` is null or readable for `init_bytes`; `name` and `at` are null or C strings.
+#[no_mangle]
+pub unsafe extern "C" fn __rmem_dlm_array(
+    bytes: usize,
+    init: *const c_void,
+    init_bytes: usize,
+    name: *const c_char,
+    at: *const c_char,
+) -> *mut c_void {
+    let p = rmem_alloc(bytes);
+    if p.is_null() {
+        let text = |s: *const c_char| {
+            // SAFETY: the caller passes null or a C string.
+            (!s.is_null()).then(|| {
+                unsafe { std::ffi::CStr::from_ptr(s) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        };
+        report(&format!(
+            "fatal: cannot allocate dlm array {} ({bytes} bytes, declared at {}): rmem did not start (see above), or the memory servers' capacity is too small",
+            text(name).unwrap_or_default(),
+            text(at).unwrap_or_default()
+        ));
+        // SAFETY: ending the process before main; nothing of the program has run.
+        unsafe { libc::_exit(rmem_client::EXIT_SERVER_LOST) };
+    }
+    if !init.is_null() && init_bytes > 0 {
+        // SAFETY: `p` holds `bytes` bytes, `init` is readable for `init_bytes` (the caller's
+        // promise); the two cannot overlap (`p` is fresh).
+        unsafe {
+            std::ptr::copy_nonoverlapping(init.cast::<u8>(), p.cast::<u8>(), init_bytes.min(bytes))
+        };
+    }
+    p
+}
+
 /// Runs when the library is loaded, before any constructor of the program: turns on
 /// transparent mode when `rmem run` asked for it.
 #[used]

@@ -1,10 +1,11 @@
 //! rmem: the command-line entry point.
 //!
 //! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
-//! `rmem bench` measures. Each subcommand lives in its own module.
+//! `rmem bench` measures, `rmem cc` compiles DLM programs (cc/). Each subcommand lives in its own module.
 
 mod bench_cmd;
 mod bench_suite;
+mod cc;
 mod hostfile;
 mod launch;
 mod launch_cmd;
@@ -39,12 +40,27 @@ enum Command {
     Bench(bench_cmd::BenchCommand),
     /// Replay a reference trace under every policy and Belady's OPT.
     Sim(sim_cmd::SimArgs),
+    /// The DLM compiler: translate `dlm` arrays, compile with $CC, link librmem (also as
+    /// `dlmcc`). `rmem cc --help` for its options; the others go to the compiler.
+    #[command(disable_help_flag = true)]
+    Cc {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<String>,
+    },
     /// Start memory servers, print where they are, finalize them when stdin closes (what
     /// librmem runs for a program started without `rmem run`).
     Launch(launch_cmd::LaunchCmdArgs),
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked_as = std::path::Path::new(argv.first().map_or("", String::as_str))
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    if invoked_as == "dlmcc" {
+        std::process::exit(cc::run(&argv[1..]));
+    }
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Server(a) => server_cmd::run(a),
@@ -52,6 +68,7 @@ fn main() {
         Command::Bench(b) => bench_cmd::run(b),
         Command::Sim(a) => sim_cmd::run(a),
         Command::Launch(a) => launch_cmd::run(a),
+        Command::Cc { args } => cc::run(&args),
     };
     std::process::exit(code);
 }

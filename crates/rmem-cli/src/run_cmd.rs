@@ -275,8 +275,8 @@ pub fn run(args: RunArgs) -> i32 {
     code
 }
 
-/// librmem.so, which transparent mode preloads: beside this rmem binary, or in ../lib.
-fn librmem_path() -> Result<PathBuf, String> {
+/// librmem.so (which transparent mode preloads and `rmem cc` links): beside this rmem binary, or in ../lib.
+pub(crate) fn librmem_path() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the rmem binary: {e}"))?;
     let dir = exe.parent().ok_or("the rmem binary has no directory")?;
     let candidates = [dir.join("librmem.so"), dir.join("../lib/librmem.so")];
