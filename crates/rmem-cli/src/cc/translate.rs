@@ -484,8 +484,9 @@ impl<'a> Translator<'a> {
                 )
             };
             let at = self.at(*k);
-            if hoist {
-                self.counter += 1;
+            self.counter += 1;
+            // The pointer the constructor sets, and where its initial values go.
+            let target = if hoist {
                 let hidden = format!("__dlm_{}_{name}_{}", func_name, self.counter);
                 let sym = format!("{func_name}.{name}.dlm.{}.{}", self.counter, self.tu_tag);
                 hoisted.push_str(&format!(
@@ -495,15 +496,7 @@ impl<'a> Translator<'a> {
                 after.push_str(&format!(
                     " extern __typeof__({hidden}) {name} __asm__(\"{sym}\");"
                 ));
-                let init = init_text.map(|v| {
-                    let init_name = format!("__dlm_init_{}", self.counter);
-                    hoisted.push_str(&format!(
-                        "static const __typeof__(*{hidden}) {init_name}[] = {v}; "
-                    ));
-                    init_name
-                });
-                self.allocs
-                    .push(alloc(hidden, &name, dim.clone(), init, at));
+                hidden
             } else {
                 let label = if is_static {
                     String::new()
@@ -511,18 +504,20 @@ impl<'a> Translator<'a> {
                     format!(" __asm__(\"{name}.dlm\")")
                 };
                 kept.push(format!("{}{label}", pointer_decl(self, &name)));
-                if !is_extern {
-                    self.counter += 1;
-                    let init = init_text.map(|v| {
-                        let init_name = format!("__dlm_init_{}", self.counter);
-                        after.push_str(&format!(
-                            " static const __typeof__(*{name}) {init_name}[] = {v};"
-                        ));
-                        init_name
-                    });
-                    self.allocs
-                        .push(alloc(name.clone(), &name, dim.clone(), init, at));
-                }
+                name.clone()
+            };
+            if !is_extern {
+                let init = init_text.map(|v| {
+                    let init_name = format!("__dlm_init_{}", self.counter);
+                    let decl = format!("static const __typeof__(*{target}) {init_name}[] = {v}; ");
+                    match hoist {
+                        true => hoisted.push_str(&decl),
+                        false => after.push_str(&format!(" {}", decl.trim_end())),
+                    }
+                    init_name
+                });
+                self.allocs
+                    .push(alloc(target, &name, dim.clone(), init, at));
             }
             let first_dim = match (&dim, self.allocs.last()) {
                 (Some(d), _) => Some(d.clone()),
