@@ -86,6 +86,9 @@ int main(void)
     int (*pt4)[4] = &t;
     printf("address: %d %td %td %d\n", (*pt4)[2], (char *)(&t + 1) - (char *)t,
            (char *)(&m2 + 1) - (char *)&m2[0][0], &m2 == (void *)m2);
+    /* typeof(a) is the array type, _Alignof(a) its element's alignment. */
+    __typeof__(m2) *pm2 = &m2;
+    printf("types: %zu %zu %d\n", sizeof(__typeof__(items)), _Alignof(items), (*pm2)[ROWS - 1][7]);
     /* Passed to functions expecting a pointer or an array of rows. */
     printf("calls: %d %d %g\n", sum(t, 4), sum(&u[0], 3), rowsum(mat, 2));
     int c1 = counter(), c2 = counter();

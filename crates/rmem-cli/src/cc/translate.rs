@@ -15,9 +15,10 @@
 //!   pointer as the array. `extern dlm` declares the same pointer.
 //! - `static dlm T a[N]` in a function: a hidden global pointer before the function (the
 //!   constructor must reach it), and in the block `extern __typeof__(that) a` naming it.
-//! - `sizeof a` -> `(sizeof(*a) * (N))`; `&a` -> `((__typeof__(*a) (*)[N])a)`.
-//! - Uses that would change meaning silently are errors: assigning to `a`, `a++`,
-//!   `typeof(a)`, `_Alignof(a)`, `a` in the initializer of a static object.
+//! - `sizeof a` -> `(sizeof(*a) * (N))`; `&a` -> `((__typeof__(*a) (*)[N])a)`;
+//!   `typeof(a)` -> `typeof(__typeof__(*a)[N])`; `_Alignof(a)` -> `_Alignof(__typeof__(*a))`.
+//! - Uses that would change meaning silently are errors: assigning to `a`, `a++`, `a` in
+//!   the initializer of a static object (it is allocated at run time).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -577,6 +578,17 @@ impl<'a> Translator<'a> {
         let Some(p) = parent else { return };
         match p.kind() {
             "sizeof_expression" => self.sizeof(p, &a),
+            // `typeof(a)` where tree-sitter took typeof for a function (in a function body).
+            "argument_list" if p.named_child_count() == 1 => {
+                let callee = p
+                    .parent()
+                    .filter(|c| c.kind() == "call_expression")
+                    .and_then(|c| c.child_by_field_name("function"))
+                    .map(|f| self.text(f));
+                if let Some(text) = callee.and_then(|f| array_type_operand(f, &a)) {
+                    self.replace(node.start_byte(), node.end_byte(), text);
+                }
+            }
             "pointer_expression" if self.text(p).trim_start().starts_with('&') => {
                 let dim = a.first_dim.as_deref().unwrap_or("");
                 let text = format!("((__typeof__(*{0}) (*)[{dim}]){0})", a.name);
@@ -615,20 +627,13 @@ impl<'a> Translator<'a> {
             Some(p)
                 if matches!(
                     p.kind(),
-                    "macro_type_specifier" | "alignof_expression" | "typeof_specifier"
+                    "alignof_expression" | "macro_type_specifier" | "typeof_specifier"
                 ) =>
             {
-                let what = self
-                    .text(p)
-                    .split('(')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_string();
-                self.error(
-                    n,
-                    format!("{what}({name}) of dlm array {name}: it is a pointer after translation; use {what}(*{name}) (its first element's type)"),
-                )
+                let op = self.text(p).split('(').next().unwrap_or("").trim();
+                if let Some(text) = array_type_operand(op, &a) {
+                    self.replace(desc.start_byte(), desc.end_byte(), text);
+                }
             }
             _ => {}
         }
@@ -768,6 +773,23 @@ fn alloc(
     }
 }
 
+/// The operand that keeps `OP(a)`'s meaning when OP takes the array's type: typeof names
+/// the array type again (element type, first dimension), and an array's alignment is its
+/// element's. None for other operators.
+fn array_type_operand(op: &str, a: &DlmArray) -> Option<String> {
+    match op {
+        "typeof" | "__typeof__" | "__typeof" | "typeof_unqual" => Some(format!(
+            "__typeof__(*{})[{}]",
+            a.name,
+            a.first_dim.as_deref().unwrap_or("")
+        )),
+        "_Alignof" | "alignof" | "__alignof__" | "__alignof" => {
+            Some(format!("__typeof__(*{})", a.name))
+        }
+        _ => None,
+    }
+}
+
 fn contains_word(text: &str, word: &str) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     text.match_indices(word).any(|(i, _)| {
@@ -880,6 +902,18 @@ mod tests {
     }
 
     #[test]
+    fn typeof_and_alignof_name_the_array_type() {
+        let t = tr("dlm int a[10][4];\n__typeof__(a) *p;\nint n = _Alignof(a);\n");
+        assert!(t.contains("__typeof__(__typeof__(*a)[10]) *p;"), "{t}");
+        assert!(t.contains("_Alignof(__typeof__(*a));"), "{t}");
+        let t = tr("dlm int a[10][4];\nvoid f(void) { __typeof__(a) *p = &a; }\n");
+        assert!(
+            t.contains("__typeof__(__typeof__(*a)[10]) *p = ((__typeof__(*a) (*)[10])a);"),
+            "{t}"
+        );
+    }
+
+    #[test]
     fn shadowing_locals_are_not_rewritten() {
         let t = tr("dlm int a[10];\nlong f(void) { int a[3]; return sizeof a; }\nlong g(int a) { return sizeof a; }\n");
         assert!(t.contains("{ int a[3]; return sizeof a; }"), "{t}");
@@ -919,7 +953,8 @@ mod tests {
         assert!(err("dlm int a[4];\nint *p = a;\n").contains("cannot initialize a static object"));
         assert!(err("void f(void) { dlm int a[4]; }\n").contains("only if it is static"));
         assert!(err("extern dlm int a[];\nlong n = sizeof a;\n").contains("is not declared here"));
-        assert!(err("dlm int a[4];\n__typeof__(a) b;\n").contains("use __typeof__(*a)"));
+        assert!(err("dlm int a[4];\nint f(int *p) { return p++ == a++; }\n")
+            .contains("cannot be incremented"));
         assert!(err("void f(dlm int a[4]);\n").contains("dlm is allowed only"));
     }
 
