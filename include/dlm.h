@@ -7,7 +7,10 @@
  *   dlm_free(a);
  *   dlm_exit();
  *
- * Run under `rmem run --api -- PROGRAM ARGS`, which starts the memory servers.
+ * Run under `rmem run --api -- PROGRAM ARGS`, which starts the memory servers, or directly:
+ * with no servers configured the first call starts local memory servers (or those of the
+ * hosts file named by RMEM_HOSTFILE, else ./dlm_hosts) and they stop when the program exits.
+ * `rmem cc` (dlmcc) compiles programs that declare arrays `dlm double a[N][N];`.
  */
 #ifndef DLM_H
 #define DLM_H

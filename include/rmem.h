@@ -2,7 +2,8 @@
  *
  * Link with -lrmem (target/release/librmem.so) and run under `rmem run --api -- PROGRAM`,
  * which starts the memory servers and puts their addresses and the configuration in the
- * environment (see docs/configuration.md). Memory from rmem_alloc lives on the servers and is
+ * environment (see docs/configuration.md); run directly, the first call starts memory servers
+ * of its own (RMEM_HOSTFILE, ./dlm_hosts, or two on loopback). Memory from rmem_alloc lives on the servers and is
  * brought in when touched; at most RMEM_LOCAL bytes of it are resident at once.
  */
 #ifndef RMEM_H
