@@ -372,8 +372,8 @@ pub unsafe extern "C" fn __rmem_dlm_array(
     let p = rmem_alloc(bytes);
     if p.is_null() {
         let text = |s: *const c_char| {
-            // SAFETY: the caller passes null or a C string.
             (!s.is_null()).then(|| {
+                // SAFETY: the caller passes null or a C string.
                 unsafe { std::ffi::CStr::from_ptr(s) }
                     .to_string_lossy()
                     .into_owned()

@@ -99,6 +99,8 @@ struct Translator<'a> {
     static_init: u32,
     tu_tag: String,
     counter: usize,
+    /// Every dlm name declared, in any scope.
+    dlm_names: Vec<String>,
 }
 
 /// A line marker `# LINE "FILE" ...`: the line after it is LINE of FILE.
@@ -183,6 +185,7 @@ pub fn translate(src: &str, tu_tag: &str) -> Result<Translated, Vec<Diag>> {
         static_init: 0,
         tu_tag: tu_tag.to_string(),
         counter: 0,
+        dlm_names: Vec::new(),
     };
     let root = tree.root_node();
     t.visit_children(root);
@@ -535,6 +538,7 @@ impl<'a> Translator<'a> {
                     first_dim,
                 }),
             );
+            self.dlm_names.push(name);
         }
         let mut text = String::new();
         if !kept.is_empty() {
@@ -655,12 +659,7 @@ impl<'a> Translator<'a> {
     /// tree-sitter recovers from what it cannot parse; a use of a dlm array inside such a
     /// place would escape the translation, so it is an error.
     fn check_parse_errors(&mut self, root: Node) {
-        let names: Vec<String> = self
-            .scopes
-            .iter()
-            .flat_map(|s| s.iter())
-            .filter_map(|(k, b)| matches!(b, Binding::Dlm(_)).then(|| k.clone()))
-            .collect();
+        let names = self.dlm_names.clone();
         let mut stack = vec![root];
         while let Some(n) = stack.pop() {
             if !n.has_error() {
