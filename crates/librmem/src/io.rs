@@ -50,7 +50,7 @@ macro_rules! real {
 pub(crate) use real;
 
 /// The region part of `[buf, buf+len)` needs faulting in before the kernel touches it.
-fn needs_prefault(buf: *const c_void, len: usize) -> bool {
+pub(crate) fn needs_prefault(buf: *const c_void, len: usize) -> bool {
     if len == 0 || !PREFAULT.load(Relaxed) {
         return false;
     }
@@ -63,7 +63,7 @@ fn needs_prefault(buf: *const c_void, len: usize) -> bool {
 /// Every 4 KiB piece is touched, not only the first of each DLM page: a piece the program
 /// dropped itself with a raw madvise(2) is missing from a page the pager holds as mapped, and
 /// a touch of it is what lets the pager give it zeros (the kernel would get EFAULT).
-fn prefault(buf: *const c_void, len: usize, for_write: bool) {
+pub(crate) fn prefault(buf: *const c_void, len: usize, for_write: bool) {
     let page = 4096;
     let (start, end) = (buf as u64, buf as u64 + len as u64);
     let mut at = start;
@@ -91,14 +91,14 @@ fn prefault(buf: *const c_void, len: usize, for_write: bool) {
     }
 }
 
-fn errno() -> c_int {
+pub(crate) fn errno() -> c_int {
     // SAFETY: errno is thread-local.
     unsafe { *libc::__errno_location() }
 }
 
 /// Fault the buffers in with `prefault` and make the call; again while it fails with EFAULT
 /// because another thread evicted a page in between, up to EFAULT_RETRIES times.
-fn with_prefault(mut prefault: impl FnMut(), mut call: impl FnMut() -> isize) -> isize {
+pub(crate) fn with_prefault(mut prefault: impl FnMut(), mut call: impl FnMut() -> isize) -> isize {
     let mut tries = 0;
     loop {
         prefault();
@@ -111,7 +111,7 @@ fn with_prefault(mut prefault: impl FnMut(), mut call: impl FnMut() -> isize) ->
 }
 
 /// The caller's iovec array as a slice.
-fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> &'a [libc::iovec] {
+pub(crate) fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> &'a [libc::iovec] {
     if iov.is_null() || cnt <= 0 {
         return &[];
     }
@@ -140,9 +140,12 @@ fn cut_by_eviction(start: *const c_void, end: *const c_void, kernel_writes: bool
         e.div_ceil(4096) * 4096
     };
     let mut vec = vec![0u8; (last - first) / 4096];
-    // SAFETY: mincore only reads page tables; the range lies in the region's mapping, and vec
-    // has one byte per page of it.
-    let r = unsafe { libc::mincore(first as *mut c_void, last - first, vec.as_mut_ptr()) };
+    // mincore only reads page tables; the range lies in the region's mapping, and vec has one
+    // byte per page of it. (Through sys::call: this may run inside the SIGSYS handler.)
+    let r = crate::sys::call(
+        libc::SYS_mincore,
+        [first, last - first, vec.as_mut_ptr() as usize, 0, 0, 0],
+    );
     r == 0 && vec.iter().any(|v| v & 1 == 0)
 }
 
@@ -151,7 +154,7 @@ fn cut_by_eviction(start: *const c_void, end: *const c_void, kernel_writes: bool
 /// Stops at the first short transfer, like the kernel would for one big call, unless the
 /// transfer was cut at a page evicted since the prefault: then the rest is faulted in again
 /// and the call goes on (up to EFAULT_RETRIES times).
-fn chunked(
+pub(crate) fn chunked(
     buf: *const c_void,
     len: usize,
     for_write: bool,
@@ -182,7 +185,7 @@ fn chunked(
 }
 
 /// Fault in every region buffer of an iovec array; retry on EFAULT.
-fn vectored(
+pub(crate) fn vectored(
     iov: *const libc::iovec,
     cnt: c_int,
     for_write: bool,
@@ -214,8 +217,9 @@ pub const BOUNCE_MAX: usize = 64 << 20;
 fn consumes_on_fault(fd: c_int) -> bool {
     // SAFETY: fstat fills the struct it is given; all-zero is a valid stat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+    // Through sys::call: this may run inside the SIGSYS handler.
+    let st_addr = &mut st as *mut libc::stat as usize;
+    if crate::sys::call(libc::SYS_fstat, [fd as usize, st_addr, 0, 0, 0, 0]) != 0 {
         return false; // the real call reports the bad descriptor
     }
     match st.st_mode & libc::S_IFMT {
@@ -228,16 +232,18 @@ fn consumes_on_fault(fd: c_int) -> bool {
 fn is_stream_socket(fd: c_int) -> bool {
     let mut ty: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: SO_TYPE writes one int into `ty`, whose size `len` gives.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut ty as *mut c_int).cast(),
-            &mut len,
-        )
-    };
+    // SO_TYPE writes one int into `ty`, whose size `len` gives.
+    let r = crate::sys::call(
+        libc::SYS_getsockopt,
+        [
+            fd as usize,
+            libc::SOL_SOCKET as usize,
+            libc::SO_TYPE as usize,
+            &mut ty as *mut c_int as usize,
+            &mut len as *mut libc::socklen_t as usize,
+            0,
+        ],
+    );
     r == 0 && ty == libc::SOCK_STREAM
 }
 
@@ -287,7 +293,7 @@ fn scatter(src: &[u8], iovs: &[libc::iovec]) -> usize {
 /// receives into a local bounce buffer and copies from there: it never consumes a message it
 /// then fails to deliver. Elsewhere it goes through [`chunked`].
 /// `call(ptr, len, done)` is the real call on `[ptr, ptr+len)`, `done` bytes in.
-fn receive(
+pub(crate) fn receive(
     fd: c_int,
     buf: *mut c_void,
     n: usize,
@@ -396,6 +402,29 @@ pub extern "C" fn recvfrom(
     alen: ALen,
 ) -> isize {
     let f = real!(c"recvfrom", fn(Fd, Buf, usize, Flags, Addr, ALen) -> isize);
+    // SAFETY: forwarding the caller's arguments (recvmsg: as below).
+    recvfrom_with(
+        fd,
+        buf,
+        n,
+        addr,
+        alen,
+        |p, k, a, l| unsafe { f(fd, p, k, flags, a, l) },
+        |m| unsafe { recvmsg(fd, m, flags) },
+    )
+}
+
+/// A recvfrom with the caller's arguments: `call(buf, n, addr, alen)` is the real recvfrom,
+/// `recvmsg(msg)` a recvmsg on the same descriptor with the same flags.
+pub(crate) fn recvfrom_with(
+    fd: Fd,
+    buf: Buf,
+    n: usize,
+    addr: Addr,
+    alen: ALen,
+    mut call: impl FnMut(Buf, usize, Addr, ALen) -> isize,
+    recvmsg: impl FnOnce(*mut libc::msghdr) -> isize,
+) -> isize {
     if needs_prefault(addr.cast(), size_of::<libc::sockaddr_storage>()) {
         // The source address is written after the message is taken: receive through recvmsg,
         // which bounces the address too.
@@ -410,20 +439,20 @@ pub extern "C" fn recvfrom(
         m.msg_name = addr.cast();
         // SAFETY: alen is valid when addr is not null, as recvfrom requires.
         m.msg_namelen = if alen.is_null() { 0 } else { unsafe { *alen } };
-        // SAFETY: m describes the caller's buffers.
-        let r = unsafe { recvmsg(fd, &mut m, flags) };
+        // m describes the caller's buffers.
+        let r = recvmsg(&mut m);
         if r >= 0 && !alen.is_null() {
             // SAFETY: as above.
             unsafe { *alen = m.msg_namelen };
         }
         return r;
     }
-    // SAFETY: as read; later chunks do not overwrite the address of the first.
-    receive(fd, buf, n, |p, n, d| unsafe {
+    // Later chunks do not overwrite the address of the first.
+    receive(fd, buf, n, |p, n, d| {
         if d == 0 {
-            f(fd, p, n, flags, addr, alen)
+            call(p, n, addr, alen)
         } else {
-            f(fd, p, n, flags, std::ptr::null_mut(), std::ptr::null_mut())
+            call(p, n, std::ptr::null_mut(), std::ptr::null_mut())
         }
     })
 }
@@ -447,17 +476,17 @@ pub extern "C" fn sendto(
 
 /// Run a readv/writev in windows of iovecs of at most a chunk of bytes, each faulted in first,
 /// stopping at the first short transfer unless it was cut at a page evicted since the
-/// prefault (then it goes on from there, as `chunked` does). `call(iov, cnt)` does the real
-/// call.
-fn windowed(
+/// prefault (then it goes on from there, as `chunked` does). `call(iov, cnt, done)` does the
+/// real call, `done` bytes in.
+pub(crate) fn windowed(
     iov: *const libc::iovec,
     cnt: c_int,
     for_write: bool,
-    mut call: impl FnMut(*const libc::iovec, c_int) -> isize,
+    mut call: impl FnMut(*const libc::iovec, c_int, usize) -> isize,
 ) -> isize {
     let iovs = iovecs(iov, cnt);
     if !iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) {
-        return call(iov, cnt);
+        return call(iov, cnt, 0);
     }
     let chunk = CHUNK.load(Relaxed).max(1);
     // Split the buffers into pieces of at most a chunk, then group pieces into windows.
@@ -491,7 +520,7 @@ fn windowed(
                     .iter()
                     .for_each(|v| prefault(v.iov_base, v.iov_len, for_write))
             },
-            || call(window.as_ptr(), window.len() as c_int),
+            || call(window.as_ptr(), window.len() as c_int, done as usize),
         );
         if r < 0 {
             return if done > 0 { done } else { r };
@@ -525,7 +554,24 @@ fn windowed(
 /// See readv(2).
 #[no_mangle]
 pub extern "C" fn readv(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
+    if crate::sys::filtered() {
+        return crate::sys::emulate(
+            libc::SYS_readv,
+            [fd as usize, iov as usize, cnt as usize, 0, 0, 0],
+        );
+    }
     let f = real!(c"readv", fn(Fd, *const libc::iovec, c_int) -> isize);
+    // SAFETY: forwarding the caller's buffers, a window at a time.
+    readv_with(fd, iov, cnt, |v, c, _| unsafe { f(fd, v, c) })
+}
+
+/// A readv into the caller's buffers, `call(iov, cnt, done)` the real call (see [`receive`]).
+pub(crate) fn readv_with(
+    fd: Fd,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    mut call: impl FnMut(*const libc::iovec, c_int, usize) -> isize,
+) -> isize {
     let iovs = iovecs(iov, cnt);
     if iovs.iter().any(|v| needs_prefault(v.iov_base, v.iov_len)) && consumes_on_fault(fd) {
         let len = iovs
@@ -534,24 +580,32 @@ pub extern "C" fn readv(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
             .sum::<usize>()
             .min(BOUNCE_MAX);
         return with_bounce(len, |b| {
-            // SAFETY: reading into our own buffer of `len` bytes.
-            let r = unsafe { libc::read(fd, b.as_mut_ptr().cast(), len) };
+            let local = libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: len,
+            };
+            let r = call(&local, 1, 0);
             if r > 0 {
                 scatter(&b[..r as usize], iovs);
             }
             r
         });
     }
-    // SAFETY: forwarding the caller's buffers, a window at a time.
-    windowed(iov, cnt, true, |v, c| unsafe { f(fd, v, c) })
+    windowed(iov, cnt, true, call)
 }
 
 /// See writev(2).
 #[no_mangle]
 pub extern "C" fn writev(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
+    if crate::sys::filtered() {
+        return crate::sys::emulate(
+            libc::SYS_writev,
+            [fd as usize, iov as usize, cnt as usize, 0, 0, 0],
+        );
+    }
     let f = real!(c"writev", fn(Fd, *const libc::iovec, c_int) -> isize);
     // SAFETY: as readv.
-    windowed(iov, cnt, false, |v, c| unsafe { f(fd, v, c) })
+    windowed(iov, cnt, false, |v, c, _| unsafe { f(fd, v, c) })
 }
 
 /// See recvmsg(2).
@@ -560,16 +614,32 @@ pub extern "C" fn writev(fd: Fd, iov: *const libc::iovec, cnt: c_int) -> isize {
 /// `msg` points to a valid msghdr, as the system call requires.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: Fd, msg: *mut libc::msghdr, flags: Flags) -> isize {
+    if crate::sys::filtered() {
+        let args = [fd as usize, msg as usize, flags as usize, 0, 0, 0];
+        return crate::sys::emulate(libc::SYS_recvmsg, args);
+    }
     let f = real!(c"recvmsg", fn(Fd, *mut libc::msghdr, Flags) -> isize);
+    // SAFETY: caller's contract.
+    unsafe { recvmsg_with(fd, msg, |m| f(fd, m, flags)) }
+}
+
+/// A recvmsg with the caller's `msg`; `call(msg)` is the real call.
+///
+/// # Safety
+/// `msg` points to a valid msghdr, as the system call requires.
+pub(crate) unsafe fn recvmsg_with(
+    fd: Fd,
+    msg: *mut libc::msghdr,
+    mut call: impl FnMut(*mut libc::msghdr) -> isize,
+) -> isize {
     // SAFETY: caller's contract; the msghdr's iovecs are the buffers.
     let (iov, cnt) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
     // SAFETY: caller's contract.
     if unsafe { msghdr_needs_bounce(fd, &*msg) } {
         // SAFETY: caller's contract; the real call gets our local copies.
-        return unsafe { recvmsg_bounced(&mut *msg, |m| f(fd, m, flags)) };
+        return unsafe { recvmsg_bounced(&mut *msg, call) };
     }
-    // SAFETY: as readv.
-    vectored(iov, cnt, true, || unsafe { f(fd, msg, flags) })
+    vectored(iov, cnt, true, || call(msg))
 }
 
 /// A receive with `m` can lose data if its copy-out fails: some buffer of it is remote
@@ -580,7 +650,8 @@ fn msghdr_needs_bounce(fd: c_int, m: &libc::msghdr) -> bool {
         return false;
     }
     let side = needs_prefault(m.msg_name, m.msg_namelen as usize)
-        || needs_prefault(m.msg_control, m.msg_controllen);
+        || needs_prefault(m.msg_control, m.msg_controllen)
+        || needs_prefault(m.msg_iov.cast(), m.msg_iovlen * size_of::<libc::iovec>());
     let data = iovecs(m.msg_iov, m.msg_iovlen as c_int)
         .iter()
         .any(|v| needs_prefault(v.iov_base, v.iov_len));
@@ -592,7 +663,7 @@ fn msghdr_needs_bounce(fd: c_int, m: &libc::msghdr) -> bool {
 ///
 /// # Safety
 /// `m` describes valid buffers, as recvmsg requires.
-unsafe fn recvmsg_bounced(
+pub(crate) unsafe fn recvmsg_bounced(
     m: &mut libc::msghdr,
     call: impl FnOnce(*mut libc::msghdr) -> isize,
 ) -> isize {
@@ -667,13 +738,38 @@ pub unsafe extern "C" fn recvmmsg(
     flags: Flags,
     timeout: *mut libc::timespec,
 ) -> c_int {
+    if crate::sys::filtered() {
+        let args = [
+            fd as usize,
+            msgs as usize,
+            vlen as usize,
+            flags as usize,
+            timeout as usize,
+            0,
+        ];
+        return crate::sys::emulate(libc::SYS_recvmmsg, args) as c_int;
+    }
     let f = real!(
         c"recvmmsg",
         fn(Fd, *mut libc::mmsghdr, libc::c_uint, Flags, *mut libc::timespec) -> c_int
     );
+    // SAFETY: caller's contract.
+    unsafe { recvmmsg_with(fd, msgs, vlen, timeout, |m, v, t| f(fd, m, v, flags, t)) }
+}
+
+/// A recvmmsg with the caller's arguments; `f(msgs, vlen, timeout)` is the real call.
+///
+/// # Safety
+/// As [`recvmmsg`].
+pub(crate) unsafe fn recvmmsg_with(
+    fd: Fd,
+    msgs: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    timeout: *mut libc::timespec,
+    f: impl FnOnce(*mut libc::mmsghdr, libc::c_uint, *mut libc::timespec) -> c_int,
+) -> c_int {
     if msgs.is_null() || vlen == 0 || !PREFAULT.load(Relaxed) {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        return unsafe { f(fd, msgs, vlen, flags, timeout) };
+        return f(msgs, vlen, timeout);
     }
     let vlen = vlen.min(libc::UIO_MAXIOV as libc::c_uint);
     // SAFETY: caller's contract.
@@ -681,8 +777,7 @@ pub unsafe extern "C" fn recvmmsg(
     let headers_remote = needs_prefault(msgs.cast(), size_of_val(all))
         || needs_prefault(timeout.cast(), size_of::<libc::timespec>());
     if !headers_remote && !all.iter().any(|h| msghdr_needs_bounce(fd, &h.msg_hdr)) {
-        // SAFETY: as above.
-        return unsafe { f(fd, msgs, vlen, flags, timeout) };
+        return f(msgs, vlen, timeout);
     }
     // Local copies: one buffer per message, its address and control, the headers, the timeout.
     let mut local: Vec<libc::mmsghdr> = all.to_vec();
@@ -725,8 +820,8 @@ pub unsafe extern "C" fn recvmmsg(
     let tp = t
         .as_mut()
         .map_or(std::ptr::null_mut(), |t| t as *mut libc::timespec);
-    // SAFETY: every pointer in `local` points to our own buffers of the lengths it says.
-    let r = unsafe { f(fd, local.as_mut_ptr(), vlen, flags, tp) };
+    // Every pointer in `local` points to our own buffers of the lengths it says.
+    let r = f(local.as_mut_ptr(), vlen, tp);
     if let Some(t) = t {
         // SAFETY: as above.
         unsafe { *timeout = t };
@@ -759,6 +854,10 @@ pub unsafe extern "C" fn recvmmsg(
 /// As [`recvmsg`].
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: Fd, msg: *const libc::msghdr, flags: Flags) -> isize {
+    if crate::sys::filtered() {
+        let args = [fd as usize, msg as usize, flags as usize, 0, 0, 0];
+        return crate::sys::emulate(libc::SYS_sendmsg, args);
+    }
     let f = real!(c"sendmsg", fn(Fd, *const libc::msghdr, Flags) -> isize);
     // SAFETY: caller's contract.
     let (iov, cnt) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen as c_int) };

@@ -8,8 +8,9 @@
 //!
 //! The same library is the `LD_PRELOAD` library of transparent mode: [`malloc`] interposes
 //! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode,
+//! [`sys`] every other system call with a buffer there (a seccomp filter and SIGSYS),
 //! [`mem`] the memory calls (madvise, munmap, mremap, mprotect, mlock) on remote memory,
-//! [`stack`] stacks in remote memory, [`fork`] what a fork() child sees, and [`signals`] keeps
+//! [`stack`] stacks in remote memory, [`fork`] what a fork() child sees, [`spawn`] posix_spawn's arguments, and [`signals`] keeps
 //! rmem's SIGSEGV/SIGBUS handler first whatever the program does with those signals. A
 //! constructor starts the runtime before any constructor of the program when `rmem run` asks
 //! for transparent mode.
@@ -21,7 +22,9 @@ mod malloc;
 mod mem;
 mod own_servers;
 mod signals;
+mod spawn;
 mod stack;
+mod sys;
 
 #[global_allocator]
 static ALLOC: malloc::LibcAlloc = malloc::LibcAlloc;
@@ -139,6 +142,16 @@ fn init() -> Option<&'static Runtime> {
             let chunk = (rt.local_bytes() / 64).min(8 << 20).max(ps as u64);
             io::CHUNK.store(chunk as usize, Ordering::Relaxed);
             io::PREFAULT.store(!rt.handles_kernel_faults(), Ordering::Relaxed);
+            if !rt.handles_kernel_faults() {
+                if let Err(why) = sys::install(base, len) {
+                    if std::env::var_os("RMEM_SYSCALL_TRAP").is_none_or(|v| v != "0") {
+                        report(&format!(
+                            "system calls on remote buffers are helped only through the C \
+                             library functions rmem wraps: {why}"
+                        ));
+                    }
+                }
+            }
             fork::guard_children();
             if rt.fault_delivery() == "signal" {
                 // Faults arrive as SIGBUS: keep rmem's handler first whatever the program

@@ -1,9 +1,9 @@
-//! SIGSEGV and SIGBUS: rmem's handler first, the program's behind it.
+//! SIGSEGV, SIGBUS and SIGSYS: rmem's handler first, the program's behind it.
 //!
-//! rmem needs a fault signal in two cases: SIGBUS when faults are delivered by signal
-//! (`RMEM_FAULT_DELIVERY=signal`, rmem-uffd's signal.rs), and SIGSEGV in a fork() child, where
+//! rmem needs a signal in three cases: SIGBUS when faults are delivered by signal
+//! (`RMEM_FAULT_DELIVERY=signal`, rmem-uffd's signal.rs), SIGSEGV in a fork() child, where
 //! the region is reserved with no access so that a touch is stopped with rmem's message
-//! (fork.rs). Either would break as soon as the program set its own disposition: a child that
+//! (fork.rs), and SIGSYS for the system calls its seccomp filter traps (sys.rs). Any would break as soon as the program set its own disposition: a child that
 //! resets SIGSEGV to SIG_DFL died of a bare SIGSEGV, and a program's SIGBUS handler received
 //! rmem's faults.
 //!
@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize
 /// rmem's part of a handler: true when the fault was rmem's and has been dealt with.
 pub type RmemPart = fn(c_int, *mut siginfo_t, *mut c_void) -> bool;
 
-const SIGNALS: [c_int; 2] = [libc::SIGSEGV, libc::SIGBUS];
+const SIGNALS: [c_int; 3] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGSYS];
 /// sigset(3)'s "block it" disposition (not in the libc crate).
 const SIG_HOLD: usize = 2;
 const MASK_WORDS: usize = std::mem::size_of::<libc::sigset_t>() / 8;
@@ -63,7 +63,7 @@ const OWNED: Owned = Owned {
     flags: AtomicI32::new(0),
     mask: [WORD; MASK_WORDS],
 };
-static TABLE: [Owned; 2] = [OWNED; 2];
+static TABLE: [Owned; 3] = [OWNED; 3];
 
 fn slot(sig: c_int) -> Option<&'static Owned> {
     SIGNALS
@@ -151,14 +151,15 @@ fn real_sigaction() -> SigactionFn {
     unsafe { std::mem::transmute::<usize, SigactionFn>(f) }
 }
 
-/// Make rmem's handler the kernel's for `sig` (SIGSEGV or SIGBUS), with `rmem` as its part.
+/// Make rmem's handler the kernel's for `sig` (SIGSEGV, SIGBUS or SIGSYS), with `rmem` as its
+/// part.
 /// The program's disposition is `program` when given (the action another handler of rmem
 /// replaced), else the one the kernel had.
 pub fn own(sig: c_int, rmem: RmemPart, program: Option<libc::sigaction>) {
     let i = SIGNALS
         .iter()
         .position(|&s| s == sig)
-        .expect("rmem owns SIGSEGV and SIGBUS only");
+        .expect("rmem owns SIGSEGV, SIGBUS and SIGSYS only");
     let o = &TABLE[i];
     o.rmem.store(rmem as usize, Ordering::Release);
     if o.owned.load(Ordering::Acquire) {
@@ -199,7 +200,8 @@ extern "C" fn dispatch(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
 fn chain(o: &Owned, sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     let act = o.action();
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let sent = unsafe { (*info).si_code } <= 0;
+    // A SIGSYS of somebody else's seccomp filter does not repeat on return: raise it too.
+    let sent = unsafe { (*info).si_code } <= 0 || sig == libc::SIGSYS;
     if act.sa_sigaction == libc::SIG_DFL || act.sa_sigaction == libc::SIG_IGN {
         if sent && act.sa_sigaction == libc::SIG_IGN {
             return;

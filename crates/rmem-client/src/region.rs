@@ -28,16 +28,29 @@ pub struct Mapping {
     raw_len: u64,
 }
 
+/// Where rmem asks Linux to place the region: 16 TiB, far below where Linux puts programs
+/// (about 85 TiB up), the heap and mappings (near the top of the 128 TiB user space), so no
+/// ordinary mapping of a program lies in the same 4 GiB windows. librmem's seccomp filter
+/// compares the high 32 bits of system call arguments with the region's, and a program that
+/// inherits the filter across exec must not have its own pointers there. A hint only: if the
+/// range is taken, Linux chooses, and rmem works the same.
+pub const REGION_AT: u64 = 0x1000_0000_0000;
+
 impl Mapping {
     /// Reserve `len` bytes aligned to `align` (a power of two).
     pub fn reserve(len: u64, align: u64) -> io::Result<Mapping> {
+        Mapping::reserve_at(0, len, align)
+    }
+
+    /// Reserve `len` bytes aligned to `align`, at `hint` if that range is free.
+    pub fn reserve_at(hint: u64, len: u64, align: u64) -> io::Result<Mapping> {
         let raw_len = len
             .checked_add(align)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
         // SAFETY: an anonymous mapping at a kernel-chosen address touches no existing memory.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                hint as *mut libc::c_void,
                 raw_len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
@@ -69,11 +82,11 @@ impl Mapping {
         Ok(m)
     }
 
-    /// Reserve up to `len` bytes, halving on failure down to `min` (a strict overcommit policy
-    /// or a small address-space limit may refuse a terabyte).
-    pub fn reserve_up_to(mut len: u64, min: u64, align: u64) -> io::Result<Mapping> {
+    /// Reserve up to `len` bytes at `hint` if free, halving on failure down to `min` (a strict
+    /// overcommit policy or a small address-space limit may refuse a terabyte).
+    pub fn reserve_up_to(hint: u64, mut len: u64, min: u64, align: u64) -> io::Result<Mapping> {
         loop {
-            match Mapping::reserve(len, align) {
+            match Mapping::reserve_at(hint, len, align) {
                 Ok(m) => return Ok(m),
                 Err(e) if len / 2 >= min => {
                     let _ = e;

@@ -3,7 +3,7 @@
 use crate::alloc::Allocator;
 use crate::config::{Config, ConfigError};
 use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, TraceOut};
-use crate::region::{Mapping, Staging};
+use crate::region::{Mapping, Staging, REGION_AT};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::mem::MemStore;
 use crate::store::remote::RemoteStore;
@@ -189,12 +189,10 @@ impl Runtime {
             return Err(RuntimeError::NoMove);
         }
         let min = (64 * ps).min(config.region_bytes);
-        let region =
-            Mapping::reserve_up_to(config.region_bytes / ps * ps, min, ps).map_err(|source| {
-                RuntimeError::Reserve {
-                    bytes: config.region_bytes,
-                    source,
-                }
+        let region = Mapping::reserve_up_to(REGION_AT, config.region_bytes / ps * ps, min, ps)
+            .map_err(|source| RuntimeError::Reserve {
+                bytes: config.region_bytes,
+                source,
             })?;
         uffd.register(region.base(), region.len())?;
         let budget_pages = config.local_pages();
