@@ -316,6 +316,12 @@ pub(crate) fn receive(
     })
 }
 
+/// The call `nr` with `args` made by sys.rs's emulation, when its seccomp filter is on and
+/// `[buf, buf+len)` is remote: the C library's call would only be trapped and emulated anyway.
+fn emulated(buf: *const c_void, len: usize, nr: libc::c_long, args: [usize; 6]) -> Option<isize> {
+    (crate::sys::filtered() && needs_prefault(buf, len)).then(|| crate::sys::emulate(nr, args))
+}
+
 type Fd = c_int;
 type Buf = *mut c_void;
 type CBuf = *const c_void;
@@ -329,6 +335,14 @@ type CALen = libc::socklen_t;
 /// See read(2).
 #[no_mangle]
 pub extern "C" fn read(fd: Fd, buf: Buf, n: usize) -> isize {
+    if let Some(r) = emulated(
+        buf,
+        n,
+        libc::SYS_read,
+        [fd as usize, buf as usize, n, 0, 0, 0],
+    ) {
+        return r;
+    }
     let f = real!(c"read", fn(Fd, Buf, usize) -> isize);
     // SAFETY: forwarding the caller's arguments, with a sub-range of its buffer or a bounce
     // buffer of at most its length.
@@ -338,6 +352,14 @@ pub extern "C" fn read(fd: Fd, buf: Buf, n: usize) -> isize {
 /// See write(2).
 #[no_mangle]
 pub extern "C" fn write(fd: Fd, buf: CBuf, n: usize) -> isize {
+    if let Some(r) = emulated(
+        buf,
+        n,
+        libc::SYS_write,
+        [fd as usize, buf as usize, n, 0, 0, 0],
+    ) {
+        return r;
+    }
     let f = real!(c"write", fn(Fd, CBuf, usize) -> isize);
     // SAFETY: as read.
     chunked(buf, n, false, |p, n, _| unsafe { f(fd, p, n) })
@@ -346,6 +368,10 @@ pub extern "C" fn write(fd: Fd, buf: CBuf, n: usize) -> isize {
 /// See pread(2).
 #[no_mangle]
 pub extern "C" fn pread(fd: Fd, buf: Buf, n: usize, off: Off) -> isize {
+    let args = [fd as usize, buf as usize, n, off as usize, 0, 0];
+    if let Some(r) = emulated(buf, n, libc::SYS_pread64, args) {
+        return r;
+    }
     let f = real!(c"pread", fn(Fd, Buf, usize, Off) -> isize);
     // SAFETY: as read; the offset advances with the chunk.
     chunked(buf, n, true, |p, n, d| unsafe {
@@ -362,6 +388,10 @@ pub extern "C" fn pread64(fd: Fd, buf: Buf, n: usize, off: Off) -> isize {
 /// See pwrite(2).
 #[no_mangle]
 pub extern "C" fn pwrite(fd: Fd, buf: CBuf, n: usize, off: Off) -> isize {
+    let args = [fd as usize, buf as usize, n, off as usize, 0, 0];
+    if let Some(r) = emulated(buf, n, libc::SYS_pwrite64, args) {
+        return r;
+    }
     let f = real!(c"pwrite", fn(Fd, CBuf, usize, Off) -> isize);
     // SAFETY: as pread.
     chunked(buf, n, false, |p, n, d| unsafe {
@@ -378,6 +408,10 @@ pub extern "C" fn pwrite64(fd: Fd, buf: CBuf, n: usize, off: Off) -> isize {
 /// See recv(2).
 #[no_mangle]
 pub extern "C" fn recv(fd: Fd, buf: Buf, n: usize, flags: Flags) -> isize {
+    let args = [fd as usize, buf as usize, n, flags as usize, 0, 0];
+    if let Some(r) = emulated(buf, n, libc::SYS_recvfrom, args) {
+        return r;
+    }
     let f = real!(c"recv", fn(Fd, Buf, usize, Flags) -> isize);
     // SAFETY: as read.
     receive(fd, buf, n, |p, n, _| unsafe { f(fd, p, n, flags) })
@@ -386,6 +420,10 @@ pub extern "C" fn recv(fd: Fd, buf: Buf, n: usize, flags: Flags) -> isize {
 /// See send(2).
 #[no_mangle]
 pub extern "C" fn send(fd: Fd, buf: CBuf, n: usize, flags: Flags) -> isize {
+    let args = [fd as usize, buf as usize, n, flags as usize, 0, 0];
+    if let Some(r) = emulated(buf, n, libc::SYS_sendto, args) {
+        return r;
+    }
     let f = real!(c"send", fn(Fd, CBuf, usize, Flags) -> isize);
     // SAFETY: as read.
     chunked(buf, n, false, |p, n, _| unsafe { f(fd, p, n, flags) })
@@ -401,6 +439,24 @@ pub extern "C" fn recvfrom(
     addr: Addr,
     alen: ALen,
 ) -> isize {
+    let args = [
+        fd as usize,
+        buf as usize,
+        n,
+        flags as usize,
+        addr as usize,
+        alen as usize,
+    ];
+    if let Some(r) = emulated(buf, n, libc::SYS_recvfrom, args).or_else(|| {
+        emulated(
+            addr.cast(),
+            size_of::<libc::sockaddr>(),
+            libc::SYS_recvfrom,
+            args,
+        )
+    }) {
+        return r;
+    }
     let f = real!(c"recvfrom", fn(Fd, Buf, usize, Flags, Addr, ALen) -> isize);
     // SAFETY: forwarding the caller's arguments (recvmsg: as below).
     recvfrom_with(
@@ -467,6 +523,19 @@ pub extern "C" fn sendto(
     addr: CAddr,
     alen: CALen,
 ) -> isize {
+    let args = [
+        fd as usize,
+        buf as usize,
+        n,
+        flags as usize,
+        addr as usize,
+        alen as usize,
+    ];
+    if let Some(r) = emulated(buf, n, libc::SYS_sendto, args)
+        .or_else(|| emulated(addr.cast(), alen as usize, libc::SYS_sendto, args))
+    {
+        return r;
+    }
     let f = real!(c"sendto", fn(Fd, CBuf, usize, Flags, CAddr, CALen) -> isize);
     // SAFETY: as read.
     chunked(buf, n, false, |p, n, _| unsafe {

@@ -270,6 +270,10 @@ pub unsafe extern "C" fn sigaction(
     old: *mut libc::sigaction,
 ) -> c_int {
     let Some(o) = slot(sig) else {
+        if let Some(copy) = unmasked(act) {
+            // SAFETY: the caller's action without the owned signals in its mask.
+            return unsafe { real_sigaction()(sig, &copy, old) };
+        }
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real_sigaction()(sig, act, old) };
     };
@@ -283,6 +287,21 @@ pub unsafe extern "C" fn sigaction(
         unsafe { old.write(prev) };
     }
     0
+}
+
+/// `act` without the owned signals in its mask, when it has some: a handler of the program
+/// must not block them while it runs (a fault, or a trapped system call, would then kill the
+/// process instead of reaching rmem).
+fn unmasked(act: *const libc::sigaction) -> Option<libc::sigaction> {
+    if act.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's valid action.
+    let mut copy = unsafe { *act };
+    unblockable(libc::SIG_BLOCK, &copy.sa_mask).map(|mask| {
+        copy.sa_mask = mask;
+        copy
+    })
 }
 
 /// glibc's internal name for [`sigaction`], exported too.

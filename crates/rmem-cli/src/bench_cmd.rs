@@ -23,6 +23,9 @@ pub enum BenchCommand {
     /// Real programs (GNU sort, numpy as nobody, CPython's small objects) in transparent mode
     /// at a quarter of their footprint, against the same programs without rmem.
     Programs(crate::programs_bench::ProgramsArgs),
+    /// What trapping system calls with remote buffers costs per call, unprivileged, against
+    /// the same calls without rmem and with the trap off.
+    Syscalls(crate::syscall_bench::SyscallsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -63,6 +66,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Suite(a) => crate::bench_suite::run(a),
         BenchCommand::Policies(a) => crate::policy_bench::policies(a),
         BenchCommand::Programs(a) => crate::programs_bench::programs(a),
+        BenchCommand::Syscalls(a) => crate::syscall_bench::syscalls(a),
     };
     match r {
         Ok(()) => 0,

@@ -14,6 +14,7 @@ mod programs_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
+mod syscall_bench;
 mod workloads;
 
 use clap::{Parser, Subcommand};

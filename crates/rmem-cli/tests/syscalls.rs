@@ -78,3 +78,27 @@ print("python syscalls: ok")
         out.stderr
     );
 }
+
+#[test]
+fn the_syscall_bench_runs_at_a_tiny_size() {
+    let dir = scratch("bench-syscalls");
+    let json = dir.join("sys.json");
+    let mut c = if is_root() {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(rmem());
+        c
+    } else {
+        std::process::Command::new(rmem())
+    };
+    c.args(["bench", "syscalls", "--calls", "2000", "--json"]).arg(&json);
+    let out = run_bounded(&mut c, Duration::from_secs(120));
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let v = read_json(&json);
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.len(), 6, "{v}");
+    for r in rows {
+        let t = r["trap_ratio"].as_f64().unwrap_or(f64::NAN);
+        assert!(t.is_finite() && t > 0.0, "{r}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -7,7 +7,11 @@
 //! Linux 6.x that take a user buffer, except those that only name an address range (madvise,
 //! mprotect, munmap, mremap, mlock: see mem.rs) and those whose buffers the kernel reads later
 //! (set_robust_list, rseq, set_tid_address: those live in a thread's control block, which
-//! stack.rs keeps resident). Not covered: vmsplice and process_vm_readv/writev (their buffers
+//! stack.rs keeps resident), and those glibc makes with every signal blocked, when a trap's
+//! SIGSYS would kill the process instead of reaching rmem's handler: rt_sigprocmask,
+//! rt_sigaction, sigaltstack and clone3 (a new thread restores its mask from its control
+//! block, on the thread's stack; their arguments live on stacks, which stack.rs pins when
+//! they are remote). Not covered: vmsplice and process_vm_readv/writev (their buffers
 //! are behind iovecs and the kernel pins them with get_user_pages, which no prefault keeps
 //! valid), io_submit's iocbs (only the pointer array is faulted in).
 
@@ -308,8 +312,6 @@ pub static TABLE: &[Entry] = &[
     ),
     e(libc::SYS_timerfd_gettime, [N, o(F(ITIMER)), N, N, N, N]),
     // Signals.
-    e(libc::SYS_rt_sigaction, [N, i(F(32)), o(F(32)), N, N, N]),
-    e(libc::SYS_rt_sigprocmask, [N, i(A(3)), o(A(3)), N, N, N]),
     e(libc::SYS_rt_sigpending, [o(A(1)), N, N, N, N, N]),
     e(libc::SYS_rt_sigsuspend, [i(A(1)), N, N, N, N, N]),
     e(
@@ -319,7 +321,6 @@ pub static TABLE: &[Entry] = &[
     e(libc::SYS_rt_sigqueueinfo, [N, N, i(F(SIGINFO)), N, N, N]),
     e(libc::SYS_rt_tgsigqueueinfo, [N, N, N, i(F(SIGINFO)), N, N]),
     e(libc::SYS_pidfd_send_signal, [N, N, i(F(SIGINFO)), N, N, N]),
-    e(libc::SYS_sigaltstack, [i(F(24)), o(F(24)), N, N, N, N]),
     e(libc::SYS_signalfd, [N, i(A(2)), N, N, N, N]),
     e(libc::SYS_signalfd4, [N, i(A(2)), N, N, N, N]),
     // Processes.
@@ -353,7 +354,6 @@ pub static TABLE: &[Entry] = &[
     e(libc::SYS_capget, [IO(F(8)), o(F(24)), N, N, N, N]),
     e(libc::SYS_capset, [i(F(8)), i(F(24)), N, N, N, N]),
     e(libc::SYS_syslog, [N, r(A(2)), N, N, N, N]),
-    e(libc::SYS_clone3, [i(A(1)), N, N, N, N, N]),
     e(libc::SYS_perf_event_open, [T, N, N, N, N, N]),
     // Sockets and pipes.
     e(libc::SYS_connect, [N, i(A(2)), N, N, N, N]),
