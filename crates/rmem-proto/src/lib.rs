@@ -13,15 +13,20 @@
 //! offset 8  u64 tag    request id chosen by the client, echoed in the response
 //! ```
 //!
-//! All integers are little-endian. A connection opens with `Hello` (magic, protocol version,
-//! page size, shared-secret token) answered by `Welcome` or `Error`. After that the client may
+//! All integers are little-endian. A connection opens with a challenge and response that
+//! never sends the shared token ([`auth`]): `Hello` (magic, protocol version, page size, the
+//! client's nonce) is answered by `Challenge` (the server's nonce), `Auth` (the client's
+//! proof) by `Welcome` (the server's limits and proof) or `Error`. After that the client may
 //! keep many requests in flight; the server answers each connection's requests in order.
 //! `Read` and `Write` carry `count` consecutive pages, and `Swap` writes a victim and reads a
 //! page in one round trip (DLM's swap). Decoding never trusts a length: every field is
 //! bounds-checked, and trailing bytes are an error.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod size;
+
+use auth::{Nonce, Proof};
 
 use std::fmt;
 
@@ -30,9 +35,7 @@ pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const VERSION: u16 = 1;
-/// Largest token accepted in a `Hello`.
-pub const TOKEN_LEN_MAX: usize = 256;
+pub const VERSION: u16 = 2;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -57,12 +60,14 @@ pub enum Op {
     Swap = 0x04,
     Free = 0x05,
     Ping = 0x06,
+    Auth = 0x07,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
     SwapOk = 0x84,
     FreeOk = 0x85,
     Pong = 0x86,
+    Challenge = 0x87,
     Error = 0xFF,
 }
 
@@ -75,12 +80,14 @@ impl Op {
             0x04 => Op::Swap,
             0x05 => Op::Free,
             0x06 => Op::Ping,
+            0x07 => Op::Auth,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
             0x84 => Op::SwapOk,
             0x85 => Op::FreeOk,
             0x86 => Op::Pong,
+            0x87 => Op::Challenge,
             0xFF => Op::Error,
             _ => return None,
         })
@@ -227,6 +234,9 @@ impl<'a> Cursor<'a> {
     fn u64(&mut self) -> Result<u64, ProtoError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        Ok(self.take(N)?.try_into().unwrap())
+    }
     fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
         self.pos = self.buf.len();
@@ -243,10 +253,15 @@ impl<'a> Cursor<'a> {
 /// A request from a client. Page payloads borrow from the receive buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
+    /// Opens a connection: the client's protocol version, page size and nonce.
     Hello {
         version: u16,
         page_size: u32,
-        token: &'a [u8],
+        nonce: Nonce,
+    },
+    /// The client's proof that it knows the token (see [`auth`]), answering `Challenge`.
+    Auth {
+        proof: Proof,
     },
     /// Read `count` consecutive pages starting at `key`.
     Read {
@@ -276,6 +291,7 @@ impl Request<'_> {
     pub fn op(&self) -> Op {
         match self {
             Request::Hello { .. } => Op::Hello,
+            Request::Auth { .. } => Op::Auth,
             Request::Read { .. } => Op::Read,
             Request::Write { .. } => Op::Write,
             Request::Swap { .. } => Op::Swap,
@@ -297,15 +313,15 @@ impl Request<'_> {
             Request::Hello {
                 version,
                 page_size,
-                token,
+                nonce,
             } => {
                 out.extend_from_slice(&MAGIC);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
                 out.extend_from_slice(&page_size.to_le_bytes());
-                out.extend_from_slice(&(token.len() as u16).to_le_bytes());
-                out.extend_from_slice(token);
+                out.extend_from_slice(nonce);
             }
+            Request::Auth { proof } => out.extend_from_slice(proof),
             Request::Read { key, count } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
@@ -346,17 +362,13 @@ impl Request<'_> {
                 }
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
-                let page_size = c.u32()?;
-                let token_len = c.u16()? as usize;
-                if token_len > TOKEN_LEN_MAX {
-                    return Err(ProtoError::Invalid("token too long"));
-                }
                 Request::Hello {
                     version,
-                    page_size,
-                    token: c.take(token_len)?,
+                    page_size: c.u32()?,
+                    nonce: c.array()?,
                 }
             }
+            Op::Auth => Request::Auth { proof: c.array()? },
             Op::Read => Request::Read {
                 key: PageKey(c.u64()?),
                 count: c.u32()?,
@@ -393,11 +405,17 @@ impl Request<'_> {
 /// A response from a server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response<'a> {
+    /// Answers `Hello`: the server's nonce.
+    Challenge {
+        nonce: Nonce,
+    },
+    /// Answers a good `Auth`: the server's limits and its own proof.
     Welcome {
         version: u16,
         frame_len_max: u32,
         capacity_bytes: u64,
         used_bytes: u64,
+        proof: Proof,
     },
     ReadOk {
         key: PageKey,
@@ -428,6 +446,7 @@ pub enum Response<'a> {
 impl Response<'_> {
     pub fn op(&self) -> Op {
         match self {
+            Response::Challenge { .. } => Op::Challenge,
             Response::Welcome { .. } => Op::Welcome,
             Response::ReadOk { .. } => Op::ReadOk,
             Response::WriteOk { .. } => Op::WriteOk,
@@ -448,17 +467,20 @@ impl Response<'_> {
         }
         .encode(out);
         match self {
+            Response::Challenge { nonce } => out.extend_from_slice(nonce),
             Response::Welcome {
                 version,
                 frame_len_max,
                 capacity_bytes,
                 used_bytes,
+                proof,
             } => {
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
                 out.extend_from_slice(&frame_len_max.to_le_bytes());
                 out.extend_from_slice(&capacity_bytes.to_le_bytes());
                 out.extend_from_slice(&used_bytes.to_le_bytes());
+                out.extend_from_slice(proof);
             }
             Response::ReadOk { key, count, data } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
@@ -494,6 +516,7 @@ impl Response<'_> {
     pub fn decode(op: Op, body: &[u8]) -> Result<Response<'_>, ProtoError> {
         let mut c = Cursor::new(op, body);
         let resp = match op {
+            Op::Challenge => Response::Challenge { nonce: c.array()? },
             Op::Welcome => {
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
@@ -502,6 +525,7 @@ impl Response<'_> {
                     frame_len_max: c.u32()?,
                     capacity_bytes: c.u64()?,
                     used_bytes: c.u64()?,
+                    proof: c.array()?,
                 }
             }
             Op::ReadOk => Response::ReadOk {
@@ -558,6 +582,7 @@ fn truncate_utf8(s: &str, max: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use super::auth::{NONCE_LEN, PROOF_LEN};
     use super::*;
 
     fn roundtrip_req(r: Request<'_>) {
@@ -582,7 +607,10 @@ mod tests {
         roundtrip_req(Request::Hello {
             version: VERSION,
             page_size: 4096,
-            token: b"secret",
+            nonce: [7; NONCE_LEN],
+        });
+        roundtrip_req(Request::Auth {
+            proof: [9; PROOF_LEN],
         });
         roundtrip_req(Request::Read {
             key: PageKey(9),
@@ -607,11 +635,15 @@ mod tests {
     #[test]
     fn responses_roundtrip() {
         let page = vec![0x5Au8; 8192];
+        roundtrip_resp(Response::Challenge {
+            nonce: [3; NONCE_LEN],
+        });
         roundtrip_resp(Response::Welcome {
             version: 1,
             frame_len_max: 99,
             capacity_bytes: 1 << 40,
             used_bytes: 3,
+            proof: [4; PROOF_LEN],
         });
         roundtrip_resp(Response::ReadOk {
             key: PageKey(3),
@@ -671,6 +703,76 @@ mod tests {
         assert!(matches!(
             Request::decode(Op::ReadOk, &[]),
             Err(ProtoError::WrongDirection(_))
+        ));
+    }
+
+    #[test]
+    fn handshake_bodies_are_bounds_checked() {
+        // Every prefix of a valid body is truncated, and one byte more is trailing.
+        let mut hello = Vec::new();
+        Request::Hello {
+            version: VERSION,
+            page_size: 4096,
+            nonce: [1; NONCE_LEN],
+        }
+        .encode(0, &mut hello);
+        let mut auth = Vec::new();
+        Request::Auth {
+            proof: [2; PROOF_LEN],
+        }
+        .encode(0, &mut auth);
+        let mut challenge = Vec::new();
+        Response::Challenge {
+            nonce: [3; NONCE_LEN],
+        }
+        .encode(0, &mut challenge);
+        let mut welcome = Vec::new();
+        Response::Welcome {
+            version: VERSION,
+            frame_len_max: 1,
+            capacity_bytes: 2,
+            used_bytes: 3,
+            proof: [4; PROOF_LEN],
+        }
+        .encode(0, &mut welcome);
+        let mut bad_magic = hello.clone();
+        let decode = |op, body: &[u8]| match op {
+            Op::Hello | Op::Auth => Request::decode(op, body).map(|_| ()),
+            _ => Response::decode(op, body).map(|_| ()),
+        };
+        for (op, frame) in [
+            (Op::Hello, hello),
+            (Op::Auth, auth),
+            (Op::Challenge, challenge),
+            (Op::Welcome, welcome),
+        ] {
+            let body = &frame[HEADER_LEN..];
+            assert_eq!(decode(op, body), Ok(()));
+            for n in 0..body.len() {
+                assert!(
+                    matches!(decode(op, &body[..n]), Err(ProtoError::Truncated { .. })),
+                    "{op:?} cut to {n} bytes"
+                );
+            }
+            let mut long = body.to_vec();
+            long.push(0);
+            assert!(matches!(
+                decode(op, &long),
+                Err(ProtoError::Trailing { extra: 1, .. })
+            ));
+        }
+        bad_magic[HEADER_LEN] = b'X';
+        assert_eq!(
+            Request::decode(Op::Hello, &bad_magic[HEADER_LEN..]),
+            Err(ProtoError::BadMagic)
+        );
+        assert!(matches!(
+            Request::decode(Op::Challenge, &[0; NONCE_LEN]),
+            Err(ProtoError::WrongDirection(Op::Challenge))
+        ));
+        assert!(matches!(
+            Response::decode(Op::Auth, &[0; PROOF_LEN]),
+            Err(ProtoError::WrongDirection(Op::Auth))
         ));
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Entry point: [`Server::bind`] with a [`ServerConfig`], then [`Server::run`] (blocking) or
 //! [`Server::spawn`] (a background thread, for in-process tests). Each connection gets a
-//! thread: it authenticates the client with a shared-secret token, then answers its requests
+//! thread: it authenticates the client by a challenge and response over a shared-secret token
+//! (`rmem_proto::auth`; the token never crosses the network), then answers its requests
 //! strictly in order. A client's pages are private to its connection and freed when it
 //! closes. Capacity is global across clients. Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
@@ -11,7 +12,7 @@
 //! (mlockall) belongs here once a server's memory can be sized up front.
 #![forbid(unsafe_code)]
 
-use rmem_proto::{parse_header, ErrorCode, Op, PageKey, ProtoError, Request, Response, HEADER_LEN};
+use rmem_proto::{auth, parse_header, ErrorCode, Op, PageKey, ProtoError, Request, Response, HEADER_LEN};
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -181,13 +182,6 @@ fn is_disconnect(e: &io::Error) -> bool {
     )
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
 fn read_frame<R: Read>(
     r: &mut R,
@@ -229,7 +223,7 @@ impl Connection<'_> {
         let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
         let mut body = Vec::new();
         let mut out = Vec::new();
-        // Handshake.
+        // Handshake: Hello -> Challenge, Auth -> Welcome (rmem_proto::auth).
         let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
             return Ok(());
         };
@@ -239,27 +233,24 @@ impl Connection<'_> {
         let Request::Hello {
             version,
             page_size,
-            token,
+            nonce: client_nonce,
         } = Request::decode(h.op, &body)?
         else {
             unreachable!()
         };
-        let refuse = |code, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<(), Close> {
+        let refuse = |code, tag, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<(), Close> {
             let mut out = Vec::new();
             Response::Error {
                 code,
                 message: &msg,
             }
-            .encode(h.tag, &mut out);
+            .encode(tag, &mut out);
             let _ = writer.write_all(&out).and_then(|_| writer.flush());
             Err(Close::Refused(msg))
         };
         if version != rmem_proto::VERSION {
             let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
-            return refuse(ErrorCode::VersionMismatch, msg, &mut writer);
-        }
-        if !constant_time_eq(token, &self.config.token) {
-            return refuse(ErrorCode::Unauthorized, "wrong token".into(), &mut writer);
+            return refuse(ErrorCode::VersionMismatch, h.tag, msg, &mut writer);
         }
         if !page_size.is_power_of_two()
             || !(rmem_proto::PAGE_SIZE_MIN..=rmem_proto::PAGE_SIZE_MAX).contains(&page_size)
@@ -267,9 +258,34 @@ impl Connection<'_> {
         {
             return refuse(
                 ErrorCode::BadRequest,
+                h.tag,
                 format!("unsupported page size {page_size}"),
                 &mut writer,
             );
+        }
+        // A fresh nonce for every connection: a recorded Auth proves nothing here.
+        let transcript = auth::Transcript {
+            client_nonce,
+            server_nonce: auth::nonce()?,
+            version,
+            page_size,
+        };
+        Response::Challenge {
+            nonce: transcript.server_nonce,
+        }
+        .encode(h.tag, &mut out);
+        writer.write_all(&out)?;
+        writer.flush()?;
+        out.clear();
+        let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
+            return Err(Close::Bad("closed during the handshake".into()));
+        };
+        let Request::Auth { proof } = Request::decode(h.op, &body)? else {
+            return Err(Close::Bad(format!("expected auth, got {:?}", h.op)));
+        };
+        if !transcript.verify(&self.config.token, auth::Role::Client, &proof) {
+            let msg = "wrong token: the client's proof of the shared token does not match".into();
+            return refuse(ErrorCode::Unauthorized, h.tag, msg, &mut writer);
         }
         self.page_size = page_size as usize;
         Response::Welcome {
@@ -277,6 +293,7 @@ impl Connection<'_> {
             frame_len_max: self.config.frame_len_max,
             capacity_bytes: self.config.capacity_bytes,
             used_bytes: self.state.used_bytes(),
+            proof: transcript.proof(&self.config.token, auth::Role::Server),
         }
         .encode(h.tag, &mut out);
         writer.write_all(&out)?;
@@ -356,7 +373,9 @@ impl Connection<'_> {
 
     fn answer(&mut self, req: Request<'_>, tag: u64, out: &mut Vec<u8>) -> Result<(), Close> {
         match req {
-            Request::Hello { .. } => return Err(Close::Bad("second hello".into())),
+            Request::Hello { .. } | Request::Auth { .. } => {
+                return Err(Close::Bad(format!("{:?} after the handshake", req.op())))
+            }
             Request::Read { key, count } => {
                 if count == 0
                     || count as u64 * self.page_size as u64 + 64 > self.config.frame_len_max as u64

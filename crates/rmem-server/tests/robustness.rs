@@ -1,7 +1,8 @@
 //! The server against bad input: every malformed frame closes that one connection, and the
 //! server goes on serving other clients. Each test is bounded by socket timeouts.
 
-use rmem_proto::{parse_header, ErrorCode, PageKey, Request, Response, HEADER_LEN};
+use rmem_proto::auth::{self, Role, Transcript};
+use rmem_proto::{parse_header, ErrorCode, Op, PageKey, Request, Response, HEADER_LEN};
 use rmem_server::{Server, ServerConfig, ServerState};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -43,15 +44,40 @@ impl Client {
             sock: Client::raw(addr),
             tag: 0,
         };
-        match c.call(Request::Hello {
-            version: rmem_proto::VERSION,
-            page_size: PS as u32,
-            token: TOKEN,
-        }) {
-            (rmem_proto::Op::Welcome, _) => {}
+        let (op, body) = c.handshake(rmem_proto::VERSION, PS as u32, TOKEN);
+        match Response::decode(op, &body).unwrap() {
+            Response::Welcome { .. } => {}
             other => panic!("no welcome: {other:?}"),
         }
         c
+    }
+
+    /// Hello, then Auth with a proof made with `token`: the server's last answer (Challenge
+    /// when it refused the hello, Welcome or Error after the proof). A Welcome's proof is
+    /// checked here.
+    fn handshake(&mut self, version: u16, page_size: u32, token: &[u8]) -> (Op, Vec<u8>) {
+        let client_nonce = auth::nonce().unwrap();
+        let (op, body) = self.call(Request::Hello {
+            version,
+            page_size,
+            nonce: client_nonce,
+        });
+        let Ok(Response::Challenge { nonce }) = Response::decode(op, &body) else {
+            return (op, body);
+        };
+        let t = Transcript {
+            client_nonce,
+            server_nonce: nonce,
+            version,
+            page_size,
+        };
+        let (op, body) = self.call(Request::Auth {
+            proof: t.proof(token, Role::Client),
+        });
+        if let Ok(Response::Welcome { proof, .. }) = Response::decode(op, &body) {
+            assert!(t.verify(TOKEN, Role::Server, &proof), "server proof");
+        }
+        (op, body)
     }
 
     fn send(&mut self, r: Request<'_>) {
@@ -201,7 +227,7 @@ fn garbage_truncated_and_oversized_frames_close_only_that_connection() {
     Request::Hello {
         version: rmem_proto::VERSION,
         page_size: PS as u32,
-        token: TOKEN,
+        nonce: [0; auth::NONCE_LEN],
     }
     .encode(0, &mut v);
     s.write_all(&v[..v.len() - 3]).unwrap();
@@ -233,22 +259,42 @@ fn wrong_token_version_or_page_size_are_refused() {
             sock: Client::raw(addr),
             tag: 0,
         };
-        let (op, body) = c.call(Request::Hello {
-            version,
-            page_size,
-            token,
-        });
+        let (op, body) = c.handshake(version, page_size, token);
         match Response::decode(op, &body).unwrap() {
-            Response::Error { code, .. } => {
+            Response::Error { code, message } => {
                 assert!(matches!(
                     code,
                     ErrorCode::Unauthorized | ErrorCode::VersionMismatch | ErrorCode::BadRequest
-                ))
+                ));
+                if code == ErrorCode::Unauthorized {
+                    assert!(message.contains("wrong token"), "{message}");
+                }
             }
             other => panic!("accepted {other:?}"),
         }
         assert_closed(c.sock);
     }
+    // Auth without a Hello, and a second Hello instead of Auth, are refused.
+    let mut c = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    c.send(Request::Auth {
+        proof: [0; auth::PROOF_LEN],
+    });
+    assert_closed(c.sock);
+    let mut c = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    let hello = Request::Hello {
+        version: rmem_proto::VERSION,
+        page_size: PS as u32,
+        nonce: [5; auth::NONCE_LEN],
+    };
+    assert_eq!(c.call(hello.clone()).0, Op::Challenge);
+    c.send(hello);
+    assert_closed(c.sock);
     // A request before hello is refused too.
     let mut s = Client::raw(addr);
     let mut v = Vec::new();
@@ -363,4 +409,65 @@ fn pipelined_requests_are_answered_in_order() {
         }
     }
     writer.join().unwrap();
+}
+
+/// Someone who recorded a client's whole handshake (its Hello and its Auth, byte for byte)
+/// and replays it gets a fresh challenge and is refused: the recorded proof was for another
+/// server nonce. The token never appears in the recording.
+#[test]
+fn a_recorded_handshake_replayed_is_refused() {
+    let (addr, _) = server(64);
+    let mut c = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    let client_nonce = [0x11; auth::NONCE_LEN];
+    let hello = Request::Hello {
+        version: rmem_proto::VERSION,
+        page_size: PS as u32,
+        nonce: client_nonce,
+    };
+    let (op, body) = c.call(hello.clone());
+    let Response::Challenge { nonce: first } = Response::decode(op, &body).unwrap() else {
+        panic!("{op:?}");
+    };
+    let recorded_auth = Request::Auth {
+        proof: Transcript {
+            client_nonce,
+            server_nonce: first,
+            version: rmem_proto::VERSION,
+            page_size: PS as u32,
+        }
+        .proof(TOKEN, Role::Client),
+    };
+    assert_eq!(c.call(recorded_auth.clone()).0, Op::Welcome);
+    let mut recording = Vec::new();
+    hello.encode(1, &mut recording);
+    recorded_auth.encode(2, &mut recording);
+    assert!(
+        !recording.windows(TOKEN.len()).any(|w| w == TOKEN),
+        "the token crossed the network"
+    );
+    for _ in 0..3 {
+        let mut r = Client {
+            sock: Client::raw(addr),
+            tag: 0,
+        };
+        let (op, body) = r.call(hello.clone());
+        let Response::Challenge { nonce } = Response::decode(op, &body).unwrap() else {
+            panic!("{op:?}");
+        };
+        assert_ne!(nonce, first, "the server's nonce repeated");
+        let (op, body) = r.call(recorded_auth.clone());
+        match Response::decode(op, &body).unwrap() {
+            Response::Error {
+                code: ErrorCode::Unauthorized,
+                ..
+            } => {}
+            other => panic!("replay accepted: {other:?}"),
+        }
+        assert_closed(r.sock);
+    }
+    // The original connection is unaffected.
+    assert_eq!(c.call(Request::Ping).0, Op::Pong);
 }

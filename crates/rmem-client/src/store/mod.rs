@@ -28,6 +28,8 @@ pub enum StoreError {
     },
     #[error("memory server {server} refused the connection: {message}")]
     Refused { server: String, message: String },
+    #[error("memory server {server} does not know the token: its proof of it did not match (is it the server you meant?)")]
+    Impostor { server: String },
     #[error("memory server {server} closed the connection{detail}")]
     Closed { server: String, detail: String },
     #[error("memory server {server} did not answer for {secs:.1} s{detail}")]

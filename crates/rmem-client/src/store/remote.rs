@@ -5,7 +5,7 @@
 use super::{Completion, PageStore, StoreError};
 use crate::config::Placement;
 use crate::PageIndex;
-use rmem_proto::{parse_header, PageKey, Request, Response, HEADER_LEN};
+use rmem_proto::{auth, parse_header, PageKey, Request, Response, HEADER_LEN};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -90,52 +90,13 @@ impl Conn {
         let mut sock = sock.ok_or_else(|| connect_err(last))?;
         sock.set_nodelay(true).map_err(connect_err)?;
         sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
-        let mut hello = Vec::new();
-        Request::Hello {
-            version: rmem_proto::VERSION,
-            page_size: page_size as u32,
-            token,
-        }
-        .encode(0, &mut hello);
-        sock.write_all(&hello).map_err(connect_err)?;
-        let mut hdr = [0u8; HEADER_LEN];
-        sock.read_exact(&mut hdr).map_err(|e| StoreError::Refused {
-            server: server.into(),
-            message: format!("no welcome ({e}); is it an rmem server with the same token?"),
-        })?;
+        let welcome = handshake(&mut sock, server, token, page_size)?;
+        let frame_len_max = welcome.frame_len_max;
+        let capacity_bytes = welcome.capacity_bytes.saturating_sub(welcome.used_bytes);
         let proto = |what: String| StoreError::Protocol {
             server: server.into(),
             what,
         };
-        let h = parse_header(&hdr, 64 * 1024)
-            .map_err(|e| proto(e.to_string()))?
-            .expect("full header");
-        let mut body = vec![0u8; h.len as usize];
-        sock.read_exact(&mut body).map_err(connect_err)?;
-        let (frame_len_max, capacity_bytes) =
-            match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
-                Response::Welcome {
-                    version,
-                    frame_len_max,
-                    capacity_bytes,
-                    used_bytes,
-                } => {
-                    if version != rmem_proto::VERSION {
-                        return Err(proto(format!(
-                            "protocol version {version}, this client speaks {}",
-                            rmem_proto::VERSION
-                        )));
-                    }
-                    (frame_len_max, capacity_bytes.saturating_sub(used_bytes))
-                }
-                Response::Error { code, message } => {
-                    return Err(StoreError::Refused {
-                        server: server.into(),
-                        message: format!("{code}: {message}"),
-                    })
-                }
-                other => return Err(proto(format!("expected welcome, got {:?}", other.op()))),
-            };
         if (frame_len_max as usize) < page_size + 64 {
             return Err(proto(format!(
                 "frame limit {frame_len_max} is below one page of {page_size} bytes"
@@ -350,6 +311,114 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// What a server told a client that proved it knows the token.
+#[derive(Clone, Copy, Debug)]
+pub struct Welcome {
+    pub frame_len_max: u32,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// Read one whole frame (blocking, under the socket's read timeout); `what` names the frame
+/// expected, for the message when none comes.
+fn read_frame(
+    sock: &mut TcpStream,
+    server: &str,
+    what: &str,
+    body: &mut Vec<u8>,
+) -> Result<rmem_proto::Header, StoreError> {
+    let mut hdr = [0u8; HEADER_LEN];
+    sock.read_exact(&mut hdr).map_err(|e| StoreError::Refused {
+        server: server.into(),
+        message: format!("no {what} ({e}); is it an rmem server of this version?"),
+    })?;
+    let h = parse_header(&hdr, 64 * 1024)
+        .map_err(|e| StoreError::Protocol {
+            server: server.into(),
+            what: e.to_string(),
+        })?
+        .expect("full header");
+    body.resize(h.len as usize, 0);
+    sock.read_exact(body).map_err(|e| io_err(server, e))?;
+    Ok(h)
+}
+
+/// The client's side of the challenge and response (`rmem_proto::auth`) on a connected,
+/// blocking socket: both sides prove they know `token` without sending it. On success the
+/// socket is ready for requests.
+pub fn handshake(
+    sock: &mut TcpStream,
+    server: &str,
+    token: &[u8],
+    page_size: usize,
+) -> Result<Welcome, StoreError> {
+    let proto = |what: String| StoreError::Protocol {
+        server: server.into(),
+        what,
+    };
+    let refused = |code, message: &str| StoreError::Refused {
+        server: server.into(),
+        message: format!("{code}: {message}"),
+    };
+    let send = |sock: &mut TcpStream, req: Request<'_>| {
+        let mut frame = Vec::new();
+        req.encode(0, &mut frame);
+        sock.write_all(&frame).map_err(|e| io_err(server, e))
+    };
+    let mut transcript = auth::Transcript {
+        client_nonce: auth::nonce().map_err(|e| io_err(server, e))?,
+        server_nonce: [0; auth::NONCE_LEN],
+        version: rmem_proto::VERSION,
+        page_size: page_size as u32,
+    };
+    send(
+        sock,
+        Request::Hello {
+            version: transcript.version,
+            page_size: transcript.page_size,
+            nonce: transcript.client_nonce,
+        },
+    )?;
+    let mut body = Vec::new();
+    let h = read_frame(sock, server, "challenge", &mut body)?;
+    match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
+        Response::Challenge { nonce } => transcript.server_nonce = nonce,
+        Response::Error { code, message } => return Err(refused(code, message)),
+        other => return Err(proto(format!("expected challenge, got {:?}", other.op()))),
+    }
+    let proof = transcript.proof(token, auth::Role::Client);
+    send(sock, Request::Auth { proof })?;
+    let h = read_frame(sock, server, "welcome", &mut body)?;
+    match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
+        Response::Welcome {
+            version,
+            frame_len_max,
+            capacity_bytes,
+            used_bytes,
+            proof,
+        } => {
+            if version != rmem_proto::VERSION {
+                return Err(proto(format!(
+                    "protocol version {version}, this client speaks {}",
+                    rmem_proto::VERSION
+                )));
+            }
+            if !transcript.verify(token, auth::Role::Server, &proof) {
+                return Err(StoreError::Impostor {
+                    server: server.into(),
+                });
+            }
+            Ok(Welcome {
+                frame_len_max,
+                capacity_bytes,
+                used_bytes,
+            })
+        }
+        Response::Error { code, message } => Err(refused(code, message)),
+        other => Err(proto(format!("expected welcome, got {:?}", other.op()))),
     }
 }
 
