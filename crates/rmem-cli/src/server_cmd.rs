@@ -24,6 +24,10 @@ pub struct ServerArgs {
     /// Largest frame accepted, in bytes.
     #[arg(long, default_value = "16M")]
     pub frame_max: String,
+    /// Seconds a session outlives its last request (a client's heartbeats renew it); then its
+    /// pages are freed. Also the longest lease a client may ask for.
+    #[arg(long, default_value_t = 30.0)]
+    pub lease: f64,
     /// Log every client disconnect.
     #[arg(long, short)]
     pub verbose: bool,
@@ -50,6 +54,9 @@ fn serve(a: ServerArgs) -> Result<(), String> {
             rmem_proto::PAGE_SIZE_MAX
         ));
     }
+    if !(a.lease.is_finite() && (0.1..=86400.0).contains(&a.lease)) {
+        return Err(format!("--lease: {} is not 0.1 to 86400 seconds", a.lease));
+    }
     let token = match (&a.token_file, std::env::var("RMEM_TOKEN")) {
         _ if a.token_stdin => token_from_stdin()?,
         (Some(path), _) => std::fs::read_to_string(path)
@@ -73,6 +80,7 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         capacity_bytes,
         token,
         frame_len_max,
+        lease: std::time::Duration::from_secs_f64(a.lease),
         verbose: a.verbose,
     })
     .map_err(|e| {

@@ -17,7 +17,9 @@
 //! never sends the shared token ([`auth`]): `Hello` (magic, protocol version, page size, the
 //! client's nonce) is answered by `Challenge` (the server's nonce), `Auth` (the client's
 //! proof) by `Welcome` (the server's limits and proof) or `Error`. After that the client may
-//! keep many requests in flight; the server answers each connection's requests in order.
+//! attaches a session (`Attach`: a 128-bit id of its choosing and a lease; pages belong to the
+//! session, not to the connection, so a client that reconnects within the lease finds them),
+//! then keeps many requests in flight; the server answers each connection's requests in order.
 //! `Read` and `Write` carry `count` consecutive pages, and `Swap` writes a victim and reads a
 //! page in one round trip (DLM's swap). Decoding never trusts a length: every field is
 //! bounds-checked, and trailing bytes are an error.
@@ -35,7 +37,7 @@ pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -50,6 +52,36 @@ pub const FREE_KEYS_MAX: usize = 65536;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageKey(pub u64);
 
+/// A session's name on a server: 128 random bits chosen by the client. Pages are kept per
+/// session; any number of connections may attach the same session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u128);
+
+impl SessionId {
+    /// A fresh random id (the operating system's random source).
+    pub fn random() -> Result<SessionId, std::io::Error> {
+        let mut b = [0u8; 16];
+        getrandom::getrandom(&mut b).map_err(std::io::Error::from)?;
+        Ok(SessionId(u128::from_le_bytes(b)))
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// `Attach` flag: fence every other connection attached to the session. A request those
+/// connections still have buffered is never applied after this attach; they are closed. A
+/// client that reconnects sets it, so that nothing it sent on the dropped connection can
+/// land after what it re-sends on the new one.
+pub const ATTACH_EXCLUSIVE: u32 = 1;
+/// Every `Attach` flag this version knows; any other bit is refused (room for later ones).
+pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE;
+/// `Attached` flag: the session existed (its pages are there); clear for a new session.
+pub const ATTACHED_EXISTED: u32 = 1;
+
 /// Frame operation codes. Requests have the high bit clear, responses set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -61,6 +93,8 @@ pub enum Op {
     Free = 0x05,
     Ping = 0x06,
     Auth = 0x07,
+    Attach = 0x08,
+    EndSession = 0x09,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
@@ -68,6 +102,8 @@ pub enum Op {
     FreeOk = 0x85,
     Pong = 0x86,
     Challenge = 0x87,
+    Attached = 0x88,
+    SessionEnded = 0x89,
     Error = 0xFF,
 }
 
@@ -81,6 +117,8 @@ impl Op {
             0x05 => Op::Free,
             0x06 => Op::Ping,
             0x07 => Op::Auth,
+            0x08 => Op::Attach,
+            0x09 => Op::EndSession,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
@@ -88,6 +126,8 @@ impl Op {
             0x85 => Op::FreeOk,
             0x86 => Op::Pong,
             0x87 => Op::Challenge,
+            0x88 => Op::Attached,
+            0x89 => Op::SessionEnded,
             0xFF => Op::Error,
             _ => return None,
         })
@@ -110,6 +150,8 @@ pub enum ErrorCode {
     BadRequest = 5,
     /// Anything else.
     Internal = 6,
+    /// The session's lease expired (or it was ended): its pages are gone.
+    SessionLost = 7,
 }
 
 impl ErrorCode {
@@ -120,6 +162,7 @@ impl ErrorCode {
             3 => ErrorCode::Full,
             4 => ErrorCode::NotFound,
             5 => ErrorCode::BadRequest,
+            7 => ErrorCode::SessionLost,
             _ => ErrorCode::Internal,
         }
     }
@@ -134,6 +177,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::NotFound => "page not found",
             ErrorCode::BadRequest => "bad request",
             ErrorCode::Internal => "internal error",
+            ErrorCode::SessionLost => "session lost",
         };
         f.write_str(s)
     }
@@ -263,6 +307,18 @@ pub enum Request<'a> {
     Auth {
         proof: Proof,
     },
+    /// Attach this connection to `session`, creating it if the server has none by that id.
+    /// `lease_ms` 0 asks for the server's lease. `flags`: [`ATTACH_EXCLUSIVE`]. `reserved`
+    /// must be 0: room for a manager that moves a session's pages between servers (say, the
+    /// epoch of a move), which a later version will define.
+    Attach {
+        session: SessionId,
+        lease_ms: u32,
+        flags: u32,
+        reserved: u64,
+    },
+    /// End the attached session now: its pages are freed (a client's clean exit).
+    EndSession,
     /// Read `count` consecutive pages starting at `key`.
     Read {
         key: PageKey,
@@ -292,6 +348,8 @@ impl Request<'_> {
         match self {
             Request::Hello { .. } => Op::Hello,
             Request::Auth { .. } => Op::Auth,
+            Request::Attach { .. } => Op::Attach,
+            Request::EndSession => Op::EndSession,
             Request::Read { .. } => Op::Read,
             Request::Write { .. } => Op::Write,
             Request::Swap { .. } => Op::Swap,
@@ -322,6 +380,18 @@ impl Request<'_> {
                 out.extend_from_slice(nonce);
             }
             Request::Auth { proof } => out.extend_from_slice(proof),
+            Request::Attach {
+                session,
+                lease_ms,
+                flags,
+                reserved,
+            } => {
+                out.extend_from_slice(&session.0.to_le_bytes());
+                out.extend_from_slice(&lease_ms.to_le_bytes());
+                out.extend_from_slice(&flags.to_le_bytes());
+                out.extend_from_slice(&reserved.to_le_bytes());
+            }
+            Request::EndSession => {}
             Request::Read { key, count } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
@@ -369,6 +439,13 @@ impl Request<'_> {
                 }
             }
             Op::Auth => Request::Auth { proof: c.array()? },
+            Op::Attach => Request::Attach {
+                session: SessionId(u128::from_le_bytes(c.array()?)),
+                lease_ms: c.u32()?,
+                flags: c.u32()?,
+                reserved: c.u64()?,
+            },
+            Op::EndSession => Request::EndSession,
             Op::Read => Request::Read {
                 key: PageKey(c.u64()?),
                 count: c.u32()?,
@@ -409,6 +486,17 @@ pub enum Response<'a> {
     Challenge {
         nonce: Nonce,
     },
+    /// Answers `Attach`: the lease granted, [`ATTACHED_EXISTED`], and the bytes the session
+    /// holds.
+    Attached {
+        lease_ms: u32,
+        flags: u32,
+        session_bytes: u64,
+    },
+    /// Answers `EndSession`: the bytes freed.
+    SessionEnded {
+        freed_bytes: u64,
+    },
     /// Answers a good `Auth`: the server's limits and its own proof.
     Welcome {
         version: u16,
@@ -447,6 +535,8 @@ impl Response<'_> {
     pub fn op(&self) -> Op {
         match self {
             Response::Challenge { .. } => Op::Challenge,
+            Response::Attached { .. } => Op::Attached,
+            Response::SessionEnded { .. } => Op::SessionEnded,
             Response::Welcome { .. } => Op::Welcome,
             Response::ReadOk { .. } => Op::ReadOk,
             Response::WriteOk { .. } => Op::WriteOk,
@@ -468,6 +558,18 @@ impl Response<'_> {
         .encode(out);
         match self {
             Response::Challenge { nonce } => out.extend_from_slice(nonce),
+            Response::Attached {
+                lease_ms,
+                flags,
+                session_bytes,
+            } => {
+                out.extend_from_slice(&lease_ms.to_le_bytes());
+                out.extend_from_slice(&flags.to_le_bytes());
+                out.extend_from_slice(&session_bytes.to_le_bytes());
+            }
+            Response::SessionEnded { freed_bytes } => {
+                out.extend_from_slice(&freed_bytes.to_le_bytes())
+            }
             Response::Welcome {
                 version,
                 frame_len_max,
@@ -517,6 +619,14 @@ impl Response<'_> {
         let mut c = Cursor::new(op, body);
         let resp = match op {
             Op::Challenge => Response::Challenge { nonce: c.array()? },
+            Op::Attached => Response::Attached {
+                lease_ms: c.u32()?,
+                flags: c.u32()?,
+                session_bytes: c.u64()?,
+            },
+            Op::SessionEnded => Response::SessionEnded {
+                freed_bytes: c.u64()?,
+            },
             Op::Welcome => {
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
@@ -563,7 +673,9 @@ impl Response<'_> {
     }
 }
 
-fn patch_len(out: &mut [u8], start: usize) {
+/// Set the length field of the frame starting at `start` in `out` to the bytes after its header
+/// (for a sender that appends a body piece by piece).
+pub fn patch_len(out: &mut [u8], start: usize) {
     let body = out.len() - start - HEADER_LEN;
     let body = u32::try_from(body).expect("frame body fits in u32");
     out[start..start + 4].copy_from_slice(&body.to_le_bytes());
@@ -612,6 +724,13 @@ mod tests {
         roundtrip_req(Request::Auth {
             proof: [9; PROOF_LEN],
         });
+        roundtrip_req(Request::Attach {
+            session: SessionId(u128::MAX - 5),
+            lease_ms: 2000,
+            flags: ATTACH_EXCLUSIVE,
+            reserved: 0,
+        });
+        roundtrip_req(Request::EndSession);
         roundtrip_req(Request::Read {
             key: PageKey(9),
             count: 3,
@@ -638,6 +757,12 @@ mod tests {
         roundtrip_resp(Response::Challenge {
             nonce: [3; NONCE_LEN],
         });
+        roundtrip_resp(Response::Attached {
+            lease_ms: 30_000,
+            flags: ATTACHED_EXISTED,
+            session_bytes: 1 << 33,
+        });
+        roundtrip_resp(Response::SessionEnded { freed_bytes: 9 });
         roundtrip_resp(Response::Welcome {
             version: 1,
             frame_len_max: 99,
@@ -736,15 +861,32 @@ mod tests {
         }
         .encode(0, &mut welcome);
         let mut bad_magic = hello.clone();
+        let mut attach = Vec::new();
+        Request::Attach {
+            session: SessionId(7),
+            lease_ms: 1,
+            flags: 0,
+            reserved: 0,
+        }
+        .encode(0, &mut attach);
+        let mut attached = Vec::new();
+        Response::Attached {
+            lease_ms: 1,
+            flags: 0,
+            session_bytes: 0,
+        }
+        .encode(0, &mut attached);
         let decode = |op, body: &[u8]| match op {
-            Op::Hello | Op::Auth => Request::decode(op, body).map(|_| ()),
+            Op::Hello | Op::Auth | Op::Attach => Request::decode(op, body).map(|_| ()),
             _ => Response::decode(op, body).map(|_| ()),
         };
         for (op, frame) in [
             (Op::Hello, hello),
             (Op::Auth, auth),
+            (Op::Attach, attach),
             (Op::Challenge, challenge),
             (Op::Welcome, welcome),
+            (Op::Attached, attached),
         ] {
             let body = &frame[HEADER_LEN..];
             assert_eq!(decode(op, body), Ok(()));

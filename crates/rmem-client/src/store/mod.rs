@@ -38,6 +38,14 @@ pub enum StoreError {
         secs: f64,
         detail: String,
     },
+    #[error("{cause}; reconnecting for {secs:.1} s failed: {last}")]
+    GaveUp {
+        cause: Box<StoreError>,
+        secs: f64,
+        last: String,
+    },
+    #[error("memory server {server} lost this program's pages{detail}")]
+    SessionLost { server: String, detail: String },
     #[error("memory server {server} sent a bad frame: {what}")]
     Protocol { server: String, what: String },
     #[error("memory server {server} answered {code}: {message}")]
