@@ -1,7 +1,7 @@
 //! rmem: the command-line entry point.
 //!
 //! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
-//! `rmem bench` measures. Each subcommand lives in its own module.
+//! `rmem status` asks a server what it holds, `rmem bench` measures. Each subcommand lives in its own module.
 
 mod bench_cmd;
 mod bench_suite;
@@ -12,6 +12,7 @@ mod programs_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
+mod status_cmd;
 mod workloads;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,9 @@ enum Command {
     Bench(bench_cmd::BenchCommand),
     /// Replay a reference trace under every policy and Belady's OPT.
     Sim(sim_cmd::SimArgs),
+    /// Show a memory server's capacity, use and sessions (token from RMEM_TOKEN or
+    /// RMEM_TOKEN_FILE).
+    Status(status_cmd::StatusArgs),
 }
 
 fn main() {
@@ -47,6 +51,7 @@ fn main() {
         Command::Run(a) => run_cmd::run(a),
         Command::Bench(b) => bench_cmd::run(b),
         Command::Sim(a) => sim_cmd::run(a),
+        Command::Status(a) => status_cmd::run(a),
     };
     std::process::exit(code);
 }

@@ -1,4 +1,5 @@
-//! `rmem server`: a memory server daemon.
+//! `rmem server`: a memory server daemon. Its log (the `log` facade) goes to stderr, one line
+//! per event: `rmem-server LEVEL message`.
 
 use rmem_proto::size::parse_size;
 use rmem_server::{Server, ServerConfig};
@@ -28,7 +29,11 @@ pub struct ServerArgs {
     /// pages are freed. Also the longest lease a client may ask for.
     #[arg(long, default_value_t = 30.0)]
     pub lease: f64,
-    /// Log every client disconnect.
+    /// Serve request counts, latencies and the server's status in the Prometheus text format
+    /// over plain HTTP on this address (`GET /metrics`). Off unless given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// Log every client disconnect and session end, and debug lines (RMEM_LOG overrides).
     #[arg(long, short)]
     pub verbose: bool,
 }
@@ -43,7 +48,38 @@ pub fn run(a: ServerArgs) -> i32 {
     }
 }
 
+/// Prints log records on stderr as `rmem-server LEVEL message`.
+struct Logger;
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("rmem-server {:<5} {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Info, or debug with `--verbose`; `RMEM_LOG` (off, error, warn, info, debug, trace) wins.
+fn init_log(verbose: bool) -> Result<(), String> {
+    let level = match std::env::var("RMEM_LOG") {
+        Ok(v) => v
+            .parse::<log::LevelFilter>()
+            .map_err(|_| format!("RMEM_LOG={v}: not off, error, warn, info, debug or trace"))?,
+        Err(_) if verbose => log::LevelFilter::Debug,
+        Err(_) => log::LevelFilter::Info,
+    };
+    // A second logger (never in this binary) would be refused; the first one stays.
+    let _ = log::set_logger(&Logger);
+    log::set_max_level(level);
+    Ok(())
+}
+
 fn serve(a: ServerArgs) -> Result<(), String> {
+    init_log(a.verbose)?;
     let capacity_bytes = parse_size(&a.capacity).map_err(|e| format!("--capacity: {e}"))?;
     let frame = parse_size(&a.frame_max).map_err(|e| format!("--frame-max: {e}"))?;
     let frame_len_max =
@@ -91,6 +127,12 @@ fn serve(a: ServerArgs) -> Result<(), String> {
                 .unwrap_or_default()
         )
     })?;
+    if let Some(addr) = a.metrics {
+        let bound = server
+            .serve_metrics(addr)
+            .map_err(|e| format!("--metrics: {}", rmem_client::error_chain(&e)))?;
+        log::info!("{}: metrics on http://{bound}/metrics", server.local_addr());
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,

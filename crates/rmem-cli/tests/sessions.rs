@@ -135,21 +135,8 @@ fn a_killed_client_s_pages_are_freed_within_the_lease() {
     let lease = Duration::from_secs(2);
     let heartbeat = Duration::from_secs(1);
     let server = server(&["--lease", "2"]);
-    let prog = build_c("tests/c/touch_forever.c");
-    let mut child = Command::new(&prog)
-        .args(["16", "60"])
-        .env("RMEM_SERVERS", &server.addr)
-        .env("RMEM_TOKEN", TOKEN)
-        .env("RMEM_LOCAL", "4M")
-        .env("RMEM_PAGE_SIZE", "16K")
-        .env("RMEM_HEARTBEAT_MS", heartbeat.as_millis().to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let line = first_line(&mut child);
-    assert!(line.contains("touch_forever: filled"), "{line:?}");
+    let beat = heartbeat.as_millis().to_string();
+    let mut child = touch_forever(&server.addr, TOKEN, 16, 60, &[("RMEM_HEARTBEAT_MS", &beat)]);
     // Idle for more than a lease: the heartbeats alone keep the session.
     std::thread::sleep(lease + lease / 2);
     assert!(
@@ -172,4 +159,7 @@ fn a_killed_client_s_pages_are_freed_within_the_lease() {
         .unwrap_or_else(|| panic!("{line}"));
     assert!(freed >= 12 << 20, "{line}");
     assert!(took <= lease + heartbeat, "freed {took:?} after the kill");
+    let st = status_json(&server.addr, TOKEN);
+    assert_eq!(st["used_bytes"], 0, "{st}");
+    assert_eq!(st["sessions"].as_array().unwrap().len(), 0, "{st}");
 }

@@ -47,6 +47,8 @@ pub const PAGE_SIZE_MIN: u32 = 4096;
 pub const PAGE_SIZE_MAX: u32 = 4 * 1024 * 1024;
 /// Most keys one `Free` request may carry.
 pub const FREE_KEYS_MAX: usize = 65536;
+/// Most sessions one `StatusOk` lists (the largest first); `sessions_total` counts them all.
+pub const STATUS_SESSIONS_MAX: usize = 65536;
 
 /// A page's name on a server: the client's page index. Servers treat it as opaque.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,6 +97,7 @@ pub enum Op {
     Auth = 0x07,
     Attach = 0x08,
     EndSession = 0x09,
+    Status = 0x0A,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
@@ -104,6 +107,7 @@ pub enum Op {
     Challenge = 0x87,
     Attached = 0x88,
     SessionEnded = 0x89,
+    StatusOk = 0x8A,
     Error = 0xFF,
 }
 
@@ -119,6 +123,7 @@ impl Op {
             0x07 => Op::Auth,
             0x08 => Op::Attach,
             0x09 => Op::EndSession,
+            0x0A => Op::Status,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
@@ -128,6 +133,7 @@ impl Op {
             0x87 => Op::Challenge,
             0x88 => Op::Attached,
             0x89 => Op::SessionEnded,
+            0x8A => Op::StatusOk,
             0xFF => Op::Error,
             _ => return None,
         })
@@ -319,6 +325,8 @@ pub enum Request<'a> {
     },
     /// End the attached session now: its pages are freed (a client's clean exit).
     EndSession,
+    /// The server's capacity, use and sessions (`rmem status`); valid without `Attach`.
+    Status,
     /// Read `count` consecutive pages starting at `key`.
     Read {
         key: PageKey,
@@ -350,6 +358,7 @@ impl Request<'_> {
             Request::Auth { .. } => Op::Auth,
             Request::Attach { .. } => Op::Attach,
             Request::EndSession => Op::EndSession,
+            Request::Status => Op::Status,
             Request::Read { .. } => Op::Read,
             Request::Write { .. } => Op::Write,
             Request::Swap { .. } => Op::Swap,
@@ -391,7 +400,7 @@ impl Request<'_> {
                 out.extend_from_slice(&flags.to_le_bytes());
                 out.extend_from_slice(&reserved.to_le_bytes());
             }
-            Request::EndSession => {}
+            Request::EndSession | Request::Status => {}
             Request::Read { key, count } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
@@ -446,6 +455,7 @@ impl Request<'_> {
                 reserved: c.u64()?,
             },
             Op::EndSession => Request::EndSession,
+            Op::Status => Request::Status,
             Op::Read => Request::Read {
                 key: PageKey(c.u64()?),
                 count: c.u32()?,
@@ -479,6 +489,78 @@ impl Request<'_> {
     }
 }
 
+/// A server's state as `Status` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStatus {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// The server's lease (`--lease`).
+    pub lease_ms: u64,
+    /// Sessions on the server; `sessions` lists at most [`STATUS_SESSIONS_MAX`] of them.
+    pub sessions_total: u32,
+    pub sessions: Vec<SessionStatus>,
+}
+
+/// One session in a [`ServerStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionStatus {
+    pub id: SessionId,
+    pub used_bytes: u64,
+    /// Milliseconds since its lease was last renewed.
+    pub lease_age_ms: u64,
+    pub connections: u32,
+}
+
+impl ServerStatus {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let listed = self.sessions.len().min(STATUS_SESSIONS_MAX);
+        out.extend_from_slice(&self.capacity_bytes.to_le_bytes());
+        out.extend_from_slice(&self.used_bytes.to_le_bytes());
+        out.extend_from_slice(&self.lease_ms.to_le_bytes());
+        out.extend_from_slice(&self.sessions_total.to_le_bytes());
+        out.extend_from_slice(&(listed as u32).to_le_bytes());
+        for s in &self.sessions[..listed] {
+            out.extend_from_slice(&s.id.0.to_le_bytes());
+            out.extend_from_slice(&s.used_bytes.to_le_bytes());
+            out.extend_from_slice(&s.lease_age_ms.to_le_bytes());
+            out.extend_from_slice(&s.connections.to_le_bytes());
+        }
+    }
+
+    fn decode(c: &mut Cursor<'_>) -> Result<ServerStatus, ProtoError> {
+        let mut st = ServerStatus {
+            capacity_bytes: c.u64()?,
+            used_bytes: c.u64()?,
+            lease_ms: c.u64()?,
+            sessions_total: c.u32()?,
+            sessions: Vec::new(),
+        };
+        let listed = c.u32()? as usize;
+        if listed > STATUS_SESSIONS_MAX {
+            return Err(ProtoError::Invalid("too many sessions in status"));
+        }
+        // Checked against what the body holds before anything is allocated.
+        let entry = 16 + 8 + 8 + 4;
+        if c.buf.len() - c.pos < listed * entry {
+            return Err(ProtoError::Truncated {
+                op: c.op,
+                need: c.pos + listed * entry,
+                have: c.buf.len(),
+            });
+        }
+        st.sessions.reserve(listed);
+        for _ in 0..listed {
+            st.sessions.push(SessionStatus {
+                id: SessionId(u128::from_le_bytes(c.array()?)),
+                used_bytes: c.u64()?,
+                lease_age_ms: c.u64()?,
+                connections: c.u32()?,
+            });
+        }
+        Ok(st)
+    }
+}
+
 /// A response from a server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response<'a> {
@@ -497,6 +579,8 @@ pub enum Response<'a> {
     SessionEnded {
         freed_bytes: u64,
     },
+    /// Answers `Status`.
+    StatusOk(ServerStatus),
     /// Answers a good `Auth`: the server's limits and its own proof.
     Welcome {
         version: u16,
@@ -537,6 +621,7 @@ impl Response<'_> {
             Response::Challenge { .. } => Op::Challenge,
             Response::Attached { .. } => Op::Attached,
             Response::SessionEnded { .. } => Op::SessionEnded,
+            Response::StatusOk(_) => Op::StatusOk,
             Response::Welcome { .. } => Op::Welcome,
             Response::ReadOk { .. } => Op::ReadOk,
             Response::WriteOk { .. } => Op::WriteOk,
@@ -570,6 +655,7 @@ impl Response<'_> {
             Response::SessionEnded { freed_bytes } => {
                 out.extend_from_slice(&freed_bytes.to_le_bytes())
             }
+            Response::StatusOk(st) => st.encode(out),
             Response::Welcome {
                 version,
                 frame_len_max,
@@ -627,6 +713,7 @@ impl Response<'_> {
             Op::SessionEnded => Response::SessionEnded {
                 freed_bytes: c.u64()?,
             },
+            Op::StatusOk => Response::StatusOk(ServerStatus::decode(&mut c)?),
             Op::Welcome => {
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
@@ -731,6 +818,7 @@ mod tests {
             reserved: 0,
         });
         roundtrip_req(Request::EndSession);
+        roundtrip_req(Request::Status);
         roundtrip_req(Request::Read {
             key: PageKey(9),
             count: 3,
@@ -763,6 +851,26 @@ mod tests {
             session_bytes: 1 << 33,
         });
         roundtrip_resp(Response::SessionEnded { freed_bytes: 9 });
+        roundtrip_resp(Response::StatusOk(ServerStatus {
+            capacity_bytes: 1 << 34,
+            used_bytes: 4096,
+            lease_ms: 30_000,
+            sessions_total: 2,
+            sessions: vec![
+                SessionStatus {
+                    id: SessionId(1 << 100),
+                    used_bytes: 4096,
+                    lease_age_ms: 250,
+                    connections: 1,
+                },
+                SessionStatus {
+                    id: SessionId(3),
+                    used_bytes: 0,
+                    lease_age_ms: 0,
+                    connections: 0,
+                },
+            ],
+        }));
         roundtrip_resp(Response::Welcome {
             version: 1,
             frame_len_max: 99,
@@ -876,6 +984,18 @@ mod tests {
             session_bytes: 0,
         }
         .encode(0, &mut attached);
+        let mut status = Vec::new();
+        Response::StatusOk(ServerStatus {
+            sessions_total: 1,
+            sessions: vec![SessionStatus {
+                id: SessionId(5),
+                used_bytes: 1,
+                lease_age_ms: 2,
+                connections: 3,
+            }],
+            ..ServerStatus::default()
+        })
+        .encode(0, &mut status);
         let decode = |op, body: &[u8]| match op {
             Op::Hello | Op::Auth | Op::Attach => Request::decode(op, body).map(|_| ()),
             _ => Response::decode(op, body).map(|_| ()),
@@ -887,6 +1007,7 @@ mod tests {
             (Op::Challenge, challenge),
             (Op::Welcome, welcome),
             (Op::Attached, attached),
+            (Op::StatusOk, status),
         ] {
             let body = &frame[HEADER_LEN..];
             assert_eq!(decode(op, body), Ok(()));
@@ -915,6 +1036,21 @@ mod tests {
         assert!(matches!(
             Response::decode(Op::Auth, &[0; PROOF_LEN]),
             Err(ProtoError::WrongDirection(Op::Auth))
+        ));
+    }
+
+    #[test]
+    fn a_status_claiming_more_sessions_than_it_holds_is_refused_before_allocating() {
+        let mut body = vec![0u8; 28];
+        body.extend_from_slice(&(STATUS_SESSIONS_MAX as u32).to_le_bytes());
+        assert!(matches!(
+            Response::decode(Op::StatusOk, &body),
+            Err(ProtoError::Truncated { .. })
+        ));
+        body[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Response::decode(Op::StatusOk, &body),
+            Err(ProtoError::Invalid(_))
         ));
     }
 

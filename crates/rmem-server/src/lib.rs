@@ -6,16 +6,23 @@
 //! (`rmem_proto::auth`; the token never crosses the network), attaches it to a session
 //! ([`session`]), then answers its requests strictly in order. Pages belong to the session,
 //! which outlives its connections while its lease is renewed; a reaper thread frees the pages
-//! of sessions whose lease ran out. Capacity is global across sessions. Any malformed frame closes that one connection
+//! of sessions whose lease ran out. Capacity is global across sessions. `Status` reports
+//! them (`rmem status`), [`metrics`] counts requests and serves both to Prometheus. Logs go
+//! through the `log` facade (the `rmem server` binary prints them on stderr, by level). Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
 //!
 //! Not yet: JumboMem locks server memory so it is never swapped out; a `--lock` flag
 //! (mlockall) belongs here once a server's memory can be sized up front.
 #![forbid(unsafe_code)]
 
+pub mod metrics;
 pub mod session;
 
-use rmem_proto::{auth, parse_header, ErrorCode, Op, ProtoError, Request, Response, HEADER_LEN};
+use metrics::Metrics;
+use rmem_proto::{
+    auth, parse_header, ErrorCode, Op, ProtoError, Request, Response, ServerStatus, SessionStatus,
+    HEADER_LEN,
+};
 use session::{Attachment, SessionInfo, Sessions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -39,7 +46,8 @@ pub struct ServerConfig {
     pub frame_len_max: u32,
     /// How long a session outlives its last request (the longest lease a client may ask).
     pub lease: Duration,
-    /// Log every disconnect, not only the abnormal ones.
+    /// Log every disconnect and session end at info level, not only the abnormal ones (they
+    /// are at debug level otherwise).
     pub verbose: bool,
 }
 
@@ -54,13 +62,38 @@ pub enum ServerError {
 }
 
 /// Shared accounting, readable by tests and the CLI.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ServerState {
     sessions: Sessions,
     connections: AtomicUsize,
+    pub metrics: Metrics,
+    capacity_bytes: u64,
+    lease: Duration,
 }
 
 impl ServerState {
+    /// Capacity, use, and every session (the largest first, at most
+    /// `rmem_proto::STATUS_SESSIONS_MAX` listed).
+    pub fn status(&self) -> ServerStatus {
+        let all = self.sessions();
+        ServerStatus {
+            capacity_bytes: self.capacity_bytes,
+            used_bytes: self.used_bytes(),
+            lease_ms: u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX),
+            sessions_total: u32::try_from(all.len()).unwrap_or(u32::MAX),
+            sessions: all
+                .iter()
+                .take(rmem_proto::STATUS_SESSIONS_MAX)
+                .map(|s| SessionStatus {
+                    id: s.id,
+                    used_bytes: s.used_bytes,
+                    lease_age_ms: u64::try_from(s.lease_age.as_millis()).unwrap_or(u64::MAX),
+                    connections: u32::try_from(s.connections).unwrap_or(u32::MAX),
+                })
+                .collect(),
+        }
+    }
+
     pub fn used_bytes(&self) -> u64 {
         self.sessions.used_bytes.load(Ordering::Relaxed)
     }
@@ -93,10 +126,17 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let state = Arc::new(ServerState {
+            sessions: Sessions::default(),
+            connections: AtomicUsize::new(0),
+            metrics: Metrics::default(),
+            capacity_bytes: config.capacity_bytes,
+            lease: config.lease,
+        });
         Ok(Server {
             listener,
             config: Arc::new(config),
-            state: Arc::default(),
+            state,
             addr,
         })
     }
@@ -118,14 +158,14 @@ impl Server {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // Out of descriptors or similar: log, back off, keep serving the others.
                 Err(e) => {
-                    eprintln!("rmem-server {}: accept failed: {e}", self.addr);
+                    log::error!("{}: accept failed: {e}", self.addr);
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
                 }
             };
             if self.state.connections() >= CONNECTIONS_MAX {
-                eprintln!(
-                    "rmem-server {}: refusing {peer}: {CONNECTIONS_MAX} connections already",
+                log::warn!(
+                    "{}: refusing {peer}: {CONNECTIONS_MAX} connections already",
                     self.addr
                 );
                 continue;
@@ -139,21 +179,20 @@ impl Server {
                 match conn.serve(sock) {
                     Ok(()) => {}
                     // A client that exits mid-answer is not news; anything else is.
-                    Err(Close::Io(e)) if !config.verbose && is_disconnect(&e) => {}
-                    Err(reason) => eprintln!("rmem-server {me}: closing {peer}: {reason}"),
+                    Err(Close::Io(e)) if is_disconnect(&e) => log::debug!("{me}: {peer} hung up: {e}"),
+                    Err(reason) => log::warn!("{me}: closing {peer}: {reason}"),
                 }
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if let Some(a) = conn.attachment.take() {
                     let id = a.session.id;
                     let (held, held_max) = a.detach();
-                    if config.verbose {
-                        eprintln!("rmem-server {me}: client {peer} disconnected, session {id} keeps {held} pages for its lease, held at most {held_max} pages");
-                    }
+                    let level = if config.verbose { log::Level::Info } else { log::Level::Debug };
+                    log::log!(level, "{me}: client {peer} disconnected, session {id} keeps {held} pages for its lease, held at most {held_max} pages");
                 }
             });
             if let Err(e) = spawned {
                 self.state.connections.fetch_sub(1, Ordering::Relaxed);
-                eprintln!("rmem-server {}: cannot serve {peer}: {e}", self.addr);
+                log::error!("{}: cannot serve {peer}: {e}", self.addr);
             }
         }
     }
@@ -163,7 +202,7 @@ impl Server {
     /// its lease ended.
     fn spawn_reaper(&self) -> Result<(), ServerError> {
         let state = self.state.clone();
-        let (me, verbose) = (self.addr, self.config.verbose);
+        let me = self.addr;
         let period =
             (self.config.lease / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
         std::thread::Builder::new()
@@ -171,15 +210,31 @@ impl Server {
             .spawn(move || loop {
                 std::thread::sleep(period);
                 for (id, bytes) in state.sessions.reap(Instant::now()) {
-                    if verbose || bytes > 0 {
-                        eprintln!(
-                            "rmem-server {me}: session {id}: lease expired, freed {bytes} bytes"
-                        );
-                    }
+                    let level = if bytes > 0 {
+                        log::Level::Info
+                    } else {
+                        log::Level::Debug
+                    };
+                    log::log!(
+                        level,
+                        "{me}: session {id}: lease expired, freed {bytes} bytes"
+                    );
                 }
             })
             .map(drop)
             .map_err(ServerError::Accept)
+    }
+
+    /// Serve the Prometheus metrics on `addr` from a thread of their own; the address bound.
+    pub fn serve_metrics(&self, addr: SocketAddr) -> Result<SocketAddr, ServerError> {
+        let (listener, bound) =
+            metrics::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
+        let state = self.state.clone();
+        std::thread::Builder::new()
+            .name("rmem-metrics".into())
+            .spawn(move || metrics::serve(listener, state))
+            .map_err(ServerError::Accept)?;
+        Ok(bound)
     }
 
     /// Run on a background thread.
@@ -343,6 +398,7 @@ impl Connection<'_> {
                 return Ok(());
             };
             let req = Request::decode(h.op, &body)?;
+            let started = Instant::now();
             out.clear();
             let answered = self.answer(req, h.tag, &mut out);
             if let Err(Close::Session(_)) = answered {
@@ -350,6 +406,7 @@ impl Connection<'_> {
                 let _ = writer.write_all(&out).and_then(|_| writer.flush());
             }
             answered?;
+            self.state.metrics.record(h.op, started.elapsed());
             writer.write_all(&out)?;
             if reader.buffer().is_empty() {
                 writer.flush()?;
@@ -395,6 +452,10 @@ impl Connection<'_> {
         let sessions = &self.state.sessions;
         let capacity = self.config.capacity_bytes;
         let a = match (&req, &self.attachment) {
+            (Request::Status, _) => {
+                Response::StatusOk(self.state.status()).encode(tag, out);
+                return Ok(());
+            }
             (Request::Hello { .. } | Request::Auth { .. }, _) => {
                 return Err(Close::Bad(format!("{:?} after the handshake", req.op())))
             }
@@ -427,7 +488,10 @@ impl Connection<'_> {
             }
         };
         match req {
-            Request::Hello { .. } | Request::Auth { .. } | Request::Attach { .. } => unreachable!(),
+            Request::Hello { .. }
+            | Request::Auth { .. }
+            | Request::Attach { .. }
+            | Request::Status => unreachable!(),
             Request::Read { key, count } => {
                 if count == 0
                     || count as u64 * self.page_size as u64 + 64 > self.config.frame_len_max as u64
@@ -492,12 +556,17 @@ impl Connection<'_> {
             Request::EndSession => {
                 drop(pages);
                 let freed_bytes = sessions.end(a);
-                if self.config.verbose {
-                    eprintln!(
-                        "rmem-server {}: session {} ended, freed {freed_bytes} bytes",
-                        self.me, a.session.id
-                    );
-                }
+                let level = if self.config.verbose {
+                    log::Level::Info
+                } else {
+                    log::Level::Debug
+                };
+                log::log!(
+                    level,
+                    "{}: session {} ended, freed {freed_bytes} bytes",
+                    self.me,
+                    a.session.id
+                );
                 Response::SessionEnded { freed_bytes }.encode(tag, out);
             }
         }

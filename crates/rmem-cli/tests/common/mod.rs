@@ -239,6 +239,46 @@ impl Drop for ServerProcess {
     }
 }
 
+/// `tests/c/touch_forever.c` on `servers` with the runtime's environment set directly (no
+/// `rmem run`): MIB of remote memory filled (16K pages, 4M local) before this returns, then
+/// touched for up to SECONDS. `env` adds to or overrides the environment.
+pub fn touch_forever(
+    servers: &str,
+    token: &str,
+    mib: u32,
+    seconds: u32,
+    env: &[(&str, &str)],
+) -> Child {
+    let prog = build_c("tests/c/touch_forever.c");
+    let mut child = Command::new(&prog)
+        .args([mib.to_string(), seconds.to_string()])
+        .env("RMEM_SERVERS", servers)
+        .env("RMEM_TOKEN", token)
+        .env("RMEM_LOCAL", "4M")
+        .env("RMEM_PAGE_SIZE", "16K")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut child);
+    assert!(line.contains("touch_forever: filled"), "{line:?}");
+    child
+}
+
+/// `rmem status SERVER --json`, parsed.
+pub fn status_json(server: &str, token: &str) -> serde_json::Value {
+    let out = run_bounded(
+        Command::new(rmem())
+            .args(["status", server, "--json"])
+            .env("RMEM_TOKEN", token),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "rmem status: {}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
 /// The first line a child writes on its (piped) stdout.
 pub fn first_line(child: &mut Child) -> String {
     let mut line = String::new();
