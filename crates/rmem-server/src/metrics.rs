@@ -39,7 +39,8 @@ const HTTP_REQUEST_MAX: usize = 8192;
 struct OpMetrics {
     count: AtomicU64,
     nanos: AtomicU64,
-    /// Cumulative as Prometheus wants them: bucket i counts requests of at most BUCKETS_NS[i].
+    /// Bucket i counts requests above BUCKETS_NS[i - 1] and at most BUCKETS_NS[i] (one
+    /// increment per request; summed into Prometheus' cumulative buckets when rendered).
     buckets: [AtomicU64; BUCKETS_NS.len()],
 }
 
@@ -60,10 +61,8 @@ impl Metrics {
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         m.count.fetch_add(1, Ordering::Relaxed);
         m.nanos.fetch_add(ns, Ordering::Relaxed);
-        for (b, &bound) in m.buckets.iter().zip(&BUCKETS_NS) {
-            if ns <= bound {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = BUCKETS_NS.iter().position(|&bound| ns <= bound) {
+            m.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -139,10 +138,11 @@ impl Metrics {
             "# HELP {name} Server time per request, from decoded to answered, by operation.\n# TYPE {name} histogram"
         );
         for ((_, label), m) in OPS.iter().zip(&self.ops) {
+            let mut below = 0;
             for (b, &bound) in m.buckets.iter().zip(&BUCKETS_NS) {
                 let le = bound as f64 / 1e9;
-                let n = b.load(Ordering::Relaxed);
-                let _ = writeln!(o, "{name}_bucket{{op=\"{label}\",le=\"{le}\"}} {n}");
+                below += b.load(Ordering::Relaxed);
+                let _ = writeln!(o, "{name}_bucket{{op=\"{label}\",le=\"{le}\"}} {below}");
             }
             let n = m.count.load(Ordering::Relaxed);
             let sum = m.nanos.load(Ordering::Relaxed) as f64 / 1e9;
