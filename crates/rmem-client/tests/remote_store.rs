@@ -16,18 +16,26 @@ const PS: usize = 4096;
 const TOKEN: &[u8] = b"test-token";
 
 fn server(capacity_pages: u64) -> SocketAddr {
+    server_with_lease(capacity_pages, rmem_server::LEASE_DEFAULT).0
+}
+
+fn server_with_lease(
+    capacity_pages: u64,
+    lease: Duration,
+) -> (SocketAddr, std::sync::Arc<rmem_server::ServerState>) {
     let s = Server::bind(ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         capacity_bytes: capacity_pages * PS as u64,
         token: TOKEN.to_vec(),
         frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
-        lease: rmem_server::LEASE_DEFAULT,
+        lease,
         verbose: false,
     })
     .unwrap();
     let addr = s.local_addr();
+    let state = s.state();
     s.spawn();
-    addr
+    (addr, state)
 }
 
 fn connect(addr: SocketAddr, token: &[u8]) -> Result<RemoteStore, StoreError> {
@@ -257,4 +265,37 @@ fn a_server_gone_for_good_is_reported_after_the_reconnect_window() {
             && msg.contains("reconnecting for"),
         "{msg}"
     );
+}
+
+/// An idle store keeps its session by heartbeats alone, however short the server's lease:
+/// its pings come at most a third of the lease apart even when told to ping rarely, and it
+/// asks to be ticked that often. Its clean end frees the pages at once.
+#[test]
+fn heartbeats_keep_an_idle_session_within_a_short_lease() {
+    let lease = Duration::from_millis(300);
+    let (addr, state) = server_with_lease(64, lease);
+    let mut store = connect(addr, TOKEN).unwrap(); // heartbeat asked: 5 s
+    let beat = store.heartbeat().expect("a store with a lease wants ticks");
+    assert!(beat <= lease / 3, "{beat:?}");
+    for p in 0..4 {
+        store.store(PageIndex(p), &[p as u8 + 1; PS]).unwrap();
+    }
+    complete(&mut store, 4);
+    // Idle for five leases, ticked as asked.
+    let t = Instant::now();
+    while t.elapsed() < 5 * lease {
+        std::thread::sleep(beat);
+        store.tick(Instant::now()).unwrap();
+        store.poll(&mut |_| {}).unwrap();
+    }
+    assert_eq!(state.used_bytes(), 4 * PS as u64, "the session expired");
+    for p in 0..4 {
+        store.fetch(PageIndex(p)).unwrap();
+    }
+    let mut got = complete(&mut store, 4);
+    got.sort();
+    assert_eq!(got, vec![(0, 1), (1, 2), (2, 3), (3, 4)]);
+    drop(store);
+    assert_eq!(state.used_bytes(), 0, "a clean end keeps the pages");
+    assert!(state.sessions().is_empty());
 }

@@ -88,6 +88,11 @@ pub trait PageStore: Send {
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>);
     /// Periodic upkeep: heartbeats and request deadlines.
     fn tick(&mut self, now: Instant) -> Result<(), StoreError>;
+    /// How often an idle store wants [`PageStore::tick`] (to renew what it holds: a server
+    /// session's lease), if it wants it at all.
+    fn heartbeat(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Requests in flight.
     fn in_flight(&self) -> usize;
     /// One line naming the servers, for logs.

@@ -1023,6 +1023,10 @@ impl PageStore for RemoteStore {
         self.conns.iter_mut().try_for_each(|c| c.tick(now))
     }
 
+    fn heartbeat(&self) -> Option<Duration> {
+        self.conns.iter().map(Conn::heartbeat).min()
+    }
+
     fn in_flight(&self) -> usize {
         self.conns.iter().map(|c| c.pending.len()).sum()
     }
