@@ -10,6 +10,9 @@ command -v c++ >/dev/null || need+=(g++)
 # Transparent-mode acceptance tests run Debian's Python with numpy on a threaded OpenBLAS.
 [ -x /usr/bin/python3 ] || need+=(python3)
 /usr/bin/python3 -c 'import numpy' 2>/dev/null || need+=(python3-numpy)
+# The metrics test (crates/rmem-cli/tests/status.rs) checks `rmem server --metrics` with the
+# Prometheus client library's own text parser.
+/usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || need+=(python3-prometheus-client)
 [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread ] || [ "$(uname -m)" != x86_64 ] || need+=(libopenblas0-pthread)
 # Transparent-mode tests (crates/rmem-cli/tests/transparent.rs): C programs linked with
 # jemalloc and with tcmalloc, Debian's redis-server (linked with jemalloc) driven by

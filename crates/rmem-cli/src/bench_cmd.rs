@@ -229,9 +229,7 @@ impl RawRoundTrip {
             &config.token,
             PS,
             Placement::Priority,
-            config.connect_timeout,
-            config.server_timeout,
-            config.heartbeat,
+            rmem_client::store::remote::Timing::of(config),
         )
         .map_err(err)?;
         let page = vec![0xA5u8; PS];

@@ -127,7 +127,7 @@ impl Plan {
             None => without_hostfile(a)?,
         };
         let token = match a.launcher {
-            Launcher::None => token_from_env()?,
+            Launcher::None => token_from_env("--launcher none")?,
             _ => fresh_token(),
         };
         Ok(Plan {
@@ -231,15 +231,15 @@ fn without_hostfile(a: &LaunchArgs) -> Result<Vec<ServerSpec>, String> {
 }
 
 /// The token of servers started by hand: RMEM_TOKEN, else the file named by RMEM_TOKEN_FILE.
-fn token_from_env() -> Result<String, String> {
+/// `who` opens the message when neither is set.
+pub fn token_from_env(who: &str) -> Result<String, String> {
     if let Ok(t) = std::env::var("RMEM_TOKEN") {
         if !t.is_empty() {
             return Ok(t);
         }
     }
     let path = std::env::var("RMEM_TOKEN_FILE").map_err(|_| {
-        "--launcher none: set RMEM_TOKEN or RMEM_TOKEN_FILE to the running servers' token"
-            .to_string()
+        format!("{who}: set RMEM_TOKEN or RMEM_TOKEN_FILE to the running servers' token")
     })?;
     let t = std::fs::read_to_string(&path)
         .map_err(|e| format!("RMEM_TOKEN_FILE={path}: {e}"))?

@@ -1,7 +1,8 @@
 //! rmem: the command-line entry point.
 //!
 //! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
-//! `rmem bench` measures, `rmem cc` compiles DLM programs (cc/). Each subcommand lives in its own module.
+//! `rmem status` asks a server what it holds, `rmem bench` measures, `rmem cc` compiles DLM
+//! programs (cc/). Each subcommand lives in its own module.
 
 mod bench_cmd;
 mod bench_suite;
@@ -15,6 +16,7 @@ mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
 mod syscall_bench;
+mod status_cmd;
 mod workloads;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +53,9 @@ enum Command {
     /// Start memory servers, print where they are, finalize them when stdin closes (what
     /// librmem runs for a program started without `rmem run`).
     Launch(launch_cmd::LaunchCmdArgs),
+    /// Show a memory server's capacity, use and sessions (token from RMEM_TOKEN or
+    /// RMEM_TOKEN_FILE).
+    Status(status_cmd::StatusArgs),
 }
 
 fn main() {
@@ -70,6 +75,7 @@ fn main() {
         Command::Sim(a) => sim_cmd::run(a),
         Command::Launch(a) => launch_cmd::run(a),
         Command::Cc { args } => cc::run(&args),
+        Command::Status(a) => status_cmd::run(a),
     };
     std::process::exit(code);
 }

@@ -1,4 +1,5 @@
-//! `rmem server`: a memory server daemon.
+//! `rmem server`: a memory server daemon. Its log (the `log` facade) goes to stderr, one line
+//! per event: `rmem-server LEVEL message`.
 
 use rmem_proto::size::parse_size;
 use rmem_server::{Server, ServerConfig};
@@ -24,7 +25,15 @@ pub struct ServerArgs {
     /// Largest frame accepted, in bytes.
     #[arg(long, default_value = "16M")]
     pub frame_max: String,
-    /// Log every client disconnect.
+    /// Seconds a session outlives its last request (a client's heartbeats renew it); then its
+    /// pages are freed. Also the longest lease a client may ask for.
+    #[arg(long, default_value_t = 30.0)]
+    pub lease: f64,
+    /// Serve request counts, latencies and the server's status in the Prometheus text format
+    /// over plain HTTP on this address (`GET /metrics`). Off unless given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+    /// Log every client disconnect and session end, and debug lines (RMEM_LOG overrides).
     #[arg(long, short)]
     pub verbose: bool,
 }
@@ -39,7 +48,38 @@ pub fn run(a: ServerArgs) -> i32 {
     }
 }
 
+/// Prints log records on stderr as `rmem-server LEVEL message`.
+struct Logger;
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("rmem-server {:<5} {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Info, or debug with `--verbose`; `RMEM_LOG` (off, error, warn, info, debug, trace) wins.
+fn init_log(verbose: bool) -> Result<(), String> {
+    let level = match std::env::var("RMEM_LOG") {
+        Ok(v) => v
+            .parse::<log::LevelFilter>()
+            .map_err(|_| format!("RMEM_LOG={v}: not off, error, warn, info, debug or trace"))?,
+        Err(_) if verbose => log::LevelFilter::Debug,
+        Err(_) => log::LevelFilter::Info,
+    };
+    // A second logger (never in this binary) would be refused; the first one stays.
+    let _ = log::set_logger(&Logger);
+    log::set_max_level(level);
+    Ok(())
+}
+
 fn serve(a: ServerArgs) -> Result<(), String> {
+    init_log(a.verbose)?;
     let capacity_bytes = parse_size(&a.capacity).map_err(|e| format!("--capacity: {e}"))?;
     let frame = parse_size(&a.frame_max).map_err(|e| format!("--frame-max: {e}"))?;
     let frame_len_max =
@@ -49,6 +89,9 @@ fn serve(a: ServerArgs) -> Result<(), String> {
             "--frame-max: must hold the largest page ({} bytes)",
             rmem_proto::PAGE_SIZE_MAX
         ));
+    }
+    if !(a.lease.is_finite() && (0.1..=86400.0).contains(&a.lease)) {
+        return Err(format!("--lease: {} is not 0.1 to 86400 seconds", a.lease));
     }
     let token = match (&a.token_file, std::env::var("RMEM_TOKEN")) {
         _ if a.token_stdin => token_from_stdin()?,
@@ -73,6 +116,7 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         capacity_bytes,
         token,
         frame_len_max,
+        lease: std::time::Duration::from_secs_f64(a.lease),
         verbose: a.verbose,
     })
     .map_err(|e| {
@@ -83,6 +127,12 @@ fn serve(a: ServerArgs) -> Result<(), String> {
                 .unwrap_or_default()
         )
     })?;
+    if let Some(addr) = a.metrics {
+        let bound = server
+            .serve_metrics(addr)
+            .map_err(|e| format!("--metrics: {}", rmem_client::error_chain(&e)))?;
+        log::info!("{}: metrics on http://{bound}/metrics", server.local_addr());
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,

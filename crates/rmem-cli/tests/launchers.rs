@@ -5,9 +5,8 @@
 
 mod common;
 use common::*;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// A directory with fake `srun` and `ssh` scripts that log their arguments to `log`.
@@ -159,36 +158,14 @@ fn slurm_launcher_uses_the_allocation_node_list() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Start `rmem server` by hand on loopback with `token`; returns it and its address.
-fn server_by_hand(token: &str, capacity: &str) -> (Child, String) {
-    let mut child = Command::new(rmem())
-        .args(["server", "--capacity", capacity])
-        .env("RMEM_TOKEN", token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .strip_prefix("rmem-server listening on ")
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address: {line:?}"))
-        .to_string();
-    (child, addr)
-}
-
 #[test]
 fn none_launcher_connects_to_running_servers() {
     let dir = scratch("none");
     let token = "secret-for-the-none-launcher-test";
-    let mut a = server_by_hand(token, "8M");
-    let mut b = server_by_hand(token, "64M");
+    let mut a = ServerProcess::start(token, &["--capacity", "8M"]);
+    let mut b = ServerProcess::start(token, &["--capacity", "64M"]);
     let hosts = dir.join("hosts");
-    std::fs::write(&hosts, format!("me 2M\n{} 8M\n{} 64M\n", a.1, b.1)).unwrap();
+    std::fs::write(&hosts, format!("me 2M\n{} 8M\n{} 64M\n", a.addr, b.addr)).unwrap();
     let token_file = dir.join("token");
     std::fs::write(&token_file, format!("{token}\n")).unwrap();
     let args = ["--launcher", "none", "--hostfile", hosts.to_str().unwrap()];
@@ -200,13 +177,13 @@ fn none_launcher_connects_to_running_servers() {
     );
     assert_stress_ok(&out, &dir);
     // Servers started by hand outlive the run.
-    assert!(a.0.try_wait().unwrap().is_none() && b.0.try_wait().unwrap().is_none());
+    assert!(a.child.try_wait().unwrap().is_none() && b.child.try_wait().unwrap().is_none());
 
     // No token: a clear error. A line without a port: named with its line number.
     let out = run_stress(&dir, &args, 16, &[]);
     assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("RMEM_TOKEN"), "{}", out.stderr);
-    std::fs::write(&hosts, format!("me 2M\n{} 8M\nlocalhost 64M\n", a.1)).unwrap();
+    std::fs::write(&hosts, format!("me 2M\n{} 8M\nlocalhost 64M\n", a.addr)).unwrap();
     let out = run_stress(&dir, &args, 16, &[("RMEM_TOKEN", token)]);
     assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
     assert!(
@@ -217,10 +194,6 @@ fn none_launcher_connects_to_running_servers() {
         "{}",
         out.stderr
     );
-    for c in [&mut a.0, &mut b.0] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

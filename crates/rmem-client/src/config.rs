@@ -49,6 +49,9 @@ pub struct Config {
     pub heartbeat: Duration,
     /// Connecting to a server gives up after this long.
     pub connect_timeout: Duration,
+    /// After a connection drops, reconnecting goes on this long (at most the server's lease)
+    /// before the server counts as lost; 0: never reconnect.
+    pub reconnect: Duration,
     /// Where to write statistics as JSON at exit, if anywhere.
     pub stats_json: Option<String>,
     /// Open userfaultfd in `UFFD_USER_MODE_ONLY` mode even where kernel faults are allowed.
@@ -80,6 +83,7 @@ impl Default for Config {
             server_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
+            reconnect: Duration::from_secs(5),
             stats_json: None,
             uffd_user_mode_only: false,
             policy_params: rmem_policy::PolicyParams::default(),
@@ -255,6 +259,7 @@ impl Config {
             server_timeout: ms_var("RMEM_SERVER_TIMEOUT_MS", d.server_timeout)?,
             heartbeat: ms_var("RMEM_HEARTBEAT_MS", d.heartbeat)?,
             connect_timeout: ms_var("RMEM_CONNECT_TIMEOUT_MS", d.connect_timeout)?,
+            reconnect: ms_var("RMEM_RECONNECT_MS", d.reconnect)?,
             stats_json: var("RMEM_STATS_JSON"),
             uffd_user_mode_only: var("RMEM_UFFD_USER_MODE_ONLY").is_some_and(|v| v.trim() != "0"),
             policy_params: rmem_policy::PolicyParams {

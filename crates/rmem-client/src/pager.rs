@@ -472,7 +472,11 @@ impl Pager {
             let timeout_ms = if self.store.in_flight() > 0 {
                 10
             } else {
-                self.heartbeat.as_millis().clamp(1, 1000) as i32
+                let beat = self
+                    .store
+                    .heartbeat()
+                    .map_or(self.heartbeat, |b| b.min(self.heartbeat));
+                beat.as_millis().clamp(1, 1000) as i32
             };
             // SAFETY: `fds` is a valid array of pollfd of the given length.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };

@@ -6,7 +6,7 @@ use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, TraceOut};
 use crate::region::{Mapping, Staging, REGION_AT};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::mem::MemStore;
-use crate::store::remote::RemoteStore;
+use crate::store::remote::{RemoteStore, Timing};
 use crate::store::{PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
@@ -150,9 +150,7 @@ impl Runtime {
             &config.token,
             config.page_size,
             config.placement,
-            config.connect_timeout,
-            config.server_timeout,
-            config.heartbeat,
+            Timing::of(config),
         )?;
         Runtime::start(config, Box::new(store), Box::new(exit_on_fatal))
     }

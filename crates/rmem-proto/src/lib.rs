@@ -13,15 +13,22 @@
 //! offset 8  u64 tag    request id chosen by the client, echoed in the response
 //! ```
 //!
-//! All integers are little-endian. A connection opens with `Hello` (magic, protocol version,
-//! page size, shared-secret token) answered by `Welcome` or `Error`. After that the client may
-//! keep many requests in flight; the server answers each connection's requests in order.
+//! All integers are little-endian. A connection opens with a challenge and response that
+//! never sends the shared token ([`auth`]): `Hello` (magic, protocol version, page size, the
+//! client's nonce) is answered by `Challenge` (the server's nonce), `Auth` (the client's
+//! proof) by `Welcome` (the server's limits and proof) or `Error`. After that the client may
+//! attaches a session (`Attach`: a 128-bit id of its choosing and a lease; pages belong to the
+//! session, not to the connection, so a client that reconnects within the lease finds them),
+//! then keeps many requests in flight; the server answers each connection's requests in order.
 //! `Read` and `Write` carry `count` consecutive pages, and `Swap` writes a victim and reads a
 //! page in one round trip (DLM's swap). Decoding never trusts a length: every field is
 //! bounds-checked, and trailing bytes are an error.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod size;
+
+use auth::{Nonce, Proof};
 
 use std::fmt;
 
@@ -30,9 +37,7 @@ pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const VERSION: u16 = 1;
-/// Largest token accepted in a `Hello`.
-pub const TOKEN_LEN_MAX: usize = 256;
+pub const VERSION: u16 = 3;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -42,10 +47,42 @@ pub const PAGE_SIZE_MIN: u32 = 4096;
 pub const PAGE_SIZE_MAX: u32 = 4 * 1024 * 1024;
 /// Most keys one `Free` request may carry.
 pub const FREE_KEYS_MAX: usize = 65536;
+/// Most sessions one `StatusOk` lists (the largest first); `sessions_total` counts them all.
+pub const STATUS_SESSIONS_MAX: usize = 65536;
 
 /// A page's name on a server: the client's page index. Servers treat it as opaque.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageKey(pub u64);
+
+/// A session's name on a server: 128 random bits chosen by the client. Pages are kept per
+/// session; any number of connections may attach the same session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u128);
+
+impl SessionId {
+    /// A fresh random id (the operating system's random source).
+    pub fn random() -> Result<SessionId, std::io::Error> {
+        let mut b = [0u8; 16];
+        getrandom::getrandom(&mut b).map_err(std::io::Error::from)?;
+        Ok(SessionId(u128::from_le_bytes(b)))
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// `Attach` flag: fence every other connection attached to the session. A request those
+/// connections still have buffered is never applied after this attach; they are closed. A
+/// client that reconnects sets it, so that nothing it sent on the dropped connection can
+/// land after what it re-sends on the new one.
+pub const ATTACH_EXCLUSIVE: u32 = 1;
+/// Every `Attach` flag this version knows; any other bit is refused (room for later ones).
+pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE;
+/// `Attached` flag: the session existed (its pages are there); clear for a new session.
+pub const ATTACHED_EXISTED: u32 = 1;
 
 /// Frame operation codes. Requests have the high bit clear, responses set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,12 +94,20 @@ pub enum Op {
     Swap = 0x04,
     Free = 0x05,
     Ping = 0x06,
+    Auth = 0x07,
+    Attach = 0x08,
+    EndSession = 0x09,
+    Status = 0x0A,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
     SwapOk = 0x84,
     FreeOk = 0x85,
     Pong = 0x86,
+    Challenge = 0x87,
+    Attached = 0x88,
+    SessionEnded = 0x89,
+    StatusOk = 0x8A,
     Error = 0xFF,
 }
 
@@ -75,12 +120,20 @@ impl Op {
             0x04 => Op::Swap,
             0x05 => Op::Free,
             0x06 => Op::Ping,
+            0x07 => Op::Auth,
+            0x08 => Op::Attach,
+            0x09 => Op::EndSession,
+            0x0A => Op::Status,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
             0x84 => Op::SwapOk,
             0x85 => Op::FreeOk,
             0x86 => Op::Pong,
+            0x87 => Op::Challenge,
+            0x88 => Op::Attached,
+            0x89 => Op::SessionEnded,
+            0x8A => Op::StatusOk,
             0xFF => Op::Error,
             _ => return None,
         })
@@ -103,6 +156,8 @@ pub enum ErrorCode {
     BadRequest = 5,
     /// Anything else.
     Internal = 6,
+    /// The session's lease expired (or it was ended): its pages are gone.
+    SessionLost = 7,
 }
 
 impl ErrorCode {
@@ -113,6 +168,7 @@ impl ErrorCode {
             3 => ErrorCode::Full,
             4 => ErrorCode::NotFound,
             5 => ErrorCode::BadRequest,
+            7 => ErrorCode::SessionLost,
             _ => ErrorCode::Internal,
         }
     }
@@ -127,6 +183,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::NotFound => "page not found",
             ErrorCode::BadRequest => "bad request",
             ErrorCode::Internal => "internal error",
+            ErrorCode::SessionLost => "session lost",
         };
         f.write_str(s)
     }
@@ -227,6 +284,9 @@ impl<'a> Cursor<'a> {
     fn u64(&mut self) -> Result<u64, ProtoError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        Ok(self.take(N)?.try_into().unwrap())
+    }
     fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
         self.pos = self.buf.len();
@@ -243,11 +303,30 @@ impl<'a> Cursor<'a> {
 /// A request from a client. Page payloads borrow from the receive buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
+    /// Opens a connection: the client's protocol version, page size and nonce.
     Hello {
         version: u16,
         page_size: u32,
-        token: &'a [u8],
+        nonce: Nonce,
     },
+    /// The client's proof that it knows the token (see [`auth`]), answering `Challenge`.
+    Auth {
+        proof: Proof,
+    },
+    /// Attach this connection to `session`, creating it if the server has none by that id.
+    /// `lease_ms` 0 asks for the server's lease. `flags`: [`ATTACH_EXCLUSIVE`]. `reserved`
+    /// must be 0: room for a manager that moves a session's pages between servers (say, the
+    /// epoch of a move), which a later version will define.
+    Attach {
+        session: SessionId,
+        lease_ms: u32,
+        flags: u32,
+        reserved: u64,
+    },
+    /// End the attached session now: its pages are freed (a client's clean exit).
+    EndSession,
+    /// The server's capacity, use and sessions (`rmem status`); valid without `Attach`.
+    Status,
     /// Read `count` consecutive pages starting at `key`.
     Read {
         key: PageKey,
@@ -276,6 +355,10 @@ impl Request<'_> {
     pub fn op(&self) -> Op {
         match self {
             Request::Hello { .. } => Op::Hello,
+            Request::Auth { .. } => Op::Auth,
+            Request::Attach { .. } => Op::Attach,
+            Request::EndSession => Op::EndSession,
+            Request::Status => Op::Status,
             Request::Read { .. } => Op::Read,
             Request::Write { .. } => Op::Write,
             Request::Swap { .. } => Op::Swap,
@@ -297,15 +380,27 @@ impl Request<'_> {
             Request::Hello {
                 version,
                 page_size,
-                token,
+                nonce,
             } => {
                 out.extend_from_slice(&MAGIC);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
                 out.extend_from_slice(&page_size.to_le_bytes());
-                out.extend_from_slice(&(token.len() as u16).to_le_bytes());
-                out.extend_from_slice(token);
+                out.extend_from_slice(nonce);
             }
+            Request::Auth { proof } => out.extend_from_slice(proof),
+            Request::Attach {
+                session,
+                lease_ms,
+                flags,
+                reserved,
+            } => {
+                out.extend_from_slice(&session.0.to_le_bytes());
+                out.extend_from_slice(&lease_ms.to_le_bytes());
+                out.extend_from_slice(&flags.to_le_bytes());
+                out.extend_from_slice(&reserved.to_le_bytes());
+            }
+            Request::EndSession | Request::Status => {}
             Request::Read { key, count } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
@@ -346,17 +441,21 @@ impl Request<'_> {
                 }
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
-                let page_size = c.u32()?;
-                let token_len = c.u16()? as usize;
-                if token_len > TOKEN_LEN_MAX {
-                    return Err(ProtoError::Invalid("token too long"));
-                }
                 Request::Hello {
                     version,
-                    page_size,
-                    token: c.take(token_len)?,
+                    page_size: c.u32()?,
+                    nonce: c.array()?,
                 }
             }
+            Op::Auth => Request::Auth { proof: c.array()? },
+            Op::Attach => Request::Attach {
+                session: SessionId(u128::from_le_bytes(c.array()?)),
+                lease_ms: c.u32()?,
+                flags: c.u32()?,
+                reserved: c.u64()?,
+            },
+            Op::EndSession => Request::EndSession,
+            Op::Status => Request::Status,
             Op::Read => Request::Read {
                 key: PageKey(c.u64()?),
                 count: c.u32()?,
@@ -390,14 +489,105 @@ impl Request<'_> {
     }
 }
 
+/// A server's state as `Status` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStatus {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    /// The server's lease (`--lease`).
+    pub lease_ms: u64,
+    /// Sessions on the server; `sessions` lists at most [`STATUS_SESSIONS_MAX`] of them.
+    pub sessions_total: u32,
+    pub sessions: Vec<SessionStatus>,
+}
+
+/// One session in a [`ServerStatus`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionStatus {
+    pub id: SessionId,
+    pub used_bytes: u64,
+    /// Milliseconds since its lease was last renewed.
+    pub lease_age_ms: u64,
+    pub connections: u32,
+}
+
+impl ServerStatus {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let listed = self.sessions.len().min(STATUS_SESSIONS_MAX);
+        out.extend_from_slice(&self.capacity_bytes.to_le_bytes());
+        out.extend_from_slice(&self.used_bytes.to_le_bytes());
+        out.extend_from_slice(&self.lease_ms.to_le_bytes());
+        out.extend_from_slice(&self.sessions_total.to_le_bytes());
+        out.extend_from_slice(&(listed as u32).to_le_bytes());
+        for s in &self.sessions[..listed] {
+            out.extend_from_slice(&s.id.0.to_le_bytes());
+            out.extend_from_slice(&s.used_bytes.to_le_bytes());
+            out.extend_from_slice(&s.lease_age_ms.to_le_bytes());
+            out.extend_from_slice(&s.connections.to_le_bytes());
+        }
+    }
+
+    fn decode(c: &mut Cursor<'_>) -> Result<ServerStatus, ProtoError> {
+        let mut st = ServerStatus {
+            capacity_bytes: c.u64()?,
+            used_bytes: c.u64()?,
+            lease_ms: c.u64()?,
+            sessions_total: c.u32()?,
+            sessions: Vec::new(),
+        };
+        let listed = c.u32()? as usize;
+        if listed > STATUS_SESSIONS_MAX {
+            return Err(ProtoError::Invalid("too many sessions in status"));
+        }
+        // Checked against what the body holds before anything is allocated.
+        let entry = 16 + 8 + 8 + 4;
+        if c.buf.len() - c.pos < listed * entry {
+            return Err(ProtoError::Truncated {
+                op: c.op,
+                need: c.pos + listed * entry,
+                have: c.buf.len(),
+            });
+        }
+        st.sessions.reserve(listed);
+        for _ in 0..listed {
+            st.sessions.push(SessionStatus {
+                id: SessionId(u128::from_le_bytes(c.array()?)),
+                used_bytes: c.u64()?,
+                lease_age_ms: c.u64()?,
+                connections: c.u32()?,
+            });
+        }
+        Ok(st)
+    }
+}
+
 /// A response from a server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Response<'a> {
+    /// Answers `Hello`: the server's nonce.
+    Challenge {
+        nonce: Nonce,
+    },
+    /// Answers `Attach`: the lease granted, [`ATTACHED_EXISTED`], and the bytes the session
+    /// holds.
+    Attached {
+        lease_ms: u32,
+        flags: u32,
+        session_bytes: u64,
+    },
+    /// Answers `EndSession`: the bytes freed.
+    SessionEnded {
+        freed_bytes: u64,
+    },
+    /// Answers `Status`.
+    StatusOk(ServerStatus),
+    /// Answers a good `Auth`: the server's limits and its own proof.
     Welcome {
         version: u16,
         frame_len_max: u32,
         capacity_bytes: u64,
         used_bytes: u64,
+        proof: Proof,
     },
     ReadOk {
         key: PageKey,
@@ -428,6 +618,10 @@ pub enum Response<'a> {
 impl Response<'_> {
     pub fn op(&self) -> Op {
         match self {
+            Response::Challenge { .. } => Op::Challenge,
+            Response::Attached { .. } => Op::Attached,
+            Response::SessionEnded { .. } => Op::SessionEnded,
+            Response::StatusOk(_) => Op::StatusOk,
             Response::Welcome { .. } => Op::Welcome,
             Response::ReadOk { .. } => Op::ReadOk,
             Response::WriteOk { .. } => Op::WriteOk,
@@ -448,17 +642,33 @@ impl Response<'_> {
         }
         .encode(out);
         match self {
+            Response::Challenge { nonce } => out.extend_from_slice(nonce),
+            Response::Attached {
+                lease_ms,
+                flags,
+                session_bytes,
+            } => {
+                out.extend_from_slice(&lease_ms.to_le_bytes());
+                out.extend_from_slice(&flags.to_le_bytes());
+                out.extend_from_slice(&session_bytes.to_le_bytes());
+            }
+            Response::SessionEnded { freed_bytes } => {
+                out.extend_from_slice(&freed_bytes.to_le_bytes())
+            }
+            Response::StatusOk(st) => st.encode(out),
             Response::Welcome {
                 version,
                 frame_len_max,
                 capacity_bytes,
                 used_bytes,
+                proof,
             } => {
                 out.extend_from_slice(&version.to_le_bytes());
                 out.extend_from_slice(&0u16.to_le_bytes());
                 out.extend_from_slice(&frame_len_max.to_le_bytes());
                 out.extend_from_slice(&capacity_bytes.to_le_bytes());
                 out.extend_from_slice(&used_bytes.to_le_bytes());
+                out.extend_from_slice(proof);
             }
             Response::ReadOk { key, count, data } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
@@ -494,6 +704,16 @@ impl Response<'_> {
     pub fn decode(op: Op, body: &[u8]) -> Result<Response<'_>, ProtoError> {
         let mut c = Cursor::new(op, body);
         let resp = match op {
+            Op::Challenge => Response::Challenge { nonce: c.array()? },
+            Op::Attached => Response::Attached {
+                lease_ms: c.u32()?,
+                flags: c.u32()?,
+                session_bytes: c.u64()?,
+            },
+            Op::SessionEnded => Response::SessionEnded {
+                freed_bytes: c.u64()?,
+            },
+            Op::StatusOk => Response::StatusOk(ServerStatus::decode(&mut c)?),
             Op::Welcome => {
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
@@ -502,6 +722,7 @@ impl Response<'_> {
                     frame_len_max: c.u32()?,
                     capacity_bytes: c.u64()?,
                     used_bytes: c.u64()?,
+                    proof: c.array()?,
                 }
             }
             Op::ReadOk => Response::ReadOk {
@@ -539,7 +760,9 @@ impl Response<'_> {
     }
 }
 
-fn patch_len(out: &mut [u8], start: usize) {
+/// Set the length field of the frame starting at `start` in `out` to the bytes after its header
+/// (for a sender that appends a body piece by piece).
+pub fn patch_len(out: &mut [u8], start: usize) {
     let body = out.len() - start - HEADER_LEN;
     let body = u32::try_from(body).expect("frame body fits in u32");
     out[start..start + 4].copy_from_slice(&body.to_le_bytes());
@@ -558,6 +781,7 @@ fn truncate_utf8(s: &str, max: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use super::auth::{NONCE_LEN, PROOF_LEN};
     use super::*;
 
     fn roundtrip_req(r: Request<'_>) {
@@ -582,8 +806,19 @@ mod tests {
         roundtrip_req(Request::Hello {
             version: VERSION,
             page_size: 4096,
-            token: b"secret",
+            nonce: [7; NONCE_LEN],
         });
+        roundtrip_req(Request::Auth {
+            proof: [9; PROOF_LEN],
+        });
+        roundtrip_req(Request::Attach {
+            session: SessionId(u128::MAX - 5),
+            lease_ms: 2000,
+            flags: ATTACH_EXCLUSIVE,
+            reserved: 0,
+        });
+        roundtrip_req(Request::EndSession);
+        roundtrip_req(Request::Status);
         roundtrip_req(Request::Read {
             key: PageKey(9),
             count: 3,
@@ -607,11 +842,41 @@ mod tests {
     #[test]
     fn responses_roundtrip() {
         let page = vec![0x5Au8; 8192];
+        roundtrip_resp(Response::Challenge {
+            nonce: [3; NONCE_LEN],
+        });
+        roundtrip_resp(Response::Attached {
+            lease_ms: 30_000,
+            flags: ATTACHED_EXISTED,
+            session_bytes: 1 << 33,
+        });
+        roundtrip_resp(Response::SessionEnded { freed_bytes: 9 });
+        roundtrip_resp(Response::StatusOk(ServerStatus {
+            capacity_bytes: 1 << 34,
+            used_bytes: 4096,
+            lease_ms: 30_000,
+            sessions_total: 2,
+            sessions: vec![
+                SessionStatus {
+                    id: SessionId(1 << 100),
+                    used_bytes: 4096,
+                    lease_age_ms: 250,
+                    connections: 1,
+                },
+                SessionStatus {
+                    id: SessionId(3),
+                    used_bytes: 0,
+                    lease_age_ms: 0,
+                    connections: 0,
+                },
+            ],
+        }));
         roundtrip_resp(Response::Welcome {
             version: 1,
             frame_len_max: 99,
             capacity_bytes: 1 << 40,
             used_bytes: 3,
+            proof: [4; PROOF_LEN],
         });
         roundtrip_resp(Response::ReadOk {
             key: PageKey(3),
@@ -671,6 +936,121 @@ mod tests {
         assert!(matches!(
             Request::decode(Op::ReadOk, &[]),
             Err(ProtoError::WrongDirection(_))
+        ));
+    }
+
+    #[test]
+    fn handshake_bodies_are_bounds_checked() {
+        // Every prefix of a valid body is truncated, and one byte more is trailing.
+        let mut hello = Vec::new();
+        Request::Hello {
+            version: VERSION,
+            page_size: 4096,
+            nonce: [1; NONCE_LEN],
+        }
+        .encode(0, &mut hello);
+        let mut auth = Vec::new();
+        Request::Auth {
+            proof: [2; PROOF_LEN],
+        }
+        .encode(0, &mut auth);
+        let mut challenge = Vec::new();
+        Response::Challenge {
+            nonce: [3; NONCE_LEN],
+        }
+        .encode(0, &mut challenge);
+        let mut welcome = Vec::new();
+        Response::Welcome {
+            version: VERSION,
+            frame_len_max: 1,
+            capacity_bytes: 2,
+            used_bytes: 3,
+            proof: [4; PROOF_LEN],
+        }
+        .encode(0, &mut welcome);
+        let mut bad_magic = hello.clone();
+        let mut attach = Vec::new();
+        Request::Attach {
+            session: SessionId(7),
+            lease_ms: 1,
+            flags: 0,
+            reserved: 0,
+        }
+        .encode(0, &mut attach);
+        let mut attached = Vec::new();
+        Response::Attached {
+            lease_ms: 1,
+            flags: 0,
+            session_bytes: 0,
+        }
+        .encode(0, &mut attached);
+        let mut status = Vec::new();
+        Response::StatusOk(ServerStatus {
+            sessions_total: 1,
+            sessions: vec![SessionStatus {
+                id: SessionId(5),
+                used_bytes: 1,
+                lease_age_ms: 2,
+                connections: 3,
+            }],
+            ..ServerStatus::default()
+        })
+        .encode(0, &mut status);
+        let decode = |op, body: &[u8]| match op {
+            Op::Hello | Op::Auth | Op::Attach => Request::decode(op, body).map(|_| ()),
+            _ => Response::decode(op, body).map(|_| ()),
+        };
+        for (op, frame) in [
+            (Op::Hello, hello),
+            (Op::Auth, auth),
+            (Op::Attach, attach),
+            (Op::Challenge, challenge),
+            (Op::Welcome, welcome),
+            (Op::Attached, attached),
+            (Op::StatusOk, status),
+        ] {
+            let body = &frame[HEADER_LEN..];
+            assert_eq!(decode(op, body), Ok(()));
+            for n in 0..body.len() {
+                assert!(
+                    matches!(decode(op, &body[..n]), Err(ProtoError::Truncated { .. })),
+                    "{op:?} cut to {n} bytes"
+                );
+            }
+            let mut long = body.to_vec();
+            long.push(0);
+            assert!(matches!(
+                decode(op, &long),
+                Err(ProtoError::Trailing { extra: 1, .. })
+            ));
+        }
+        bad_magic[HEADER_LEN] = b'X';
+        assert_eq!(
+            Request::decode(Op::Hello, &bad_magic[HEADER_LEN..]),
+            Err(ProtoError::BadMagic)
+        );
+        assert!(matches!(
+            Request::decode(Op::Challenge, &[0; NONCE_LEN]),
+            Err(ProtoError::WrongDirection(Op::Challenge))
+        ));
+        assert!(matches!(
+            Response::decode(Op::Auth, &[0; PROOF_LEN]),
+            Err(ProtoError::WrongDirection(Op::Auth))
+        ));
+    }
+
+    #[test]
+    fn a_status_claiming_more_sessions_than_it_holds_is_refused_before_allocating() {
+        let mut body = vec![0u8; 28];
+        body.extend_from_slice(&(STATUS_SESSIONS_MAX as u32).to_le_bytes());
+        assert!(matches!(
+            Response::decode(Op::StatusOk, &body),
+            Err(ProtoError::Truncated { .. })
+        ));
+        body[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Response::decode(Op::StatusOk, &body),
+            Err(ProtoError::Invalid(_))
         ));
     }
 

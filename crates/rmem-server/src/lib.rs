@@ -2,28 +2,41 @@
 //!
 //! Entry point: [`Server::bind`] with a [`ServerConfig`], then [`Server::run`] (blocking) or
 //! [`Server::spawn`] (a background thread, for in-process tests). Each connection gets a
-//! thread: it authenticates the client with a shared-secret token, then answers its requests
-//! strictly in order. A client's pages are private to its connection and freed when it
-//! closes. Capacity is global across clients. Any malformed frame closes that one connection
+//! thread: it authenticates the client by a challenge and response over a shared-secret token
+//! (`rmem_proto::auth`; the token never crosses the network), attaches it to a session
+//! ([`session`]), then answers its requests strictly in order. Pages belong to the session,
+//! which outlives its connections while its lease is renewed; a reaper thread frees the pages
+//! of sessions whose lease ran out. Capacity is global across sessions. `Status` reports
+//! them (`rmem status`), [`metrics`] counts requests and serves both to Prometheus. Logs go
+//! through the `log` facade (the `rmem server` binary prints them on stderr, by level). Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
 //!
 //! Not yet: JumboMem locks server memory so it is never swapped out; a `--lock` flag
 //! (mlockall) belongs here once a server's memory can be sized up front.
 #![forbid(unsafe_code)]
 
-use rmem_proto::{parse_header, ErrorCode, Op, PageKey, ProtoError, Request, Response, HEADER_LEN};
-use std::collections::HashMap;
+pub mod metrics;
+pub mod session;
+
+use metrics::Metrics;
+use rmem_proto::{
+    auth, parse_header, ErrorCode, Op, ProtoError, Request, Response, ServerStatus, SessionStatus,
+    HEADER_LEN,
+};
+use session::{Attachment, SessionInfo, Sessions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most connections served at once; more are refused (each costs a thread).
 pub const CONNECTIONS_MAX: usize = 1024;
 /// A client must say hello within this long.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_BUFFER: usize = 256 * 1024;
+/// The lease of a session when `--lease` is not given.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -31,7 +44,10 @@ pub struct ServerConfig {
     pub capacity_bytes: u64,
     pub token: Vec<u8>,
     pub frame_len_max: u32,
-    /// Log every disconnect, not only the abnormal ones.
+    /// How long a session outlives its last request (the longest lease a client may ask).
+    pub lease: Duration,
+    /// Log every disconnect and session end at info level, not only the abnormal ones (they
+    /// are at debug level otherwise).
     pub verbose: bool,
 }
 
@@ -46,15 +62,44 @@ pub enum ServerError {
 }
 
 /// Shared accounting, readable by tests and the CLI.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ServerState {
-    used_bytes: AtomicU64,
+    sessions: Sessions,
     connections: AtomicUsize,
+    pub metrics: Metrics,
+    capacity_bytes: u64,
+    lease: Duration,
 }
 
 impl ServerState {
+    /// Capacity, use, and every session (the largest first, at most
+    /// `rmem_proto::STATUS_SESSIONS_MAX` listed).
+    pub fn status(&self) -> ServerStatus {
+        let all = self.sessions();
+        ServerStatus {
+            capacity_bytes: self.capacity_bytes,
+            used_bytes: self.used_bytes(),
+            lease_ms: u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX),
+            sessions_total: u32::try_from(all.len()).unwrap_or(u32::MAX),
+            sessions: all
+                .iter()
+                .take(rmem_proto::STATUS_SESSIONS_MAX)
+                .map(|s| SessionStatus {
+                    id: s.id,
+                    used_bytes: s.used_bytes,
+                    lease_age_ms: u64::try_from(s.lease_age.as_millis()).unwrap_or(u64::MAX),
+                    connections: u32::try_from(s.connections).unwrap_or(u32::MAX),
+                })
+                .collect(),
+        }
+    }
+
     pub fn used_bytes(&self) -> u64 {
-        self.used_bytes.load(Ordering::Relaxed)
+        self.sessions.used_bytes.load(Ordering::Relaxed)
+    }
+    /// Every session, largest first.
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.sessions.list(Instant::now())
     }
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
@@ -81,10 +126,17 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let state = Arc::new(ServerState {
+            sessions: Sessions::default(),
+            connections: AtomicUsize::new(0),
+            metrics: Metrics::default(),
+            capacity_bytes: config.capacity_bytes,
+            lease: config.lease,
+        });
         Ok(Server {
             listener,
             config: Arc::new(config),
-            state: Arc::default(),
+            state,
             addr,
         })
     }
@@ -99,20 +151,21 @@ impl Server {
 
     /// Accept and serve clients forever.
     pub fn run(self) -> Result<(), ServerError> {
+        self.spawn_reaper()?;
         loop {
             let (sock, peer) = match self.listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // Out of descriptors or similar: log, back off, keep serving the others.
                 Err(e) => {
-                    eprintln!("rmem-server {}: accept failed: {e}", self.addr);
+                    log::error!("{}: accept failed: {e}", self.addr);
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
                 }
             };
             if self.state.connections() >= CONNECTIONS_MAX {
-                eprintln!(
-                    "rmem-server {}: refusing {peer}: {CONNECTIONS_MAX} connections already",
+                log::warn!(
+                    "{}: refusing {peer}: {CONNECTIONS_MAX} connections already",
                     self.addr
                 );
                 continue;
@@ -122,26 +175,66 @@ impl Server {
             let state = self.state.clone();
             let me = self.addr;
             let spawned = std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
-                let mut conn = Connection { config: &config, state: &state, me, pages: HashMap::new(), pages_max: 0, page_size: 0 };
+                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0 };
                 match conn.serve(sock) {
                     Ok(()) => {}
                     // A client that exits mid-answer is not news; anything else is.
-                    Err(Close::Io(e)) if !config.verbose && is_disconnect(&e) => {}
-                    Err(reason) => eprintln!("rmem-server {me}: closing {peer}: {reason}"),
+                    Err(Close::Io(e)) if is_disconnect(&e) => log::debug!("{me}: {peer} hung up: {e}"),
+                    Err(reason) => log::warn!("{me}: closing {peer}: {reason}"),
                 }
-                let freed = conn.pages.len() as u64;
-                let bytes = freed * conn.page_size as u64;
-                state.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 state.connections.fetch_sub(1, Ordering::Relaxed);
-                if config.verbose {
-                    eprintln!("rmem-server {me}: client {peer} disconnected, freed {freed} pages ({bytes} bytes), held at most {} pages", conn.pages_max);
+                if let Some(a) = conn.attachment.take() {
+                    let id = a.session.id;
+                    let (held, held_max) = a.detach();
+                    let level = if config.verbose { log::Level::Info } else { log::Level::Debug };
+                    log::log!(level, "{me}: client {peer} disconnected, session {id} keeps {held} pages for its lease, held at most {held_max} pages");
                 }
             });
             if let Err(e) = spawned {
                 self.state.connections.fetch_sub(1, Ordering::Relaxed);
-                eprintln!("rmem-server {}: cannot serve {peer}: {e}", self.addr);
+                log::error!("{}: cannot serve {peer}: {e}", self.addr);
             }
         }
+    }
+
+    /// A thread that frees the pages of sessions whose lease ran out, checking often enough
+    /// (an eighth of the lease, 10 ms to 1 s) that a session is gone at most that much after
+    /// its lease ended.
+    fn spawn_reaper(&self) -> Result<(), ServerError> {
+        let state = self.state.clone();
+        let me = self.addr;
+        let period =
+            (self.config.lease / 8).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        std::thread::Builder::new()
+            .name("rmem-reaper".into())
+            .spawn(move || loop {
+                std::thread::sleep(period);
+                for (id, bytes) in state.sessions.reap(Instant::now()) {
+                    let level = if bytes > 0 {
+                        log::Level::Info
+                    } else {
+                        log::Level::Debug
+                    };
+                    log::log!(
+                        level,
+                        "{me}: session {id}: lease expired, freed {bytes} bytes"
+                    );
+                }
+            })
+            .map(drop)
+            .map_err(ServerError::Accept)
+    }
+
+    /// Serve the Prometheus metrics on `addr` from a thread of their own; the address bound.
+    pub fn serve_metrics(&self, addr: SocketAddr) -> Result<SocketAddr, ServerError> {
+        let (listener, bound) =
+            metrics::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
+        let state = self.state.clone();
+        std::thread::Builder::new()
+            .name("rmem-metrics".into())
+            .spawn(move || metrics::serve(listener, state))
+            .map_err(ServerError::Accept)?;
+        Ok(bound)
     }
 
     /// Run on a background thread.
@@ -161,16 +254,16 @@ enum Close {
     Refused(String),
     #[error("bad request: {0}")]
     Bad(String),
+    #[error("{0}")]
+    Session(#[from] session::Refusal),
 }
 
 struct Connection<'a> {
     config: &'a ServerConfig,
     state: &'a ServerState,
     me: SocketAddr,
-    pages: HashMap<u64, Box<[u8]>>,
-    /// Most pages held at once, for the verbose disconnect line (a client frees its pages
-    /// before it leaves, so what is left then says little).
-    pages_max: usize,
+    /// The session this connection serves; page requests before `Attach` are refused.
+    attachment: Option<Attachment>,
     page_size: usize,
 }
 
@@ -179,13 +272,6 @@ fn is_disconnect(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof
     )
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
@@ -229,7 +315,7 @@ impl Connection<'_> {
         let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
         let mut body = Vec::new();
         let mut out = Vec::new();
-        // Handshake.
+        // Handshake: Hello -> Challenge, Auth -> Welcome (rmem_proto::auth).
         let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
             return Ok(());
         };
@@ -239,27 +325,25 @@ impl Connection<'_> {
         let Request::Hello {
             version,
             page_size,
-            token,
+            nonce: client_nonce,
         } = Request::decode(h.op, &body)?
         else {
             unreachable!()
         };
-        let refuse = |code, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<(), Close> {
-            let mut out = Vec::new();
-            Response::Error {
-                code,
-                message: &msg,
-            }
-            .encode(h.tag, &mut out);
-            let _ = writer.write_all(&out).and_then(|_| writer.flush());
-            Err(Close::Refused(msg))
-        };
+        let refuse =
+            |code, tag, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<(), Close> {
+                let mut out = Vec::new();
+                Response::Error {
+                    code,
+                    message: &msg,
+                }
+                .encode(tag, &mut out);
+                let _ = writer.write_all(&out).and_then(|_| writer.flush());
+                Err(Close::Refused(msg))
+            };
         if version != rmem_proto::VERSION {
             let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
-            return refuse(ErrorCode::VersionMismatch, msg, &mut writer);
-        }
-        if !constant_time_eq(token, &self.config.token) {
-            return refuse(ErrorCode::Unauthorized, "wrong token".into(), &mut writer);
+            return refuse(ErrorCode::VersionMismatch, h.tag, msg, &mut writer);
         }
         if !page_size.is_power_of_two()
             || !(rmem_proto::PAGE_SIZE_MIN..=rmem_proto::PAGE_SIZE_MAX).contains(&page_size)
@@ -267,9 +351,34 @@ impl Connection<'_> {
         {
             return refuse(
                 ErrorCode::BadRequest,
+                h.tag,
                 format!("unsupported page size {page_size}"),
                 &mut writer,
             );
+        }
+        // A fresh nonce for every connection: a recorded Auth proves nothing here.
+        let transcript = auth::Transcript {
+            client_nonce,
+            server_nonce: auth::nonce()?,
+            version,
+            page_size,
+        };
+        Response::Challenge {
+            nonce: transcript.server_nonce,
+        }
+        .encode(h.tag, &mut out);
+        writer.write_all(&out)?;
+        writer.flush()?;
+        out.clear();
+        let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
+            return Err(Close::Bad("closed during the handshake".into()));
+        };
+        let Request::Auth { proof } = Request::decode(h.op, &body)? else {
+            return Err(Close::Bad(format!("expected auth, got {:?}", h.op)));
+        };
+        if !transcript.verify(&self.config.token, auth::Role::Client, &proof) {
+            let msg = "wrong token: the client's proof of the shared token does not match".into();
+            return refuse(ErrorCode::Unauthorized, h.tag, msg, &mut writer);
         }
         self.page_size = page_size as usize;
         Response::Welcome {
@@ -277,6 +386,7 @@ impl Connection<'_> {
             frame_len_max: self.config.frame_len_max,
             capacity_bytes: self.config.capacity_bytes,
             used_bytes: self.state.used_bytes(),
+            proof: transcript.proof(&self.config.token, auth::Role::Server),
         }
         .encode(h.tag, &mut out);
         writer.write_all(&out)?;
@@ -288,8 +398,15 @@ impl Connection<'_> {
                 return Ok(());
             };
             let req = Request::decode(h.op, &body)?;
+            let started = Instant::now();
             out.clear();
-            self.answer(req, h.tag, &mut out)?;
+            let answered = self.answer(req, h.tag, &mut out);
+            if let Err(Close::Session(_)) = answered {
+                // Tell the client why before closing (best effort).
+                let _ = writer.write_all(&out).and_then(|_| writer.flush());
+            }
+            answered?;
+            self.state.metrics.record(h.op, started.elapsed());
             writer.write_all(&out)?;
             if reader.buffer().is_empty() {
                 writer.flush()?;
@@ -307,6 +424,15 @@ impl Connection<'_> {
         Ok(())
     }
 
+    fn not_found(key: u64, out: &mut Vec<u8>, tag: u64) {
+        let msg = format!("page {key} is not stored here");
+        Response::Error {
+            code: ErrorCode::NotFound,
+            message: &msg,
+        }
+        .encode(tag, out);
+    }
+
     fn full(&self, want: u64, out: &mut Vec<u8>, tag: u64) {
         let msg = format!(
             "server {} full: capacity {} bytes, used {}, {} more needed",
@@ -322,74 +448,80 @@ impl Connection<'_> {
         .encode(tag, out);
     }
 
-    /// Reserve capacity for `new_pages` new pages; false if the server is full.
-    fn reserve(&self, new_pages: u64) -> bool {
-        let want = new_pages * self.page_size as u64;
-        let cap = self.config.capacity_bytes;
-        self.state
-            .used_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                (u + want <= cap).then_some(u + want)
-            })
-            .is_ok()
-    }
-
-    fn store(&mut self, key: u64, data: &[u8]) -> bool {
-        let new = (0..(data.len() / self.page_size) as u64)
-            .filter(|i| !self.pages.contains_key(&(key + i)))
-            .count();
-        if !self.reserve(new as u64) {
-            return false;
-        }
-        for (i, chunk) in data.chunks(self.page_size).enumerate() {
-            let k = key.wrapping_add(i as u64);
-            match self.pages.get_mut(&k) {
-                Some(p) => p.copy_from_slice(chunk),
-                None => {
-                    self.pages.insert(k, chunk.into());
-                }
-            }
-        }
-        self.pages_max = self.pages_max.max(self.pages.len());
-        true
-    }
-
     fn answer(&mut self, req: Request<'_>, tag: u64, out: &mut Vec<u8>) -> Result<(), Close> {
+        let sessions = &self.state.sessions;
+        let capacity = self.config.capacity_bytes;
+        let a = match (&req, &self.attachment) {
+            (Request::Status, _) => {
+                Response::StatusOk(self.state.status()).encode(tag, out);
+                return Ok(());
+            }
+            (Request::Hello { .. } | Request::Auth { .. }, _) => {
+                return Err(Close::Bad(format!("{:?} after the handshake", req.op())))
+            }
+            (
+                Request::Attach {
+                    session,
+                    lease_ms,
+                    flags,
+                    reserved,
+                },
+                None,
+            ) => return self.attach(*session, *lease_ms, *flags, *reserved, tag, out),
+            (Request::Attach { .. }, Some(_)) => {
+                return Err(Close::Bad("a second attach on one connection".into()))
+            }
+            (_, None) => return Err(Close::Bad(format!("{:?} before attach", req.op()))),
+            (_, Some(a)) => a,
+        };
+        // Every request renews the lease; a refusal closes the connection.
+        let mut pages = match a.lock() {
+            Ok(p) => p,
+            Err(refusal) => {
+                let msg = refusal.to_string();
+                Response::Error {
+                    code: ErrorCode::SessionLost,
+                    message: &msg,
+                }
+                .encode(tag, out);
+                return Err(Close::Session(refusal));
+            }
+        };
         match req {
-            Request::Hello { .. } => return Err(Close::Bad("second hello".into())),
+            Request::Hello { .. }
+            | Request::Auth { .. }
+            | Request::Attach { .. }
+            | Request::Status => unreachable!(),
             Request::Read { key, count } => {
                 if count == 0
                     || count as u64 * self.page_size as u64 + 64 > self.config.frame_len_max as u64
                 {
                     return Err(Close::Bad(format!("read of {count} pages")));
                 }
-                let missing =
-                    (0..count as u64).find(|i| !self.pages.contains_key(&key.0.wrapping_add(*i)));
-                if let Some(i) = missing {
-                    let msg = format!("page {} is not stored here", key.0.wrapping_add(i));
-                    Response::Error {
-                        code: ErrorCode::NotFound,
-                        message: &msg,
-                    }
-                    .encode(tag, out);
+                let keys = (0..count as u64).map(|i| key.0.wrapping_add(i));
+                if let Some(k) = keys.clone().find(|k| !pages.map.contains_key(k)) {
+                    Self::not_found(k, out, tag);
                     return Ok(());
                 }
-                let mut data = Vec::with_capacity(count as usize * self.page_size);
-                for i in 0..count as u64 {
-                    data.extend_from_slice(&self.pages[&key.0.wrapping_add(i)]);
-                }
+                // Encoded straight into `out`: header, fixed fields, then the pages.
+                let start = out.len();
                 Response::ReadOk {
                     key,
                     count,
-                    data: &data,
+                    data: &[],
                 }
                 .encode(tag, out);
+                for k in keys {
+                    out.extend_from_slice(&pages.map[&k]);
+                }
+                rmem_proto::patch_len(out, start);
             }
             Request::Write { key, count, data } => {
                 self.check_data(count, data)?;
-                if self.store(key.0, data) {
+                if pages.store(sessions, capacity, key.0, data) {
                     Response::WriteOk { key, count }.encode(tag, out);
                 } else {
+                    drop(pages);
                     self.full(data.len() as u64, out, tag);
                 }
             }
@@ -399,30 +531,18 @@ impl Connection<'_> {
                 data,
             } => {
                 self.check_data(1, data)?;
-                if !self.store(write_key.0, data) {
+                if !pages.store(sessions, capacity, write_key.0, data) {
+                    drop(pages);
                     self.full(data.len() as u64, out, tag);
                     return Ok(());
                 }
-                match self.pages.get(&read_key.0) {
+                match pages.map.get(&read_key.0) {
                     Some(p) => Response::SwapOk { read_key, data: p }.encode(tag, out),
-                    None => {
-                        let msg = format!("page {} is not stored here", read_key.0);
-                        Response::Error {
-                            code: ErrorCode::NotFound,
-                            message: &msg,
-                        }
-                        .encode(tag, out)
-                    }
+                    None => Self::not_found(read_key.0, out, tag),
                 }
             }
             Request::Free { keys } => {
-                let removed = keys
-                    .iter()
-                    .filter(|k: &&PageKey| self.pages.remove(&k.0).is_some())
-                    .count();
-                self.state
-                    .used_bytes
-                    .fetch_sub(removed as u64 * self.page_size as u64, Ordering::Relaxed);
+                let removed = pages.free(sessions, &keys);
                 Response::FreeOk {
                     count: removed as u32,
                 }
@@ -430,10 +550,64 @@ impl Connection<'_> {
             }
             Request::Ping => Response::Pong {
                 used_bytes: self.state.used_bytes(),
-                capacity_bytes: self.config.capacity_bytes,
+                capacity_bytes: capacity,
             }
             .encode(tag, out),
+            Request::EndSession => {
+                drop(pages);
+                let freed_bytes = sessions.end(a);
+                let level = if self.config.verbose {
+                    log::Level::Info
+                } else {
+                    log::Level::Debug
+                };
+                log::log!(
+                    level,
+                    "{}: session {} ended, freed {freed_bytes} bytes",
+                    self.me,
+                    a.session.id
+                );
+                Response::SessionEnded { freed_bytes }.encode(tag, out);
+            }
         }
+        Ok(())
+    }
+
+    fn attach(
+        &mut self,
+        session: rmem_proto::SessionId,
+        lease_ms: u32,
+        flags: u32,
+        reserved: u64,
+        tag: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Close> {
+        if flags & !rmem_proto::ATTACH_FLAGS_KNOWN != 0 || reserved != 0 {
+            return Err(Close::Bad(format!(
+                "attach flags {flags:#x} or reserved {reserved:#x} not known to this server"
+            )));
+        }
+        let lease = match lease_ms {
+            0 => self.config.lease,
+            ms => Duration::from_millis(ms.into()).min(self.config.lease),
+        };
+        let exclusive = flags & rmem_proto::ATTACH_EXCLUSIVE != 0;
+        let attached = self
+            .state
+            .sessions
+            .attach(session, self.page_size, lease, exclusive)
+            .map_err(Close::Bad)?;
+        Response::Attached {
+            lease_ms: u32::try_from(attached.lease.as_millis()).unwrap_or(u32::MAX),
+            flags: if attached.existed {
+                rmem_proto::ATTACHED_EXISTED
+            } else {
+                0
+            },
+            session_bytes: attached.session_bytes,
+        }
+        .encode(tag, out);
+        self.attachment = Some(attached.attachment);
         Ok(())
     }
 }

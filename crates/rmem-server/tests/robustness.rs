@@ -1,7 +1,8 @@
 //! The server against bad input: every malformed frame closes that one connection, and the
 //! server goes on serving other clients. Each test is bounded by socket timeouts.
 
-use rmem_proto::{parse_header, ErrorCode, PageKey, Request, Response, HEADER_LEN};
+use rmem_proto::auth::{self, Role, Transcript};
+use rmem_proto::{parse_header, ErrorCode, Op, PageKey, Request, Response, SessionId, HEADER_LEN};
 use rmem_server::{Server, ServerConfig, ServerState};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,11 +13,16 @@ const PS: usize = 4096;
 const TOKEN: &[u8] = b"test-token";
 
 fn server(capacity_pages: u64) -> (SocketAddr, Arc<ServerState>) {
+    server_with_lease(capacity_pages, rmem_server::LEASE_DEFAULT)
+}
+
+fn server_with_lease(capacity_pages: u64, lease: Duration) -> (SocketAddr, Arc<ServerState>) {
     let s = Server::bind(ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         capacity_bytes: capacity_pages * PS as u64,
         token: TOKEN.to_vec(),
         frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
+        lease,
         verbose: true,
     })
     .unwrap();
@@ -38,20 +44,64 @@ impl Client {
         s
     }
 
+    /// Connected, authenticated, and attached to a new session.
     fn connect(addr: SocketAddr) -> Client {
+        Client::attach(addr, SessionId::random().unwrap(), 0).0
+    }
+
+    /// Connected, authenticated, and attached to `session` with `flags`; whether the
+    /// session existed.
+    fn attach(addr: SocketAddr, session: SessionId, flags: u32) -> (Client, bool) {
         let mut c = Client {
             sock: Client::raw(addr),
             tag: 0,
         };
-        match c.call(Request::Hello {
-            version: rmem_proto::VERSION,
-            page_size: PS as u32,
-            token: TOKEN,
-        }) {
-            (rmem_proto::Op::Welcome, _) => {}
+        let (op, body) = c.handshake(rmem_proto::VERSION, PS as u32, TOKEN);
+        match Response::decode(op, &body).unwrap() {
+            Response::Welcome { .. } => {}
             other => panic!("no welcome: {other:?}"),
         }
-        c
+        let (op, body) = c.call(Request::Attach {
+            session,
+            lease_ms: 0,
+            flags,
+            reserved: 0,
+        });
+        match Response::decode(op, &body).unwrap() {
+            Response::Attached { flags, .. } => {
+                let existed = flags & rmem_proto::ATTACHED_EXISTED != 0;
+                (c, existed)
+            }
+            other => panic!("not attached: {other:?}"),
+        }
+    }
+
+    /// Hello, then Auth with a proof made with `token`: the server's last answer (Challenge
+    /// when it refused the hello, Welcome or Error after the proof). A Welcome's proof is
+    /// checked here.
+    fn handshake(&mut self, version: u16, page_size: u32, token: &[u8]) -> (Op, Vec<u8>) {
+        let client_nonce = auth::nonce().unwrap();
+        let (op, body) = self.call(Request::Hello {
+            version,
+            page_size,
+            nonce: client_nonce,
+        });
+        let Ok(Response::Challenge { nonce }) = Response::decode(op, &body) else {
+            return (op, body);
+        };
+        let t = Transcript {
+            client_nonce,
+            server_nonce: nonce,
+            version,
+            page_size,
+        };
+        let (op, body) = self.call(Request::Auth {
+            proof: t.proof(token, Role::Client),
+        });
+        if let Ok(Response::Welcome { proof, .. }) = Response::decode(op, &body) {
+            assert!(t.verify(TOKEN, Role::Server, &proof), "server proof");
+        }
+        (op, body)
     }
 
     fn send(&mut self, r: Request<'_>) {
@@ -68,6 +118,19 @@ impl Client {
         let mut body = vec![0u8; h.len as usize];
         self.sock.read_exact(&mut body).unwrap();
         (h.op, body, h.tag)
+    }
+
+    /// Read one page: its bytes, or the server's error code.
+    fn read(&mut self, key: u64) -> Result<Vec<u8>, ErrorCode> {
+        let (op, body) = self.call(Request::Read {
+            key: PageKey(key),
+            count: 1,
+        });
+        match Response::decode(op, &body).unwrap() {
+            Response::ReadOk { data, .. } => Ok(data.to_vec()),
+            Response::Error { code, .. } => Err(code),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn call(&mut self, r: Request<'_>) -> (rmem_proto::Op, Vec<u8>) {
@@ -117,8 +180,21 @@ fn assert_serves(addr: SocketAddr) {
     }
 }
 
+/// Used bytes fall to `bytes` within `limit`.
+fn wait_used(state: &ServerState, bytes: u64, limit: Duration, what: &str) {
+    let t = Instant::now();
+    while state.used_bytes() != bytes {
+        assert!(
+            t.elapsed() < limit,
+            "{what}: {} bytes used after {limit:?}",
+            state.used_bytes()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
-fn round_trip_swap_free_and_disconnect_release_memory() {
+fn round_trip_swap_free_and_session_end_release_memory() {
     let (addr, state) = server(64);
     let mut c = Client::connect(addr);
     let a = vec![1u8; PS];
@@ -149,15 +225,126 @@ fn round_trip_swap_free_and_disconnect_release_memory() {
         Response::FreeOk { count: 1 }
     );
     assert_eq!(state.used_bytes(), PS as u64);
+    let (op, body) = c.call(Request::EndSession);
+    assert_eq!(
+        Response::decode(op, &body).unwrap(),
+        Response::SessionEnded {
+            freed_bytes: PS as u64
+        }
+    );
+    assert_eq!(state.used_bytes(), 0);
+    assert!(state.sessions().is_empty());
+    // The ended session refuses further requests.
+    let (op, body) = c.call(Request::Ping);
+    assert!(matches!(
+        Response::decode(op, &body).unwrap(),
+        Response::Error {
+            code: ErrorCode::SessionLost,
+            ..
+        }
+    ));
+    assert_closed(c.sock);
+}
+
+/// A session outlives its connection: a client that reconnects within the lease finds its
+/// pages; once nobody renews the lease, they are freed.
+#[test]
+fn a_session_outlives_its_connection_until_its_lease_ends() {
+    let lease = Duration::from_millis(600);
+    let (addr, state) = server_with_lease(64, lease);
+    let id = SessionId::random().unwrap();
+    let (mut c, existed) = Client::attach(addr, id, 0);
+    assert!(!existed);
+    let page = vec![0x77u8; PS];
+    assert_eq!(
+        c.call(Request::Write {
+            key: PageKey(3),
+            count: 1,
+            data: &page
+        })
+        .0,
+        Op::WriteOk
+    );
     drop(c);
+    // Renewed by each request of a new connection for two leases: never freed.
+    let (mut c, existed) = Client::attach(addr, id, rmem_proto::ATTACH_EXCLUSIVE);
+    assert!(existed);
     let t = Instant::now();
-    while state.used_bytes() != 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "pages not freed on disconnect"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    while t.elapsed() < 2 * lease {
+        assert_eq!(c.call(Request::Ping).0, Op::Pong);
+        std::thread::sleep(lease / 4);
     }
+    assert_eq!(c.read(3), Ok(page));
+    let listed = state.sessions();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].id, listed[0].used_bytes), (id, PS as u64));
+    // Silence (the connection stays open): freed within the lease and the reaper's period.
+    wait_used(&state, 0, lease + lease, "lease expiry");
+    assert!(state.sessions().is_empty());
+    let (op, _) = c.call(Request::Ping);
+    assert_eq!(op, Op::Error);
+    // Attaching again makes a new, empty session.
+    let (mut c, existed) = Client::attach(addr, id, 0);
+    assert!(!existed);
+    assert_eq!(c.read(3), Err(ErrorCode::NotFound));
+}
+
+/// Two connections attached to one session see the same pages; an exclusive attach fences
+/// the others, so nothing they still send lands afterwards.
+#[test]
+fn two_connections_on_one_session_share_pages_and_an_exclusive_attach_fences() {
+    let (addr, state) = server(64);
+    let id = SessionId::random().unwrap();
+    let (mut a, _) = Client::attach(addr, id, 0);
+    let (mut b, existed) = Client::attach(addr, id, 0);
+    assert!(existed);
+    let read = |c: &mut Client, key| c.read(key).unwrap()[0];
+    for (writer, key, byte) in [(&mut a, 1, 0xA1u8), (&mut b, 2, 0xB2u8)] {
+        let (op, _) = writer.call(Request::Write {
+            key: PageKey(key),
+            count: 1,
+            data: &[byte; PS],
+        });
+        assert_eq!(op, Op::WriteOk);
+    }
+    assert_eq!((read(&mut a, 2), read(&mut b, 1)), (0xB2, 0xA1));
+    assert_eq!(state.used_bytes(), 2 * PS as u64);
+    assert_eq!(state.sessions()[0].connections, 2);
+    let (mut c, existed) = Client::attach(addr, id, rmem_proto::ATTACH_EXCLUSIVE);
+    assert!(existed);
+    for old in [a, b] {
+        let mut old = old;
+        let (op, body) = old.call(Request::Write {
+            key: PageKey(1),
+            count: 1,
+            data: &[0xEE; PS],
+        });
+        assert!(matches!(
+            Response::decode(op, &body).unwrap(),
+            Response::Error {
+                code: ErrorCode::SessionLost,
+                ..
+            }
+        ));
+        assert_closed(old.sock);
+    }
+    assert_eq!(read(&mut c, 1), 0xA1, "a fenced write landed");
+    // A different page size cannot attach the session.
+    let mut d = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    assert_eq!(
+        d.handshake(rmem_proto::VERSION, 2 * PS as u32, TOKEN).0,
+        Op::Welcome
+    );
+    d.send(Request::Attach {
+        session: id,
+        lease_ms: 0,
+        flags: 0,
+        reserved: 0,
+    });
+    assert_closed(d.sock);
 }
 
 #[test]
@@ -201,7 +388,7 @@ fn garbage_truncated_and_oversized_frames_close_only_that_connection() {
     Request::Hello {
         version: rmem_proto::VERSION,
         page_size: PS as u32,
-        token: TOKEN,
+        nonce: [0; auth::NONCE_LEN],
     }
     .encode(0, &mut v);
     s.write_all(&v[..v.len() - 3]).unwrap();
@@ -215,6 +402,36 @@ fn garbage_truncated_and_oversized_frames_close_only_that_connection() {
         data: &[0u8; PS],
     });
     assert_closed(c.sock);
+    // A page request before attach, and unknown attach flags, close the connection.
+    for req in [
+        Request::Read {
+            key: PageKey(1),
+            count: 1,
+        },
+        Request::Attach {
+            session: SessionId(1),
+            lease_ms: 0,
+            flags: 1 << 7,
+            reserved: 0,
+        },
+        Request::Attach {
+            session: SessionId(1),
+            lease_ms: 0,
+            flags: 0,
+            reserved: 1,
+        },
+    ] {
+        let mut c = Client {
+            sock: Client::raw(addr),
+            tag: 0,
+        };
+        assert_eq!(
+            c.handshake(rmem_proto::VERSION, PS as u32, TOKEN).0,
+            Op::Welcome
+        );
+        c.send(req);
+        assert_closed(c.sock);
+    }
     // The first client never noticed.
     assert_eq!(good.call(Request::Ping).0, rmem_proto::Op::Pong);
     assert_serves(addr);
@@ -233,22 +450,42 @@ fn wrong_token_version_or_page_size_are_refused() {
             sock: Client::raw(addr),
             tag: 0,
         };
-        let (op, body) = c.call(Request::Hello {
-            version,
-            page_size,
-            token,
-        });
+        let (op, body) = c.handshake(version, page_size, token);
         match Response::decode(op, &body).unwrap() {
-            Response::Error { code, .. } => {
+            Response::Error { code, message } => {
                 assert!(matches!(
                     code,
                     ErrorCode::Unauthorized | ErrorCode::VersionMismatch | ErrorCode::BadRequest
-                ))
+                ));
+                if code == ErrorCode::Unauthorized {
+                    assert!(message.contains("wrong token"), "{message}");
+                }
             }
             other => panic!("accepted {other:?}"),
         }
         assert_closed(c.sock);
     }
+    // Auth without a Hello, and a second Hello instead of Auth, are refused.
+    let mut c = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    c.send(Request::Auth {
+        proof: [0; auth::PROOF_LEN],
+    });
+    assert_closed(c.sock);
+    let mut c = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    let hello = Request::Hello {
+        version: rmem_proto::VERSION,
+        page_size: PS as u32,
+        nonce: [5; auth::NONCE_LEN],
+    };
+    assert_eq!(c.call(hello.clone()).0, Op::Challenge);
+    c.send(hello);
+    assert_closed(c.sock);
     // A request before hello is refused too.
     let mut s = Client::raw(addr);
     let mut v = Vec::new();
@@ -311,17 +548,7 @@ fn a_full_server_refuses_new_pages_and_keeps_the_old() {
         }
     }
     assert_eq!(state.used_bytes(), 4 * PS as u64);
-    let (op, body) = c.call(Request::Read {
-        key: PageKey(77),
-        count: 1,
-    });
-    assert!(matches!(
-        Response::decode(op, &body).unwrap(),
-        Response::Error {
-            code: ErrorCode::NotFound,
-            ..
-        }
-    ));
+    assert_eq!(c.read(77), Err(ErrorCode::NotFound));
 }
 
 #[test]
@@ -363,4 +590,71 @@ fn pipelined_requests_are_answered_in_order() {
         }
     }
     writer.join().unwrap();
+}
+
+/// Someone who recorded a client's whole handshake (its Hello and its Auth, byte for byte)
+/// and replays it gets a fresh challenge and is refused: the recorded proof was for another
+/// server nonce. The token never appears in the recording.
+#[test]
+fn a_recorded_handshake_replayed_is_refused() {
+    let (addr, _) = server(64);
+    let mut c = Client {
+        sock: Client::raw(addr),
+        tag: 0,
+    };
+    let client_nonce = [0x11; auth::NONCE_LEN];
+    let hello = Request::Hello {
+        version: rmem_proto::VERSION,
+        page_size: PS as u32,
+        nonce: client_nonce,
+    };
+    let (op, body) = c.call(hello.clone());
+    let Response::Challenge { nonce: first } = Response::decode(op, &body).unwrap() else {
+        panic!("{op:?}");
+    };
+    let recorded_auth = Request::Auth {
+        proof: Transcript {
+            client_nonce,
+            server_nonce: first,
+            version: rmem_proto::VERSION,
+            page_size: PS as u32,
+        }
+        .proof(TOKEN, Role::Client),
+    };
+    assert_eq!(c.call(recorded_auth.clone()).0, Op::Welcome);
+    let mut recording = Vec::new();
+    hello.encode(1, &mut recording);
+    recorded_auth.encode(2, &mut recording);
+    assert!(
+        !recording.windows(TOKEN.len()).any(|w| w == TOKEN),
+        "the token crossed the network"
+    );
+    for _ in 0..3 {
+        let mut r = Client {
+            sock: Client::raw(addr),
+            tag: 0,
+        };
+        let (op, body) = r.call(hello.clone());
+        let Response::Challenge { nonce } = Response::decode(op, &body).unwrap() else {
+            panic!("{op:?}");
+        };
+        assert_ne!(nonce, first, "the server's nonce repeated");
+        let (op, body) = r.call(recorded_auth.clone());
+        match Response::decode(op, &body).unwrap() {
+            Response::Error {
+                code: ErrorCode::Unauthorized,
+                ..
+            } => {}
+            other => panic!("replay accepted: {other:?}"),
+        }
+        assert_closed(r.sock);
+    }
+    // The original connection is unaffected.
+    let attach = Request::Attach {
+        session: SessionId(9),
+        lease_ms: 0,
+        flags: 0,
+        reserved: 0,
+    };
+    assert_eq!(c.call(attach).0, Op::Attached);
 }

@@ -1,9 +1,10 @@
 //! Helpers for tests that run the real `rmem` binary, real server processes and C programs.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn rmem() -> PathBuf {
@@ -168,6 +169,123 @@ pub fn read_json(p: &Path) -> serde_json::Value {
         &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
     )
     .unwrap()
+}
+
+/// A `rmem server` started by hand on loopback (`RMEM_TOKEN` = token, more `args`), its
+/// address, and its stderr as it comes. Killed when dropped.
+pub struct ServerProcess {
+    pub child: Child,
+    pub addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl ServerProcess {
+    pub fn start(token: &str, args: &[&str]) -> ServerProcess {
+        let mut child = Command::new(rmem())
+            .arg("server")
+            .args(args)
+            .env("RMEM_TOKEN", token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let line = first_line(&mut child);
+        let addr = line
+            .strip_prefix("rmem-server listening on ")
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address: {line:?}"))
+            .to_string();
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("{l}");
+                let mut s = sink.lock().unwrap();
+                s.push_str(&l);
+                s.push('\n');
+            }
+        });
+        ServerProcess { child, addr, log }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// What it wrote on stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Wait up to `limit` for a log line containing `needle`; the line.
+    pub fn wait_for(&self, needle: &str, limit: Duration) -> Option<String> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Some(l) = self.log().lines().find(|l| l.contains(needle)) {
+                return Some(l.to_string());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tests/c/touch_forever.c` on `servers` with the runtime's environment set directly (no
+/// `rmem run`): MIB of remote memory filled (16K pages, 4M local) before this returns, then
+/// touched for up to SECONDS. `env` adds to or overrides the environment.
+pub fn touch_forever(
+    servers: &str,
+    token: &str,
+    mib: u32,
+    seconds: u32,
+    env: &[(&str, &str)],
+) -> Child {
+    let prog = build_c("tests/c/touch_forever.c");
+    let mut child = Command::new(&prog)
+        .args([mib.to_string(), seconds.to_string()])
+        .env("RMEM_SERVERS", servers)
+        .env("RMEM_TOKEN", token)
+        .env("RMEM_LOCAL", "4M")
+        .env("RMEM_PAGE_SIZE", "16K")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut child);
+    assert!(line.contains("touch_forever: filled"), "{line:?}");
+    child
+}
+
+/// `rmem status SERVER --json`, parsed.
+pub fn status_json(server: &str, token: &str) -> serde_json::Value {
+    let out = run_bounded(
+        Command::new(rmem())
+            .args(["status", server, "--json"])
+            .env("RMEM_TOKEN", token),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "rmem status: {}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+/// The first line a child writes on its (piped) stdout.
+pub fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line
 }
 
 #[path = "../../../../tests/rust/swap_file.rs"]

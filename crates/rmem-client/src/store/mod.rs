@@ -28,6 +28,8 @@ pub enum StoreError {
     },
     #[error("memory server {server} refused the connection: {message}")]
     Refused { server: String, message: String },
+    #[error("memory server {server} does not know the token: its proof of it did not match (is it the server you meant?)")]
+    Impostor { server: String },
     #[error("memory server {server} closed the connection{detail}")]
     Closed { server: String, detail: String },
     #[error("memory server {server} did not answer for {secs:.1} s{detail}")]
@@ -36,6 +38,14 @@ pub enum StoreError {
         secs: f64,
         detail: String,
     },
+    #[error("{cause}; reconnecting for {secs:.1} s failed: {last}")]
+    GaveUp {
+        cause: Box<StoreError>,
+        secs: f64,
+        last: String,
+    },
+    #[error("memory server {server} lost this program's pages{detail}")]
+    SessionLost { server: String, detail: String },
     #[error("memory server {server} sent a bad frame: {what}")]
     Protocol { server: String, what: String },
     #[error("memory server {server} answered {code}: {message}")]
@@ -78,6 +88,11 @@ pub trait PageStore: Send {
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>);
     /// Periodic upkeep: heartbeats and request deadlines.
     fn tick(&mut self, now: Instant) -> Result<(), StoreError>;
+    /// How often an idle store wants [`PageStore::tick`] (to renew what it holds: a server
+    /// session's lease), if it wants it at all.
+    fn heartbeat(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Requests in flight.
     fn in_flight(&self) -> usize;
     /// One line naming the servers, for logs.

@@ -1,16 +1,50 @@
 //! Pages on memory servers over TCP: one connection per server, many requests in flight on
 //! each, answered in order. Placement (priority fill or round-robin stripe) is decided here
 //! and recorded per page in two bytes.
+//!
+//! Each connection ([`Conn`]) owns its link to one server and survives losing it: its pages
+//! belong to a server session (a random id chosen here, one lease per server), every request
+//! stays encoded until its answer arrives, and when the link drops (reset, EOF, a request
+//! unanswered past the timeout) it connects again with backoff, attaches the session
+//! exclusively (fencing whatever the old link still had buffered on the server) and re-sends
+//! every unanswered request in order, with its tag. Requests are idempotent by page (a write
+//! sets a page, a free removes it, a read changes nothing), so a request applied before the
+//! drop and again after leaves the same pages. The pager sees only requests that take longer.
 
 use super::{Completion, PageStore, StoreError};
 use crate::config::Placement;
 use crate::PageIndex;
-use rmem_proto::{parse_header, PageKey, Request, Response, HEADER_LEN};
+use rmem_proto::{auth, parse_header, PageKey, Request, Response, SessionId, HEADER_LEN};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
+
+/// The connection layer's clocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Connecting (and the handshake) gives up after this long.
+    pub connect: Duration,
+    /// A request unanswered this long means the link is lost.
+    pub request: Duration,
+    /// An idle connection is pinged this often (at most a third of the lease).
+    pub heartbeat: Duration,
+    /// After a link is lost, reconnecting goes on this long (at most the lease) before the
+    /// server counts as lost; 0 gives up at once.
+    pub reconnect: Duration,
+}
+
+impl Timing {
+    pub fn of(config: &crate::Config) -> Timing {
+        Timing {
+            connect: config.connect_timeout,
+            request: config.server_timeout,
+            heartbeat: config.heartbeat,
+            reconnect: config.reconnect,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -26,14 +60,71 @@ struct Pending {
     tag: u64,
     kind: Kind,
     sent: Instant,
+    /// Bytes of its frame in `Conn::out`.
+    len: usize,
 }
 
-/// One server connection.
+/// A lost link: since when, why, and when to try again.
+#[derive(Debug)]
+struct Lost {
+    since: Instant,
+    cause: StoreError,
+    next_try: Instant,
+    backoff: Duration,
+    last_try: Option<String>,
+}
+
+/// Shortest and longest waits between two reconnection attempts.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Unanswered bytes kept at the front of `out` before they are dropped from it.
+const OUT_COMPACT: usize = 1 << 20;
+
+/// Every request frame not yet answered, in order, then the ones not yet sent:
+/// `[acked..pos)` sent and unanswered, `[pos..)` unsent. Kept so that a new link can re-send
+/// them.
+#[derive(Default)]
+struct Outbox {
+    buf: Vec<u8>,
+    acked: usize,
+    pos: usize,
+}
+
+impl Outbox {
+    fn unsent(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// The oldest unanswered frame, `len` bytes, was answered: it need not be kept.
+    fn answered(&mut self, len: usize) {
+        self.acked += len;
+        debug_assert!(self.acked <= self.pos);
+        if self.acked == self.buf.len() {
+            self.buf.clear();
+            self.acked = 0;
+            self.pos = 0;
+        } else if self.acked > OUT_COMPACT && self.acked * 2 > self.buf.len() {
+            self.buf.drain(..self.acked);
+            self.pos -= self.acked;
+            self.acked = 0;
+        }
+    }
+
+    /// A new link: everything unanswered is unsent again.
+    fn rewind(&mut self) {
+        self.pos = self.acked;
+    }
+}
+
+/// One server: its session, its link (when up), and every unanswered request.
 pub struct Conn {
     name: String,
-    sock: TcpStream,
-    out: Vec<u8>,
-    out_pos: usize,
+    token: Vec<u8>,
+    session: SessionId,
+    page_size: usize,
+    timing: Timing,
+    sock: Option<TcpStream>,
+    out: Outbox,
     inbuf: Vec<u8>,
     in_start: usize,
     in_end: usize,
@@ -42,6 +133,11 @@ pub struct Conn {
     frees: Vec<PageKey>,
     last_activity: Instant,
     frame_len_max: u32,
+    /// The lease the server granted.
+    lease: Duration,
+    lost: Option<Lost>,
+    /// Links re-established.
+    reconnects: u64,
     /// Bytes this client may use on the server (its capacity less what others used at connect).
     capacity_bytes: u64,
     /// Bytes this client has placed there.
@@ -51,6 +147,7 @@ pub struct Conn {
 fn io_err(server: &str, e: io::Error) -> StoreError {
     match e.kind() {
         io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
         | io::ErrorKind::BrokenPipe
         | io::ErrorKind::UnexpectedEof => StoreError::Closed {
             server: server.into(),
@@ -63,92 +160,123 @@ fn io_err(server: &str, e: io::Error) -> StoreError {
     }
 }
 
+/// Whether a new link may cure `e`: the link broke, not the server's answers.
+fn link_failure(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Closed { .. }
+            | StoreError::Io { .. }
+            | StoreError::Timeout { .. }
+            | StoreError::Connect { .. }
+    )
+}
+
+/// A connected, authenticated, attached link and what the server said.
+struct Link {
+    sock: TcpStream,
+    welcome: Welcome,
+    lease: Duration,
+    existed: bool,
+}
+
+/// Connect to `server`, authenticate and attach `session` (blocking, each step bounded by
+/// `timeout`).
+fn open(
+    server: &str,
+    token: &[u8],
+    page_size: usize,
+    session: SessionId,
+    timeout: Duration,
+) -> Result<Link, StoreError> {
+    let connect_err = |source| StoreError::Connect {
+        server: server.into(),
+        source,
+    };
+    let addrs: Vec<_> = server.to_socket_addrs().map_err(connect_err)?.collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    let mut sock = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                sock = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let mut sock = sock.ok_or_else(|| connect_err(last))?;
+    sock.set_nodelay(true).map_err(connect_err)?;
+    sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
+    sock.set_write_timeout(Some(timeout)).map_err(connect_err)?;
+    let welcome = handshake(&mut sock, server, token, page_size)?;
+    let proto = |what: String| StoreError::Protocol {
+        server: server.into(),
+        what,
+    };
+    if (welcome.frame_len_max as usize) < page_size + 64 {
+        return Err(proto(format!(
+            "frame limit {} is below one page of {page_size} bytes",
+            welcome.frame_len_max
+        )));
+    }
+    let mut frame = Vec::new();
+    Request::Attach {
+        session,
+        lease_ms: 0,
+        flags: rmem_proto::ATTACH_EXCLUSIVE,
+        reserved: 0,
+    }
+    .encode(0, &mut frame);
+    sock.write_all(&frame).map_err(|e| io_err(server, e))?;
+    let h = read_frame(&mut sock, server, "attached", &mut frame)?;
+    let (lease, existed) = match Response::decode(h.op, &frame).map_err(|e| proto(e.to_string()))? {
+        Response::Attached {
+            lease_ms, flags, ..
+        } => (
+            Duration::from_millis(lease_ms.max(1).into()),
+            flags & rmem_proto::ATTACHED_EXISTED != 0,
+        ),
+        Response::Error { code, message } => {
+            return Err(StoreError::Refused {
+                server: server.into(),
+                message: format!("{code}: {message}"),
+            })
+        }
+        other => return Err(proto(format!("expected attached, got {:?}", other.op()))),
+    };
+    sock.set_read_timeout(None).map_err(connect_err)?;
+    sock.set_write_timeout(None).map_err(connect_err)?;
+    sock.set_nonblocking(true).map_err(connect_err)?;
+    Ok(Link {
+        sock,
+        welcome,
+        lease,
+        existed,
+    })
+}
+
 impl Conn {
-    /// Connect, authenticate and learn the server's limits.
+    /// Connect, authenticate, learn the server's limits and open `session` there.
     pub fn connect(
         server: &str,
         token: &[u8],
         page_size: usize,
-        timeout: Duration,
+        session: SessionId,
+        timing: Timing,
     ) -> Result<Conn, StoreError> {
-        let connect_err = |source| StoreError::Connect {
-            server: server.into(),
-            source,
-        };
-        let addrs: Vec<_> = server.to_socket_addrs().map_err(connect_err)?.collect();
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-        let mut sock = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, timeout) {
-                Ok(s) => {
-                    sock = Some(s);
-                    break;
-                }
-                Err(e) => last = e,
-            }
-        }
-        let mut sock = sock.ok_or_else(|| connect_err(last))?;
-        sock.set_nodelay(true).map_err(connect_err)?;
-        sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
-        let mut hello = Vec::new();
-        Request::Hello {
-            version: rmem_proto::VERSION,
-            page_size: page_size as u32,
-            token,
-        }
-        .encode(0, &mut hello);
-        sock.write_all(&hello).map_err(connect_err)?;
-        let mut hdr = [0u8; HEADER_LEN];
-        sock.read_exact(&mut hdr).map_err(|e| StoreError::Refused {
-            server: server.into(),
-            message: format!("no welcome ({e}); is it an rmem server with the same token?"),
-        })?;
-        let proto = |what: String| StoreError::Protocol {
-            server: server.into(),
-            what,
-        };
-        let h = parse_header(&hdr, 64 * 1024)
-            .map_err(|e| proto(e.to_string()))?
-            .expect("full header");
-        let mut body = vec![0u8; h.len as usize];
-        sock.read_exact(&mut body).map_err(connect_err)?;
-        let (frame_len_max, capacity_bytes) =
-            match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
-                Response::Welcome {
-                    version,
-                    frame_len_max,
-                    capacity_bytes,
-                    used_bytes,
-                } => {
-                    if version != rmem_proto::VERSION {
-                        return Err(proto(format!(
-                            "protocol version {version}, this client speaks {}",
-                            rmem_proto::VERSION
-                        )));
-                    }
-                    (frame_len_max, capacity_bytes.saturating_sub(used_bytes))
-                }
-                Response::Error { code, message } => {
-                    return Err(StoreError::Refused {
-                        server: server.into(),
-                        message: format!("{code}: {message}"),
-                    })
-                }
-                other => return Err(proto(format!("expected welcome, got {:?}", other.op()))),
-            };
-        if (frame_len_max as usize) < page_size + 64 {
-            return Err(proto(format!(
-                "frame limit {frame_len_max} is below one page of {page_size} bytes"
-            )));
-        }
-        sock.set_read_timeout(None).map_err(connect_err)?;
-        sock.set_nonblocking(true).map_err(connect_err)?;
+        let link = open(server, token, page_size, session, timing.connect)?;
         let inbuf_len = (2 * (page_size + 64)).max(256 * 1024);
         Ok(Conn {
             name: server.into(),
-            sock,
-            out: Vec::with_capacity(256 * 1024),
-            out_pos: 0,
+            token: token.to_vec(),
+            session,
+            page_size,
+            timing,
+            sock: Some(link.sock),
+            out: Outbox {
+                buf: Vec::with_capacity(256 * 1024),
+                ..Outbox::default()
+            },
             inbuf: vec![0; inbuf_len],
             in_start: 0,
             in_end: 0,
@@ -156,8 +284,14 @@ impl Conn {
             next_tag: 1,
             frees: Vec::new(),
             last_activity: Instant::now(),
-            frame_len_max,
-            capacity_bytes,
+            frame_len_max: link.welcome.frame_len_max,
+            lease: link.lease,
+            lost: None,
+            reconnects: 0,
+            capacity_bytes: link
+                .welcome
+                .capacity_bytes
+                .saturating_sub(link.welcome.used_bytes),
             used_bytes: 0,
         })
     }
@@ -166,18 +300,118 @@ impl Conn {
         &self.name
     }
 
+    fn heartbeat(&self) -> Duration {
+        self.timing.heartbeat.min(self.lease / 3)
+    }
+
     fn submit(&mut self, req: Request<'_>, kind: Kind) {
         let tag = self.next_tag;
         self.next_tag += 1;
-        req.encode(tag, &mut self.out);
+        let start = self.out.buf.len();
+        req.encode(tag, &mut self.out.buf);
         self.pending.push_back(Pending {
             tag,
             kind,
             sent: Instant::now(),
+            len: self.out.buf.len() - start,
         });
     }
 
-    fn flush(&mut self) -> Result<(), StoreError> {
+    /// The link broke: drop it, keep every unanswered request for the next one. An error a
+    /// new link cannot cure, or losing the link with reconnection off, is returned.
+    fn lose(&mut self, e: StoreError, now: Instant) -> Result<(), StoreError> {
+        if !link_failure(&e) || self.timing.reconnect.is_zero() {
+            return Err(e);
+        }
+        self.sock = None;
+        if self.lost.is_none() {
+            self.lost = Some(Lost {
+                since: now,
+                cause: e,
+                next_try: now,
+                backoff: BACKOFF_MIN,
+                last_try: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// While lost: try a new link when the backoff allows; give up (with the first cause)
+    /// once reconnecting has taken longer than allowed (at most the lease: after it the
+    /// session is gone anyway).
+    fn reconnect(&mut self, now: Instant) -> Result<(), StoreError> {
+        let Some(lost) = &mut self.lost else {
+            return Ok(());
+        };
+        let window = self.timing.reconnect.min(self.lease);
+        let spent = now.saturating_duration_since(lost.since);
+        if spent >= window {
+            // Stays lost: any later call gives up too.
+            let gone = StoreError::Closed {
+                server: self.name.clone(),
+                detail: " (given up)".into(),
+            };
+            return Err(StoreError::GaveUp {
+                cause: Box::new(std::mem::replace(&mut lost.cause, gone)),
+                secs: spent.as_secs_f64(),
+                last: lost.last_try.clone().unwrap_or_else(|| "no attempt".into()),
+            });
+        }
+        if now < lost.next_try {
+            return Ok(());
+        }
+        let timeout = self
+            .timing
+            .connect
+            .min(window - spent)
+            .max(Duration::from_millis(1));
+        match open(
+            &self.name,
+            &self.token,
+            self.page_size,
+            self.session,
+            timeout,
+        ) {
+            Ok(link) => {
+                if !link.existed && self.used_bytes > 0 {
+                    return Err(StoreError::SessionLost {
+                        server: self.name.clone(),
+                        detail: format!(
+                            "after the connection was lost {:.1} s ago ({}), it no longer held this program's {} bytes (lease {:.1} s)",
+                            spent.as_secs_f64(),
+                            lost.cause,
+                            self.used_bytes,
+                            link.lease.as_secs_f64()
+                        ),
+                    });
+                }
+                self.sock = Some(link.sock);
+                self.lease = link.lease;
+                self.frame_len_max = link.welcome.frame_len_max;
+                self.lost = None;
+                self.reconnects += 1;
+                // Answers half-read from the old link are gone; every unanswered request
+                // goes out again, in order, with its tag.
+                self.in_start = 0;
+                self.in_end = 0;
+                self.out.rewind();
+                self.last_activity = now;
+                for p in &mut self.pending {
+                    p.sent = now;
+                }
+                self.flush(now)
+            }
+            Err(e) if link_failure(&e) => {
+                lost.last_try = Some(e.to_string());
+                lost.next_try = now + lost.backoff;
+                lost.backoff = (lost.backoff * 2).min(BACKOFF_MAX);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
         if !self.frees.is_empty() {
             let keys = std::mem::take(&mut self.frees);
             for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
@@ -189,22 +423,25 @@ impl Conn {
                 );
             }
         }
-        while self.out_pos < self.out.len() {
-            match self.sock.write(&self.out[self.out_pos..]) {
+        if self.lost.is_some() {
+            return self.reconnect(now);
+        }
+        let sock = self.sock.as_mut().expect("a link when not lost");
+        while !self.out.unsent().is_empty() {
+            match sock.write(self.out.unsent()) {
                 Ok(0) => {
-                    return Err(StoreError::Closed {
+                    let e = StoreError::Closed {
                         server: self.name.clone(),
                         detail: String::new(),
-                    })
+                    };
+                    return self.lose(e, now);
                 }
-                Ok(n) => self.out_pos += n,
+                Ok(n) => self.out.pos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_err(&self.name, e)),
+                Err(e) => return self.lose(io_err(&self.name, e), now),
             }
         }
-        self.out.clear();
-        self.out_pos = 0;
         Ok(())
     }
 
@@ -232,13 +469,29 @@ impl Conn {
         }
     }
 
-    /// Read what is available and hand complete responses to `f`.
+    /// Read what is available and hand complete responses to `f`. A broken link is lost
+    /// (see [`Conn::lose`]), not an error.
     fn poll(
         &mut self,
-        page_size: usize,
         f: &mut dyn FnMut(Completion<'_>),
+        now: Instant,
     ) -> Result<usize, StoreError> {
         let mut done = 0;
+        match self.receive(f, &mut done) {
+            Ok(()) => Ok(done),
+            Err(e) => self.lose(e, now).map(|()| done),
+        }
+    }
+
+    fn receive(
+        &mut self,
+        f: &mut dyn FnMut(Completion<'_>),
+        done: &mut usize,
+    ) -> Result<(), StoreError> {
+        let page_size = self.page_size;
+        let Some(mut sock) = self.sock.as_ref() else {
+            return Ok(());
+        };
         loop {
             // Parse every complete frame already buffered.
             loop {
@@ -285,7 +538,7 @@ impl Conn {
                 }
                 let body = &self.inbuf[body_start..body_start + h.len as usize];
                 let resp = Response::decode(h.op, body).map_err(|e| proto(e.to_string()))?;
-                done += 1;
+                *done += 1;
                 match (pending.kind, resp) {
                     (
                         Kind::Fetch(page),
@@ -309,16 +562,25 @@ impl Conn {
                     (Kind::Free, Response::FreeOk { .. }) | (Kind::Ping, Response::Pong { .. }) => {
                     }
                     (_, Response::Error { code, message }) => {
-                        return Err(StoreError::Server {
-                            server: self.name.clone(),
-                            code,
-                            message: message.into(),
-                        })
+                        let server = self.name.clone();
+                        let message = message.to_string();
+                        return Err(match code {
+                            rmem_proto::ErrorCode::SessionLost => StoreError::SessionLost {
+                                server,
+                                detail: format!(": {message}"),
+                            },
+                            code => StoreError::Server {
+                                server,
+                                code,
+                                message,
+                            },
+                        });
                     }
                     (kind, resp) => {
                         return Err(proto(format!("{:?} does not answer {kind:?}", resp.op())))
                     }
                 }
+                self.out.answered(pending.len);
             }
             if self.in_start == self.in_end {
                 self.in_start = 0;
@@ -328,7 +590,7 @@ impl Conn {
                 self.in_end -= self.in_start;
                 self.in_start = 0;
             }
-            match self.sock.read(&mut self.inbuf[self.in_end..]) {
+            match sock.read(&mut self.inbuf[self.in_end..]) {
                 Ok(0) => {
                     return Err(StoreError::Closed {
                         server: self.name.clone(),
@@ -336,7 +598,7 @@ impl Conn {
                     })
                 }
                 Ok(n) => self.in_end += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(done),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let detail = self.describe_inflight();
@@ -350,6 +612,178 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Periodic upkeep: reconnect when lost, lose a link whose oldest request waited past
+    /// the timeout, ping an idle one.
+    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
+        if self.lost.is_some() {
+            return self.reconnect(now);
+        }
+        if let Some(p) = self.pending.front() {
+            let waited = now.saturating_duration_since(p.sent.max(self.last_activity));
+            if waited > self.timing.request {
+                let e = StoreError::Timeout {
+                    server: self.name.clone(),
+                    secs: waited.as_secs_f64(),
+                    detail: self.describe_inflight(),
+                };
+                return self.lose(e, now);
+            }
+        } else {
+            // Idle: notice a closed connection now rather than at the next fault, and
+            // ping so that a silently dead host is caught by the deadline above (and the
+            // session's lease is renewed).
+            self.poll(&mut |_| {}, now)?;
+            if self.lost.is_none()
+                && now.saturating_duration_since(self.last_activity) > self.heartbeat()
+            {
+                self.submit(Request::Ping, Kind::Ping);
+                self.last_activity = now;
+            }
+        }
+        self.flush(now)
+    }
+
+    /// End the session on a clean exit, so the server frees its pages now rather than when
+    /// the lease runs out. Best effort, bounded by the connect timeout: waits for the
+    /// answer, since closing a socket with unread answers resets it and the server could
+    /// drop the request.
+    fn end_session(&mut self) {
+        let deadline = Instant::now() + self.timing.connect.min(Duration::from_secs(1));
+        while !self.pending.is_empty() && self.sock.is_some() && Instant::now() < deadline {
+            let now = Instant::now();
+            if self.flush(now).is_err()
+                || self.poll(&mut |_| {}, now).is_err()
+                || self.lost.is_some()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let (Some(sock), None, true) = (&mut self.sock, &self.lost, self.pending.is_empty()) else {
+            return;
+        };
+        let timeout = Some(self.timing.connect.min(Duration::from_secs(1)));
+        if sock.set_nonblocking(false).is_err()
+            || sock.set_read_timeout(timeout).is_err()
+            || sock.set_write_timeout(timeout).is_err()
+        {
+            return;
+        }
+        let mut frame = Vec::new();
+        Request::EndSession.encode(0, &mut frame);
+        if sock.write_all(&frame).is_ok() {
+            let _ = read_frame(sock, &self.name, "session end", &mut frame);
+        }
+    }
+}
+
+/// What a server told a client that proved it knows the token.
+#[derive(Clone, Copy, Debug)]
+pub struct Welcome {
+    pub frame_len_max: u32,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// Read one whole frame (blocking, under the socket's read timeout); `what` names the frame
+/// expected, for the message when none comes.
+fn read_frame(
+    sock: &mut TcpStream,
+    server: &str,
+    what: &str,
+    body: &mut Vec<u8>,
+) -> Result<rmem_proto::Header, StoreError> {
+    let mut hdr = [0u8; HEADER_LEN];
+    sock.read_exact(&mut hdr).map_err(|e| StoreError::Refused {
+        server: server.into(),
+        message: format!("no {what} ({e}); is it an rmem server of this version?"),
+    })?;
+    let h = parse_header(&hdr, 64 * 1024)
+        .map_err(|e| StoreError::Protocol {
+            server: server.into(),
+            what: e.to_string(),
+        })?
+        .expect("full header");
+    body.resize(h.len as usize, 0);
+    sock.read_exact(body).map_err(|e| io_err(server, e))?;
+    Ok(h)
+}
+
+/// The client's side of the challenge and response (`rmem_proto::auth`) on a connected,
+/// blocking socket: both sides prove they know `token` without sending it. On success the
+/// socket is ready for requests.
+pub fn handshake(
+    sock: &mut TcpStream,
+    server: &str,
+    token: &[u8],
+    page_size: usize,
+) -> Result<Welcome, StoreError> {
+    let proto = |what: String| StoreError::Protocol {
+        server: server.into(),
+        what,
+    };
+    let refused = |code, message: &str| StoreError::Refused {
+        server: server.into(),
+        message: format!("{code}: {message}"),
+    };
+    let send = |sock: &mut TcpStream, req: Request<'_>| {
+        let mut frame = Vec::new();
+        req.encode(0, &mut frame);
+        sock.write_all(&frame).map_err(|e| io_err(server, e))
+    };
+    let mut transcript = auth::Transcript {
+        client_nonce: auth::nonce().map_err(|e| io_err(server, e))?,
+        server_nonce: [0; auth::NONCE_LEN],
+        version: rmem_proto::VERSION,
+        page_size: page_size as u32,
+    };
+    send(
+        sock,
+        Request::Hello {
+            version: transcript.version,
+            page_size: transcript.page_size,
+            nonce: transcript.client_nonce,
+        },
+    )?;
+    let mut body = Vec::new();
+    let h = read_frame(sock, server, "challenge", &mut body)?;
+    match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
+        Response::Challenge { nonce } => transcript.server_nonce = nonce,
+        Response::Error { code, message } => return Err(refused(code, message)),
+        other => return Err(proto(format!("expected challenge, got {:?}", other.op()))),
+    }
+    let proof = transcript.proof(token, auth::Role::Client);
+    send(sock, Request::Auth { proof })?;
+    let h = read_frame(sock, server, "welcome", &mut body)?;
+    match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
+        Response::Welcome {
+            version,
+            frame_len_max,
+            capacity_bytes,
+            used_bytes,
+            proof,
+        } => {
+            if version != rmem_proto::VERSION {
+                return Err(proto(format!(
+                    "protocol version {version}, this client speaks {}",
+                    rmem_proto::VERSION
+                )));
+            }
+            if !transcript.verify(token, auth::Role::Server, &proof) {
+                return Err(StoreError::Impostor {
+                    server: server.into(),
+                });
+            }
+            Ok(Welcome {
+                frame_len_max,
+                capacity_bytes,
+                used_bytes,
+            })
+        }
+        Response::Error { code, message } => Err(refused(code, message)),
+        other => Err(proto(format!("expected welcome, got {:?}", other.op()))),
     }
 }
 
@@ -391,38 +825,47 @@ pub struct RemoteStore {
     page_size: usize,
     placement: Placement,
     locations: Locations,
-    timeout: Duration,
-    heartbeat: Duration,
+    session: SessionId,
 }
 
 /// Most servers one client can address (the per-page slot is 16 bits).
 pub const SERVERS_MAX: usize = u16::MAX as usize - 1;
 
 impl RemoteStore {
-    /// Connect to every server, in order. The first failure is returned; connections already
-    /// made are closed, which frees anything placed on them.
+    /// Connect to every server, in order, and open one new session (a random id) on each.
+    /// The first failure is returned; sessions already opened are ended.
     pub fn connect(
         servers: &[String],
         token: &[u8],
         page_size: usize,
         placement: Placement,
-        connect_timeout: Duration,
-        timeout: Duration,
-        heartbeat: Duration,
+        timing: Timing,
     ) -> Result<RemoteStore, StoreError> {
         assert!(servers.len() <= SERVERS_MAX, "too many servers");
-        let conns = servers
-            .iter()
-            .map(|s| Conn::connect(s, token, page_size, connect_timeout))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(RemoteStore {
-            conns,
+        let session = SessionId::random().map_err(|e| io_err("(none)", e))?;
+        let mut store = RemoteStore {
+            conns: Vec::with_capacity(servers.len()),
             page_size,
             placement,
             locations: Locations::default(),
-            timeout,
-            heartbeat,
-        })
+            session,
+        };
+        for s in servers {
+            store
+                .conns
+                .push(Conn::connect(s, token, page_size, session, timing)?);
+        }
+        Ok(store)
+    }
+
+    /// This client's session id (the same on every server).
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+
+    /// Links re-established so far, over all servers.
+    pub fn reconnects(&self) -> u64 {
+        self.conns.iter().map(|c| c.reconnects).sum()
     }
 
     /// Where `page` goes (and stays): its current server, or a new placement.
@@ -485,7 +928,7 @@ impl PageStore for RemoteStore {
             },
             Kind::Fetch(page),
         );
-        self.conns[s].flush()
+        self.conns[s].flush(Instant::now())
     }
 
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
@@ -512,7 +955,7 @@ impl PageStore for RemoteStore {
                 data,
             };
             self.conns[v].submit(req, Kind::Swap { victim, page });
-            self.conns[v].flush()
+            self.conns[v].flush(Instant::now())
         } else {
             self.conns[p].submit(
                 Request::Read {
@@ -521,7 +964,7 @@ impl PageStore for RemoteStore {
                 },
                 Kind::Fetch(page),
             );
-            self.conns[p].flush()?;
+            self.conns[p].flush(Instant::now())?;
             self.conns[v].submit(
                 Request::Write {
                     key: PageKey(victim.0),
@@ -545,14 +988,16 @@ impl PageStore for RemoteStore {
     }
 
     fn flush(&mut self) -> Result<(), StoreError> {
-        self.conns.iter_mut().try_for_each(Conn::flush)
+        let now = Instant::now();
+        self.conns.iter_mut().try_for_each(|c| c.flush(now))
     }
 
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
         let mut n = 0;
+        let now = Instant::now();
         for c in &mut self.conns {
             if !c.pending.is_empty() {
-                n += c.poll(self.page_size, f)?;
+                n += c.poll(f, now)?;
             }
         }
         Ok(n)
@@ -560,12 +1005,14 @@ impl PageStore for RemoteStore {
 
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>) {
         for c in &self.conns {
+            // A lost link has no descriptor: its reconnection runs from tick().
+            let Some(sock) = &c.sock else { continue };
             let mut events = libc::POLLIN;
-            if c.out_pos < c.out.len() {
+            if !c.out.unsent().is_empty() {
                 events |= libc::POLLOUT;
             }
             out.push(libc::pollfd {
-                fd: c.sock.as_raw_fd(),
+                fd: sock.as_raw_fd(),
                 events,
                 revents: 0,
             });
@@ -573,28 +1020,11 @@ impl PageStore for RemoteStore {
     }
 
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
-        for c in &mut self.conns {
-            if let Some(p) = c.pending.front() {
-                let waited = now.saturating_duration_since(p.sent.max(c.last_activity));
-                if waited > self.timeout {
-                    return Err(StoreError::Timeout {
-                        server: c.name.clone(),
-                        secs: waited.as_secs_f64(),
-                        detail: c.describe_inflight(),
-                    });
-                }
-            } else {
-                // Idle: notice a closed connection now rather than at the next fault, and
-                // ping so that a silently dead host is caught by the deadline above.
-                c.poll(self.page_size, &mut |_| {})?;
-                if now.saturating_duration_since(c.last_activity) > self.heartbeat {
-                    c.submit(Request::Ping, Kind::Ping);
-                    c.last_activity = now;
-                }
-            }
-            c.flush()?;
-        }
-        Ok(())
+        self.conns.iter_mut().try_for_each(|c| c.tick(now))
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        self.conns.iter().map(Conn::heartbeat).min()
     }
 
     fn in_flight(&self) -> usize {
@@ -607,5 +1037,12 @@ impl PageStore for RemoteStore {
             .map(|c| c.name.as_str())
             .collect::<Vec<_>>()
             .join(",")
+    }
+}
+
+impl Drop for RemoteStore {
+    /// A clean exit ends the sessions, so servers free the pages now.
+    fn drop(&mut self) {
+        self.conns.iter_mut().for_each(Conn::end_session);
     }
 }
