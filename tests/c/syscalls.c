@@ -1,6 +1,6 @@
 /* System calls whose buffers lie in remote memory that is not resident, made the ways programs
  * make them: C library functions rmem does not wrap (getrandom, stat, open, poll, epoll_wait,
- * preadv, pwritev, readlink, getcwd, select, wait4, nanosleep, futex through
+ * preadv, preadv2, pwritev, readlink, getcwd, select, wait4, nanosleep, futex through
  * pthread_cond_timedwait), raw syscall(2), stdio reading into a setvbuf buffer, execv with its
  * argument strings there, and io_uring_setup (refused with ENOSYS).  Unprivileged, each failed
  * with EFAULT before rmem trapped them.  Every buffer is checked to be non-resident (mincore)
@@ -179,6 +179,10 @@ int main(int argc, char **argv) {
     struct iovec iov[2] = {{b1, 3000}, {b2, 5192}};
     CHECK(preadv(fd, iov, 2, 0) == 8192, "preadv");
     CHECK(memcmp(b1, expect, 3000) == 0 && memcmp(b2, expect + 3000, 5192) == 0, "preadv data");
+    memset(b1, 0, 3000);
+    churn();
+    assert_evicted(b1, 3000);
+    CHECK(preadv2(fd, iov, 2, 0, 0) == 8192 && memcmp(b1, expect, 3000) == 0, "preadv2");
     char out_file[4300];
     snprintf(out_file, sizeof out_file, "%s/out", dir);
     int wfd = open(out_file, O_RDWR | O_CREAT, 0600);
