@@ -20,6 +20,7 @@ pub mod prefetch;
 pub mod protect;
 pub mod region;
 pub mod runtime;
+pub mod state;
 pub mod stats;
 pub mod store;
 
