@@ -198,7 +198,10 @@ pub fn run(args: RunArgs) -> i32 {
             config.policy_params.history_ratio.to_string(),
         )
         .env("RMEM_PREFETCH", &args.prefetch)
-        .env("RMEM_OVERCOMMIT", if args.no_overcommit { "0" } else { "1" });
+        .env(
+            "RMEM_OVERCOMMIT",
+            if args.no_overcommit { "0" } else { "1" },
+        );
     match &preload {
         None => {
             cmd.env("RMEM_MODE", "api");

@@ -198,7 +198,11 @@ fn has_cap_ipc_lock() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?.trim().to_string();
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
             u64::from_str_radix(&hex, 16).ok()
         })
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)

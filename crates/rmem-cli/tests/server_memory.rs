@@ -55,7 +55,9 @@ fn a_locked_server_locks_its_memory_and_serves() {
     }
     let server = ServerProcess::start(TOKEN, &["--lock", "--capacity", "64M"]);
     assert!(
-        server.wait_for("memory locked", Duration::from_secs(5)).is_some(),
+        server
+            .wait_for("memory locked", Duration::from_secs(5))
+            .is_some(),
         "{}",
         server.log()
     );

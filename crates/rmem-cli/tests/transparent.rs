@@ -294,11 +294,7 @@ fn a_16g_reservation_touching_a_few_mib_goes_remote_on_small_servers() {
     let dir = scratch("overcommit");
     let stats = dir.join("stats.json");
     // Two servers of 16 MiB: the reservation takes no capacity, the 8 MiB written do.
-    let out = reserve_and_touch(
-        &["--local", "4M", "--server-capacity", "16M"],
-        &stats,
-        8,
-    );
+    let out = reserve_and_touch(&["--local", "4M", "--server-capacity", "16M"], &stats, 8);
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
     assert!(out.stdout.starts_with("ok 0x"), "{}", out.stdout);
     assert!(!out.stderr.contains("local memory"), "{}", out.stderr);
@@ -312,7 +308,13 @@ fn without_overcommit_malloc_beyond_the_capacity_returns_null() {
     let dir = scratch("no-overcommit");
     let stats = dir.join("stats.json");
     let out = reserve_and_touch(
-        &["--local", "4M", "--server-capacity", "16M", "--no-overcommit"],
+        &[
+            "--local",
+            "4M",
+            "--server-capacity",
+            "16M",
+            "--no-overcommit",
+        ],
         &stats,
         8,
     );
@@ -326,12 +328,14 @@ fn every_server_full_stops_the_program_naming_the_servers() {
     let dir = scratch("all-full");
     let stats = dir.join("stats.json");
     // 32 MiB written to two servers of 4 MiB.
-    let out = reserve_and_touch(
-        &["--local", "4M", "--server-capacity", "4M"],
-        &stats,
-        32,
+    let out = reserve_and_touch(&["--local", "4M", "--server-capacity", "4M"], &stats, 32);
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
     );
-    assert_eq!(out.status.code(), Some(69), "{}\n{}", out.stdout, out.stderr);
     let err = &out.stderr;
     assert!(err.contains("every memory server is full"), "{err}");
     assert_eq!(err.matches("(capacity 4194304 bytes)").count(), 2, "{err}");

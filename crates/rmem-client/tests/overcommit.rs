@@ -43,12 +43,19 @@ fn page(n: u64) -> Vec<u8> {
     (0..PS).map(|i| (n as usize * 7 + i / 8) as u8).collect()
 }
 
+/// A completion: the page, and its data if it was fetched.
+type Done = (u64, Option<Vec<u8>>);
+
 /// Poll until `want` completions arrived (or an error), at most 10 s.
-fn complete(s: &mut RemoteStore, want: usize) -> Result<Vec<(u64, Option<Vec<u8>>)>, StoreError> {
+fn complete(s: &mut RemoteStore, want: usize) -> Result<Vec<Done>, StoreError> {
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);
     while got.len() < want {
-        assert!(Instant::now() < deadline, "{} of {want} completions", got.len());
+        assert!(
+            Instant::now() < deadline,
+            "{} of {want} completions",
+            got.len()
+        );
         s.poll(&mut |c| match c {
             Completion::Stored { page } => got.push((page.0, None)),
             Completion::Fetched { page, data } => got.push((page.0, Some(data.to_vec()))),
@@ -100,7 +107,10 @@ fn every_server_full_is_an_error_naming_each_with_its_capacity() {
     }
     s.flush().unwrap();
     let err = complete(&mut s, 6).expect_err("six pages fit in five");
-    assert!(matches!(err, StoreError::AllFull { page: 5, .. }), "{err:?}");
+    assert!(
+        matches!(err, StoreError::AllFull { page: 5, .. }),
+        "{err:?}"
+    );
     let msg = err.to_string();
     for want in [
         format!("{a} (capacity 8192 bytes)"),

@@ -254,10 +254,7 @@ impl Pages {
 
     /// Forget these pages: how many were held.
     pub fn free(&mut self, sessions: &Sessions, keys: &[rmem_proto::PageKey]) -> usize {
-        let removed = keys
-            .iter()
-            .filter(|k| self.slots.remove(k.0))
-            .count();
+        let removed = keys.iter().filter(|k| self.slots.remove(k.0)).count();
         sessions.release((removed * self.page_size) as u64);
         removed
     }

@@ -171,7 +171,11 @@ impl PageSlots {
         // std's map (hashbrown): buckets a power of two at most 7/8 full, a control byte
         // each plus a group's worth (16).
         let cap = self.index.capacity();
-        let buckets = if cap == 0 { 0 } else { (cap * 8 / 7).next_power_of_two() };
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
         let bucket = std::mem::size_of::<(u64, Box<Leaf>)>() + 1;
         let leaf = std::mem::size_of::<Leaf>() + MALLOC_HEADER_BYTES;
         let live_slabs = self.slabs.iter().flatten().count();
@@ -227,7 +231,10 @@ mod tests {
         for k in 0..n / 2 {
             assert_eq!(s.get(1_000_000 + k).unwrap(), &page(ps, k)[..]);
         }
-        for k in (n / 2..n).map(|k| k * 3).chain(1_000_000..1_000_000 + n / 2) {
+        for k in (n / 2..n)
+            .map(|k| k * 3)
+            .chain(1_000_000..1_000_000 + n / 2)
+        {
             assert!(s.remove(k));
         }
         assert!(s.is_empty() && s.slabs.is_empty() && s.free.is_empty());

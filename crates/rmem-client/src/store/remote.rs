@@ -120,8 +120,15 @@ impl Outbox {
 /// sent again on its own).
 #[derive(Debug)]
 enum Rejected {
-    Store { page: PageIndex, data: Vec<u8> },
-    Swap { victim: PageIndex, page: PageIndex, data: Vec<u8> },
+    Store {
+        page: PageIndex,
+        data: Vec<u8>,
+    },
+    Swap {
+        victim: PageIndex,
+        page: PageIndex,
+        data: Vec<u8>,
+    },
 }
 
 /// One server: its session, its link (when up), and every unanswered request.
