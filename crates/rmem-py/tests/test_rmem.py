@@ -305,3 +305,24 @@ def test_in_jupyter(tmp_path):
     out = json.loads((tmp_path / "out.ipynb").read_text())
     texts = ["".join(o.get("text", "")) for c in out["cells"] for o in c["outputs"]]
     assert texts == ["True\n", "True\n"], texts
+
+
+def test_benchmarks_run_at_a_tiny_size(tmp_path):
+    bench = os.path.join(os.path.dirname(__file__), "..", "bench")
+    out = tmp_path / "reduce.json"
+    r = subprocess.run([sys.executable, os.path.join(bench, "reduce.py"), "--size", "16M",
+                        "--passes", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd="/tmp")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    assert j["sum_mb_s"][0] > 0 and j["scan_mb_s"] > 0 and j["swap_ins_per_pass"][0] > 0
+    data = tmp_path / "readings.f64"
+    ex = os.path.join(bench, "example.py")
+    subprocess.run([sys.executable, ex, "make", str(data), "--size", "16M"], check=True, timeout=60)
+    runs = [json.loads(subprocess.run([sys.executable, ex, "run", str(data), "--mode", mode,
+                                       "--local", "4M"], capture_output=True, text=True,
+                                      timeout=120, check=True, cwd="/tmp").stdout)
+            for mode in ("rmem", "numpy")]
+    keys = ("mean", "std", "min", "max", "above_27", "hist_sum", "trend_sum")
+    assert [runs[0][k] for k in keys] == [runs[1][k] for k in keys]
+    assert runs[0]["swap_ins"] > 0
