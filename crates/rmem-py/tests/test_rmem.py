@@ -326,3 +326,26 @@ def test_benchmarks_run_at_a_tiny_size(tmp_path):
     keys = ("mean", "std", "min", "max", "above_27", "hist_sum", "trend_sum")
     assert [runs[0][k] for k in keys] == [runs[1][k] for k in keys]
     assert runs[0]["swap_ins"] > 0
+
+
+def test_under_rmem_run_it_uses_rmem_runs_servers_and_budget():
+    r = subprocess.run(
+        [os.environ["RMEM_BIN"], "run", "--api", "--local", "8M", "--", sys.executable, "-c",
+         "import rmem; a = rmem.full(1 << 21, 1.0); t = a.sum(); s = rmem.stats();"
+         "print(t, s['own_servers'], s['local_bytes'], s['swap_ins'] > 0)"],
+        capture_output=True, text=True, timeout=120, cwd="/tmp")
+    assert r.returncode == 0 and "2097152.0 False 8388608 True" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_hosts_file_starts_its_servers(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost 8M\nlocalhost 256M\nlocalhost 256M\n")
+    r = run_py(f"""
+        import rmem
+        with rmem.connect(hostfile={str(hosts)!r}):
+            a = rmem.full(1 << 21, 1.0)
+            t = a.sum()
+            s = rmem.stats()
+            print(t, s["own_servers"], s["local_bytes"], s["servers"].count(","))
+    """)
+    assert r.returncode == 0 and "2097152.0 True 8388608 1" in r.stdout, r.stdout + r.stderr
