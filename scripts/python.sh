@@ -15,5 +15,5 @@ export CARGO_TARGET_DIR=$root/target/py/cargo
 "$venv/bin/pip" install -q --force-reinstall --no-deps "$root"/target/py/wheels/rmem-0.1.0-*.whl
 # From elsewhere, so `import rmem` is the installed wheel, not the source tree.
 cd /tmp
-RMEM_BIN=$root/target/release/rmem timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+RMEM_BIN=$root/target/release/rmem timeout 900 "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
   "$root/crates/rmem-py/tests" "$@"

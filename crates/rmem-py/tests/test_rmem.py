@@ -192,6 +192,9 @@ def test_as_nobody():
         pytest.skip("not root: this whole run is unprivileged already")
     if shutil.which("runuser") is None:
         pytest.skip("runuser is missing")
+    if subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "import rmem"],
+                      capture_output=True, timeout=60, cwd="/tmp").returncode != 0:
+        pytest.skip(f"nobody cannot run {sys.executable} with rmem (a directory only root reads)")
     r = run_py(
         """
         import numpy as np, rmem
