@@ -185,7 +185,8 @@ fn servers_from_env() -> Result<Vec<String>, ConfigError> {
         .collect())
 }
 
-fn token_from_env() -> Result<Vec<u8>, ConfigError> {
+/// The token `RMEM_TOKEN` or `RMEM_TOKEN_FILE` names (the first wins).
+pub fn token_from_env() -> Result<Vec<u8>, ConfigError> {
     match (var("RMEM_TOKEN"), var("RMEM_TOKEN_FILE")) {
         (Some(t), _) => Ok(t.into_bytes()),
         (None, Some(path)) => Ok(std::fs::read_to_string(&path)

@@ -14,6 +14,7 @@
 
 pub mod alloc;
 pub mod config;
+pub mod own_servers;
 pub mod pager;
 pub mod pages;
 pub mod prefetch;

@@ -298,6 +298,13 @@ impl Pager {
         }
     }
 
+    /// After a fatal error whose handler returned: make the region inaccessible for good
+    /// ([`Mapping::seal`]) before the userfaultfd closes with the pager. Closing it wakes the
+    /// waiting threads, and they must then fault with SIGSEGV, never read zeros.
+    pub fn seal_region(&mut self) -> std::io::Result<()> {
+        self.core.region.seal()
+    }
+
     /// Serve faults until told to stop; returns the stop request's completion, to be
     /// signalled once the pager (and with it the region) is dropped. An error is fatal for
     /// the program: its memory can no longer be trusted. The pager stays alive, region

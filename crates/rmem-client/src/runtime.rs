@@ -146,8 +146,14 @@ impl Runtime {
         )
     }
 
-    /// Connect to the configured servers and start.
+    /// Connect to the configured servers and start; a lost server ends the process.
     pub fn connect(config: &Config) -> Result<Runtime, RuntimeError> {
+        Runtime::connect_with(config, Box::new(exit_on_fatal))
+    }
+
+    /// [`Runtime::connect`] with `on_fatal` run on the pager thread if it must give up (the
+    /// Python bindings raise an exception instead of ending the process).
+    pub fn connect_with(config: &Config, on_fatal: FatalHandler) -> Result<Runtime, RuntimeError> {
         config.validate()?;
         let store = RemoteStore::connect(
             &config.servers,
@@ -156,7 +162,7 @@ impl Runtime {
             config.placement,
             Timing::of(config),
         )?;
-        Runtime::start(config, Box::new(store), Box::new(exit_on_fatal))
+        Runtime::start(config, Box::new(store), on_fatal)
     }
 
     /// Start over any page store. `on_fatal` runs on the pager thread if it must give up.
@@ -258,8 +264,12 @@ impl Runtime {
                     }
                     Err(e) => {
                         on_fatal(&crate::error_chain(&e));
-                        // Only reached when the handler returns (tests): the region goes away
-                        // with the pager, so late touches fault with SIGSEGV, never zeros.
+                        // Only reached when the handler returns (tests, the Python bindings):
+                        // the range stays reserved with no access, so late touches fault
+                        // with SIGSEGV, never zeros or the data of a mapping made later.
+                        if let Err(e) = pager.seal_region() {
+                            eprintln!("rmem: cannot make the lost region inaccessible: {e}");
+                        }
                     }
                 }
             })
