@@ -21,8 +21,11 @@
 //! session, not to the connection, so a client that reconnects within the lease finds them),
 //! then keeps many requests in flight; the server answers each connection's requests in order.
 //! `Read` and `Write` carry `count` consecutive pages, and `Swap` writes a victim and reads a
-//! page in one round trip (DLM's swap). Decoding never trusts a length: every field is
-//! bounds-checked, and trailing bytes are an error.
+//! page in one round trip (DLM's swap). `Snapshot` names a copy-on-write snapshot of the
+//! attached session as of that point of the connection's requests (a `fork()` child's pages),
+//! which a connection attaches with [`ATTACH_SNAPSHOT`] and its creator ends with
+//! `EndSnapshot`. Decoding never trusts a length: every field is bounds-checked, and trailing
+//! bytes are an error.
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -36,8 +39,8 @@ use std::fmt;
 pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
-/// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const VERSION: u16 = 3;
+/// Protocol version spoken by this build. Bumped on any incompatible change (4: snapshots).
+pub const VERSION: u16 = 4;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -79,8 +82,15 @@ impl fmt::Display for SessionId {
 /// client that reconnects sets it, so that nothing it sent on the dropped connection can
 /// land after what it re-sends on the new one.
 pub const ATTACH_EXCLUSIVE: u32 = 1;
+/// `Attach` flag: the session is a snapshot that another connection creates (`Snapshot`, sent
+/// by a `fork()` child's parent): never create it, and wait up to [`SNAPSHOT_WAIT_MS`] for it
+/// to appear (the parent's request may still be on its way); `SessionLost` if it does not.
+pub const ATTACH_SNAPSHOT: u32 = 2;
 /// Every `Attach` flag this version knows; any other bit is refused (room for later ones).
-pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE;
+pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE | ATTACH_SNAPSHOT;
+/// Longest a server waits, answering an `Attach` with [`ATTACH_SNAPSHOT`], for the snapshot to
+/// be created.
+pub const SNAPSHOT_WAIT_MS: u64 = 5000;
 /// `Attached` flag: the session existed (its pages are there); clear for a new session.
 pub const ATTACHED_EXISTED: u32 = 1;
 
@@ -98,6 +108,8 @@ pub enum Op {
     Attach = 0x08,
     EndSession = 0x09,
     Status = 0x0A,
+    Snapshot = 0x0B,
+    EndSnapshot = 0x0C,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
@@ -108,6 +120,7 @@ pub enum Op {
     Attached = 0x88,
     SessionEnded = 0x89,
     StatusOk = 0x8A,
+    SnapshotOk = 0x8B,
     Error = 0xFF,
 }
 
@@ -124,6 +137,8 @@ impl Op {
             0x08 => Op::Attach,
             0x09 => Op::EndSession,
             0x0A => Op::Status,
+            0x0B => Op::Snapshot,
+            0x0C => Op::EndSnapshot,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
@@ -134,6 +149,7 @@ impl Op {
             0x88 => Op::Attached,
             0x89 => Op::SessionEnded,
             0x8A => Op::StatusOk,
+            0x8B => Op::SnapshotOk,
             0xFF => Op::Error,
             _ => return None,
         })
@@ -349,6 +365,20 @@ pub enum Request<'a> {
         keys: Vec<PageKey>,
     },
     Ping,
+    /// Create `session` as a copy-on-write snapshot of the attached session as it is after
+    /// every earlier request of this connection: reads in `session` see those pages, and
+    /// later writes and frees of either session do not reach the other. Nothing is copied:
+    /// the two share page slots until one of them writes. Idempotent (a re-sent request finds
+    /// the snapshot there). A `fork()` child's memory: its parent sends this at the fork.
+    Snapshot {
+        session: SessionId,
+    },
+    /// End `session`, a snapshot taken from the attached session (or from one of its own
+    /// snapshots): its pages are freed. A `fork()` parent sends this when the child is gone.
+    /// Answered with `SessionEnded`; 0 bytes if it was gone already.
+    EndSnapshot {
+        session: SessionId,
+    },
 }
 
 impl Request<'_> {
@@ -364,6 +394,8 @@ impl Request<'_> {
             Request::Swap { .. } => Op::Swap,
             Request::Free { .. } => Op::Free,
             Request::Ping => Op::Ping,
+            Request::Snapshot { .. } => Op::Snapshot,
+            Request::EndSnapshot { .. } => Op::EndSnapshot,
         }
     }
 
@@ -426,6 +458,9 @@ impl Request<'_> {
                 }
             }
             Request::Ping => {}
+            Request::Snapshot { session } | Request::EndSnapshot { session } => {
+                out.extend_from_slice(&session.0.to_le_bytes())
+            }
         }
         patch_len(out, start);
     }
@@ -482,6 +517,12 @@ impl Request<'_> {
                 Request::Free { keys }
             }
             Op::Ping => Request::Ping,
+            Op::Snapshot => Request::Snapshot {
+                session: SessionId(u128::from_le_bytes(c.array()?)),
+            },
+            Op::EndSnapshot => Request::EndSnapshot {
+                session: SessionId(u128::from_le_bytes(c.array()?)),
+            },
             other => return Err(ProtoError::WrongDirection(other)),
         };
         c.finish()?;
@@ -581,6 +622,10 @@ pub enum Response<'a> {
     },
     /// Answers `Status`.
     StatusOk(ServerStatus),
+    /// Answers `Snapshot`: whether it was created now (false: a re-sent request found it).
+    SnapshotOk {
+        created: bool,
+    },
     /// Answers a good `Auth`: the server's limits and its own proof.
     Welcome {
         version: u16,
@@ -622,6 +667,7 @@ impl Response<'_> {
             Response::Attached { .. } => Op::Attached,
             Response::SessionEnded { .. } => Op::SessionEnded,
             Response::StatusOk(_) => Op::StatusOk,
+            Response::SnapshotOk { .. } => Op::SnapshotOk,
             Response::Welcome { .. } => Op::Welcome,
             Response::ReadOk { .. } => Op::ReadOk,
             Response::WriteOk { .. } => Op::WriteOk,
@@ -656,6 +702,7 @@ impl Response<'_> {
                 out.extend_from_slice(&freed_bytes.to_le_bytes())
             }
             Response::StatusOk(st) => st.encode(out),
+            Response::SnapshotOk { created } => out.push(u8::from(*created)),
             Response::Welcome {
                 version,
                 frame_len_max,
@@ -714,6 +761,13 @@ impl Response<'_> {
                 freed_bytes: c.u64()?,
             },
             Op::StatusOk => Response::StatusOk(ServerStatus::decode(&mut c)?),
+            Op::SnapshotOk => Response::SnapshotOk {
+                created: match c.take(1)?[0] {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ProtoError::Invalid("snapshot flag is not 0 or 1")),
+                },
+            },
             Op::Welcome => {
                 let version = c.u16()?;
                 let _reserved = c.u16()?;
@@ -837,6 +891,12 @@ mod tests {
             keys: vec![PageKey(1), PageKey(u64::MAX)],
         });
         roundtrip_req(Request::Ping);
+        roundtrip_req(Request::Snapshot {
+            session: SessionId(u128::MAX / 3),
+        });
+        roundtrip_req(Request::EndSnapshot {
+            session: SessionId(17),
+        });
     }
 
     #[test]
@@ -851,6 +911,9 @@ mod tests {
             session_bytes: 1 << 33,
         });
         roundtrip_resp(Response::SessionEnded { freed_bytes: 9 });
+        roundtrip_resp(Response::SnapshotOk { created: true });
+        roundtrip_resp(Response::SnapshotOk { created: false });
+        assert!(Response::decode(Op::SnapshotOk, &[2]).is_err());
         roundtrip_resp(Response::StatusOk(ServerStatus {
             capacity_bytes: 1 << 34,
             used_bytes: 4096,

@@ -23,7 +23,7 @@ use rmem_proto::{
     auth, parse_header, ErrorCode, Op, ProtoError, Request, Response, ServerStatus, SessionStatus,
     HEADER_LEN,
 };
-use session::{Attachment, SessionInfo, Sessions};
+use session::{AttachMode, Attachment, SessionInfo, Sessions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -401,7 +401,7 @@ impl Connection<'_> {
             let started = Instant::now();
             out.clear();
             let answered = self.answer(req, h.tag, &mut out);
-            if let Err(Close::Session(_)) = answered {
+            if let Err(Close::Session(_) | Close::Refused(_)) = answered {
                 // Tell the client why before closing (best effort).
                 let _ = writer.write_all(&out).and_then(|_| writer.flush());
             }
@@ -411,6 +411,15 @@ impl Connection<'_> {
             if reader.buffer().is_empty() {
                 writer.flush()?;
             }
+        }
+    }
+
+    /// Session starts and ends are logged at info level with `--verbose`, else at debug.
+    fn verbose_level(&self) -> log::Level {
+        if self.config.verbose {
+            log::Level::Info
+        } else {
+            log::Level::Debug
         }
     }
 
@@ -499,7 +508,7 @@ impl Connection<'_> {
                     return Err(Close::Bad(format!("read of {count} pages")));
                 }
                 let keys = (0..count as u64).map(|i| key.0.wrapping_add(i));
-                if let Some(k) = keys.clone().find(|k| !pages.slots.contains(*k)) {
+                if let Some(k) = keys.clone().find(|k| !pages.contains(*k)) {
                     Self::not_found(k, out, tag);
                     return Ok(());
                 }
@@ -512,7 +521,7 @@ impl Connection<'_> {
                 }
                 .encode(tag, out);
                 for k in keys {
-                    out.extend_from_slice(pages.slots.get(k).expect("checked above"));
+                    out.extend_from_slice(pages.get(k).expect("checked above"));
                 }
                 rmem_proto::patch_len(out, start);
             }
@@ -536,7 +545,7 @@ impl Connection<'_> {
                     self.full(data.len() as u64, out, tag);
                     return Ok(());
                 }
-                match pages.slots.get(read_key.0) {
+                match pages.get(read_key.0) {
                     Some(p) => Response::SwapOk { read_key, data: p }.encode(tag, out),
                     None => Self::not_found(read_key.0, out, tag),
                 }
@@ -553,16 +562,41 @@ impl Connection<'_> {
                 capacity_bytes: capacity,
             }
             .encode(tag, out),
+            Request::Snapshot { session } => {
+                drop(pages);
+                match sessions.snapshot(a, session) {
+                    Ok(created) => Response::SnapshotOk { created }.encode(tag, out),
+                    Err(message) => Response::Error {
+                        code: ErrorCode::BadRequest,
+                        message: &message,
+                    }
+                    .encode(tag, out),
+                }
+            }
+            Request::EndSnapshot { session } => {
+                drop(pages);
+                match sessions.end_snapshot(a, session) {
+                    Ok(freed_bytes) => {
+                        log::log!(
+                            self.verbose_level(),
+                            "{}: snapshot {session} of session {} ended, freed {freed_bytes} bytes",
+                            self.me,
+                            a.session.id
+                        );
+                        Response::SessionEnded { freed_bytes }.encode(tag, out)
+                    }
+                    Err(message) => Response::Error {
+                        code: ErrorCode::BadRequest,
+                        message: &message,
+                    }
+                    .encode(tag, out),
+                }
+            }
             Request::EndSession => {
                 drop(pages);
                 let freed_bytes = sessions.end(a);
-                let level = if self.config.verbose {
-                    log::Level::Info
-                } else {
-                    log::Level::Debug
-                };
                 log::log!(
-                    level,
+                    self.verbose_level(),
                     "{}: session {} ended, freed {freed_bytes} bytes",
                     self.me,
                     a.session.id
@@ -592,11 +626,30 @@ impl Connection<'_> {
             ms => Duration::from_millis(ms.into()).min(self.config.lease),
         };
         let exclusive = flags & rmem_proto::ATTACH_EXCLUSIVE != 0;
-        let attached = self
-            .state
-            .sessions
-            .attach(session, self.page_size, lease, exclusive)
-            .map_err(Close::Bad)?;
+        let mode = if flags & rmem_proto::ATTACH_SNAPSHOT != 0 {
+            AttachMode::Snapshot(Duration::from_millis(rmem_proto::SNAPSHOT_WAIT_MS))
+        } else {
+            AttachMode::Create
+        };
+        let attached =
+            match self
+                .state
+                .sessions
+                .attach(session, self.page_size, lease, exclusive, mode)
+            {
+                Ok(a) => a,
+                // A snapshot that never came: the client's pages are not here (its parent lost
+                // them, or the snapshot ended). It says so, then the connection closes.
+                Err(message) if matches!(mode, AttachMode::Snapshot(_)) => {
+                    Response::Error {
+                        code: ErrorCode::SessionLost,
+                        message: &message,
+                    }
+                    .encode(tag, out);
+                    return Err(Close::Refused(message));
+                }
+                Err(message) => return Err(Close::Bad(message)),
+            };
         Response::Attached {
             lease_ms: u32::try_from(attached.lease.as_millis()).unwrap_or(u32::MAX),
             flags: if attached.existed {

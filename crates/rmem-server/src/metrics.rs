@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Operations counted, in exposition order, with their label.
-const OPS: [(Op, &str); 8] = [
+const OPS: [(Op, &str); 10] = [
     (Op::Read, "read"),
     (Op::Write, "write"),
     (Op::Swap, "swap"),
@@ -23,6 +23,8 @@ const OPS: [(Op, &str); 8] = [
     (Op::Attach, "attach"),
     (Op::EndSession, "end_session"),
     (Op::Status, "status"),
+    (Op::Snapshot, "snapshot"),
+    (Op::EndSnapshot, "end_snapshot"),
 ];
 
 /// Histogram bucket bounds, in nanoseconds (1 us to 10 ms).

@@ -9,36 +9,161 @@
 //! are refused from then on), which is how a reconnecting client makes sure that nothing still
 //! buffered on its dropped connection lands after what it re-sends.
 //!
-//! Lock order: the table, then a session. Capacity is one counter for the whole server.
+//! **Snapshots** (a `fork()` child's memory). [`Sessions::snapshot`] makes a new session that
+//! reads what the attached one holds at that point of its connection's requests, in constant
+//! time: nothing is copied. A session, its snapshots, theirs, and so on form a [`Family`]:
+//! one arena of reference-counted page slots and one lock. A snapshot's index names only what
+//! differs from the session it was taken from (its parent); any other key reads through the
+//! parent. Before a session changes a key (a write or a free), each of its snapshots that does
+//! not name that key yet is given the page the key had (a second reference to its slot, or a
+//! tombstone where it had none), so a snapshot always reads what was there when it was taken,
+//! and a write to a slot that someone else also names takes a new slot (copy-on-write).
+//! Ending a session gives each of its snapshots what it read through it, and they then read
+//! through its parent. Capacity counts slots, so shared pages count once.
+//!
+//! Lock order: the table, then a family. Capacity is one counter for the whole server.
 
-use crate::slab::PageSlots;
+use crate::slab::{Arena, Entry, Index};
 use rmem_proto::SessionId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// One session's pages and lease.
+/// One session of a family: its own pages, where it reads the rest, and its lease.
 #[derive(Debug)]
-pub struct Pages {
-    pub slots: PageSlots,
-    pub page_size: usize,
+struct Member {
+    own: Index,
+    /// The session this one is a snapshot of (it reads through it what it does not name).
+    parent: Option<SessionId>,
+    /// Snapshots taken of this session.
+    children: Vec<SessionId>,
     /// Last renewal of the lease.
     renewed: Instant,
     lease: Duration,
     /// Bumped by an exclusive attach; a connection attached at an older epoch is fenced.
     epoch: u64,
-    /// Expired or ended: no longer in the table, holds nothing.
-    gone: bool,
     /// Most pages held at once, for the verbose disconnect line.
-    pub pages_max: usize,
+    pages_max: usize,
     connections: usize,
+}
+
+impl Member {
+    fn new(parent: Option<SessionId>, lease: Duration) -> Member {
+        Member {
+            own: Index::new(),
+            parent,
+            children: Vec::new(),
+            renewed: Instant::now(),
+            lease,
+            epoch: 0,
+            pages_max: 0,
+            connections: 0,
+        }
+    }
+}
+
+/// Sessions that share pages: a session and every snapshot taken from it (and from those).
+#[derive(Debug)]
+pub struct Family {
+    arena: Arena,
+    members: HashMap<SessionId, Member>,
+}
+
+impl Family {
+    fn member(&self, id: SessionId) -> &Member {
+        self.members.get(&id).expect("a live member")
+    }
+
+    /// The slot `id` reads for `key`: its own entry, else what its parent reads.
+    fn resolve(&self, mut id: SessionId, key: u64) -> Option<u32> {
+        loop {
+            let m = self.member(id);
+            match m.own.get(key) {
+                Some(Entry::Slot(s)) => return Some(s),
+                Some(Entry::Gone) => return None,
+                None => id = m.parent?,
+            }
+        }
+    }
+
+    /// `id` is about to change `key`: each of its snapshots that does not name `key` keeps
+    /// what it reads now.
+    fn preserve(&mut self, id: SessionId, key: u64) {
+        if self.member(id).children.is_empty() {
+            return;
+        }
+        let view = self.resolve(id, key);
+        let Family { arena, members } = self;
+        let children = members[&id].children.clone();
+        for c in children {
+            let own = &mut members.get_mut(&c).expect("a live snapshot").own;
+            if own.get(key).is_some() {
+                continue;
+            }
+            match view {
+                Some(slot) => {
+                    arena.share(slot);
+                    own.set(key, Entry::Slot(slot));
+                }
+                None => {
+                    own.set(key, Entry::Gone);
+                }
+            }
+        }
+    }
+
+    /// Remove `id`: its snapshots get what they read through it and read through its parent
+    /// from now on; its slots are released. Returns the bytes freed.
+    fn end(&mut self, id: SessionId) -> u64 {
+        let ps = self.arena.page_size() as u64;
+        let m = self.members.remove(&id).expect("a live member");
+        if self.members.is_empty() {
+            let bytes = self.arena.len() as u64 * ps;
+            self.arena = Arena::new(self.arena.page_size());
+            return bytes;
+        }
+        if let Some(p) = m.parent {
+            let siblings = &mut self.members.get_mut(&p).expect("a live parent").children;
+            siblings.retain(|&c| c != id);
+            siblings.extend_from_slice(&m.children);
+        }
+        for &c in &m.children {
+            let child = self.members.get_mut(&c).expect("a live snapshot");
+            child.parent = m.parent;
+            for (key, entry) in m.own.entries() {
+                if child.own.get(key).is_some() {
+                    continue;
+                }
+                match entry {
+                    Entry::Slot(s) => {
+                        self.arena.share(s);
+                        child.own.set(key, entry);
+                    }
+                    // Without a parent nothing is there to hide.
+                    Entry::Gone if m.parent.is_some() => {
+                        child.own.set(key, entry);
+                    }
+                    Entry::Gone => {}
+                }
+            }
+        }
+        let mut freed = 0;
+        for (_, entry) in m.own.entries() {
+            if let Entry::Slot(s) = entry {
+                if self.arena.release(s) {
+                    freed += ps;
+                }
+            }
+        }
+        freed
+    }
 }
 
 #[derive(Debug)]
 pub struct Session {
     pub id: SessionId,
-    pages: Mutex<Pages>,
+    family: Arc<Mutex<Family>>,
 }
 
 /// Why a request of an attached connection cannot be served.
@@ -48,6 +173,8 @@ pub enum Refusal {
     Gone(SessionId),
     #[error("session {0} was attached exclusively by another connection")]
     Fenced(SessionId),
+    #[error("snapshot {0} does not exist (its parent did not take it within {1} ms, or it ended)")]
+    NoSnapshot(SessionId, u64),
 }
 
 /// A connection's hold on a session.
@@ -57,26 +184,38 @@ pub struct Attachment {
     epoch: u64,
 }
 
+/// The pages of an attached session, its family locked.
+pub struct Pages<'a> {
+    family: MutexGuard<'a, Family>,
+    id: SessionId,
+}
+
 impl Attachment {
     /// The session's pages, lease renewed, unless it is gone or this connection was fenced.
-    pub fn lock(&self) -> Result<MutexGuard<'_, Pages>, Refusal> {
-        let mut p = lock(&self.session.pages);
-        if p.gone {
-            return Err(Refusal::Gone(self.session.id));
+    pub fn lock(&self) -> Result<Pages<'_>, Refusal> {
+        let mut family = lock(&self.session.family);
+        let id = self.session.id;
+        let Some(m) = family.members.get_mut(&id) else {
+            return Err(Refusal::Gone(id));
+        };
+        if m.epoch != self.epoch {
+            return Err(Refusal::Fenced(id));
         }
-        if p.epoch != self.epoch {
-            return Err(Refusal::Fenced(self.session.id));
-        }
-        p.renewed = Instant::now();
-        Ok(p)
+        m.renewed = Instant::now();
+        Ok(Pages { family, id })
     }
 
     /// Detach (the connection closed): the session stays until its lease ends. Returns
     /// (pages held now, most pages held).
     pub fn detach(self) -> (usize, usize) {
-        let mut p = lock(&self.session.pages);
-        p.connections -= 1;
-        (p.slots.len(), p.pages_max)
+        let mut family = lock(&self.session.family);
+        match family.members.get_mut(&self.session.id) {
+            Some(m) => {
+                m.connections -= 1;
+                (m.own.slots(), m.pages_max)
+            }
+            None => (0, 0),
+        }
     }
 }
 
@@ -92,6 +231,8 @@ pub struct Attached {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
     pub id: SessionId,
+    /// Bytes of the pages it holds itself (a snapshot's pages shared with its parent are
+    /// counted there).
     pub used_bytes: u64,
     /// Time since the lease was last renewed.
     pub lease_age: Duration,
@@ -103,6 +244,8 @@ pub struct SessionInfo {
 #[derive(Debug, Default)]
 pub struct Sessions {
     table: Mutex<HashMap<SessionId, Arc<Session>>>,
+    /// Signalled when a snapshot is created, for attaches that wait for one.
+    created: Condvar,
     pub used_bytes: AtomicU64,
 }
 
@@ -111,53 +254,74 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How an attach finds its session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// Create it if it does not exist.
+    Create,
+    /// A snapshot another connection creates: wait up to this long for it, never create it.
+    Snapshot(Duration),
+}
+
 impl Sessions {
-    /// Attach to `id`, creating it with `lease` and `page_size` if it does not exist. A
-    /// session's page size is fixed at creation.
+    /// Attach to `id`, creating it with `lease` and `page_size` if it does not exist (or
+    /// waiting for it: [`AttachMode::Snapshot`]). A session's page size is fixed at creation.
     pub fn attach(
         &self,
         id: SessionId,
         page_size: usize,
         lease: Duration,
         exclusive: bool,
+        mode: AttachMode,
     ) -> Result<Attached, String> {
         let mut table = lock(&self.table);
         let mut existed = true;
+        if let AttachMode::Snapshot(wait) = mode {
+            let deadline = Instant::now() + wait;
+            while !table.contains_key(&id) {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Refusal::NoSnapshot(id, wait.as_millis() as u64).to_string());
+                }
+                table = self
+                    .created
+                    .wait_timeout(table, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
         let session = table
             .entry(id)
             .or_insert_with(|| {
                 existed = false;
+                let mut members = HashMap::new();
+                members.insert(id, Member::new(None, lease));
                 Arc::new(Session {
                     id,
-                    pages: Mutex::new(Pages {
-                        slots: PageSlots::new(page_size),
-                        page_size,
-                        renewed: Instant::now(),
-                        lease,
-                        epoch: 0,
-                        gone: false,
-                        pages_max: 0,
-                        connections: 0,
-                    }),
+                    family: Arc::new(Mutex::new(Family {
+                        arena: Arena::new(page_size),
+                        members,
+                    })),
                 })
             })
             .clone();
-        let mut p = lock(&session.pages);
-        if p.page_size != page_size {
+        let mut family = lock(&session.family);
+        if family.arena.page_size() != page_size {
             return Err(format!(
                 "session {id} has pages of {} bytes, this connection {page_size}",
-                p.page_size
+                family.arena.page_size()
             ));
         }
+        let m = family.members.get_mut(&id).expect("a session in the table");
         if exclusive {
-            p.epoch += 1;
+            m.epoch += 1;
         }
-        p.connections += 1;
-        p.renewed = Instant::now();
-        p.lease = lease;
-        let epoch = p.epoch;
-        let session_bytes = (p.slots.len() * p.page_size) as u64;
-        drop(p);
+        m.connections += 1;
+        m.renewed = Instant::now();
+        m.lease = lease;
+        let epoch = m.epoch;
+        let session_bytes = (m.own.slots() * page_size) as u64;
+        drop(family);
         Ok(Attached {
             attachment: Attachment { session, epoch },
             existed,
@@ -166,21 +330,80 @@ impl Sessions {
         })
     }
 
-    /// Free the session's pages now and forget it. Returns the bytes freed.
+    /// Take `snapshot` of the attached session (see the module doc). Ok(false) when it exists
+    /// already as a snapshot of this session (a re-sent request).
+    pub fn snapshot(&self, a: &Attachment, snapshot: SessionId) -> Result<bool, String> {
+        let mut table = lock(&self.table);
+        if let Some(s) = table.get(&snapshot) {
+            let ours = Arc::ptr_eq(&s.family, &a.session.family)
+                && lock(&s.family)
+                    .members
+                    .get(&snapshot)
+                    .is_some_and(|m| m.parent == Some(a.session.id));
+            return if ours {
+                Ok(false)
+            } else {
+                Err(format!(
+                    "session {snapshot} exists and is not a snapshot of {}",
+                    a.session.id
+                ))
+            };
+        }
+        let mut family = lock(&a.session.family);
+        let Some(m) = family.members.get_mut(&a.session.id) else {
+            return Err(Refusal::Gone(a.session.id).to_string());
+        };
+        m.children.push(snapshot);
+        let lease = m.lease;
+        family
+            .members
+            .insert(snapshot, Member::new(Some(a.session.id), lease));
+        drop(family);
+        table.insert(
+            snapshot,
+            Arc::new(Session {
+                id: snapshot,
+                family: a.session.family.clone(),
+            }),
+        );
+        self.created.notify_all();
+        Ok(true)
+    }
+
+    /// End `snapshot`, a session of the attached session's family (not itself): its pages are
+    /// freed. Returns the bytes freed (0 if it was gone already).
+    pub fn end_snapshot(&self, a: &Attachment, snapshot: SessionId) -> Result<u64, String> {
+        if snapshot == a.session.id {
+            return Err("a session cannot end itself as a snapshot (EndSession)".into());
+        }
+        let mut table = lock(&self.table);
+        let Some(s) = table.get(&snapshot) else {
+            return Ok(0);
+        };
+        if !Arc::ptr_eq(&s.family, &a.session.family) {
+            return Err(format!(
+                "session {snapshot} is not a snapshot of {}",
+                a.session.id
+            ));
+        }
+        let s = table.remove(&snapshot).expect("just found");
+        let mut family = lock(&s.family);
+        Ok(self.forget(&mut family, snapshot))
+    }
+
+    /// Free the attached session's pages now and forget it. Returns the bytes freed.
     pub fn end(&self, a: &Attachment) -> u64 {
         let mut table = lock(&self.table);
-        let mut p = lock(&a.session.pages);
-        if p.gone {
+        let mut family = lock(&a.session.family);
+        if !family.members.contains_key(&a.session.id) {
             return 0;
         }
         table.remove(&a.session.id);
-        self.forget(&mut p)
+        self.forget(&mut family, a.session.id)
     }
 
-    fn forget(&self, p: &mut Pages) -> u64 {
-        let bytes = (p.slots.len() * p.page_size) as u64;
-        p.slots = PageSlots::new(p.page_size);
-        p.gone = true;
+    fn forget(&self, family: &mut Family, id: SessionId) -> u64 {
+        let bytes = family.end(id);
         self.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
         bytes
     }
@@ -190,11 +413,12 @@ impl Sessions {
         let mut table = lock(&self.table);
         let mut reaped = Vec::new();
         table.retain(|id, s| {
-            let mut p = lock(&s.pages);
-            if now.saturating_duration_since(p.renewed) <= p.lease {
+            let mut family = lock(&s.family);
+            let m = family.member(*id);
+            if now.saturating_duration_since(m.renewed) <= m.lease {
                 return true;
             }
-            reaped.push((*id, self.forget(&mut p)));
+            reaped.push((*id, self.forget(&mut family, *id)));
             false
         });
         reaped
@@ -206,13 +430,14 @@ impl Sessions {
         let mut v: Vec<SessionInfo> = table
             .values()
             .map(|s| {
-                let p = lock(&s.pages);
+                let family = lock(&s.family);
+                let m = family.member(s.id);
                 SessionInfo {
                     id: s.id,
-                    used_bytes: (p.slots.len() * p.page_size) as u64,
-                    lease_age: now.saturating_duration_since(p.renewed),
-                    lease: p.lease,
-                    connections: p.connections,
+                    used_bytes: (m.own.slots() * family.arena.page_size()) as u64,
+                    lease_age: now.saturating_duration_since(m.renewed),
+                    lease: m.lease,
+                    connections: m.connections,
                 }
             })
             .collect();
@@ -234,28 +459,81 @@ impl Sessions {
     }
 }
 
-impl Pages {
+impl Pages<'_> {
+    pub fn page_size(&self) -> usize {
+        self.family.arena.page_size()
+    }
+
+    /// `key`'s page as this session reads it.
+    pub fn get(&self, key: u64) -> Option<&[u8]> {
+        let slot = self.family.resolve(self.id, key)?;
+        Some(self.family.arena.get(slot))
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.family.resolve(self.id, key).is_some()
+    }
+
     /// Store `data` (whole pages) from `key` on, within `capacity` for the whole server;
     /// false if it would not fit (nothing stored).
     pub fn store(&mut self, sessions: &Sessions, capacity: u64, key: u64, data: &[u8]) -> bool {
-        let ps = self.page_size;
-        let new = (0..(data.len() / ps) as u64)
-            .filter(|i| !self.slots.contains(key.wrapping_add(*i)))
-            .count();
+        let ps = self.page_size();
+        let keys = (0..(data.len() / ps) as u64).map(|i| key.wrapping_add(i));
+        for k in keys.clone() {
+            self.family.preserve(self.id, k);
+        }
+        // A key writes in place only into a slot of its own that nobody else names.
+        let family = &mut *self.family;
+        let own = &family.members[&self.id].own;
+        let in_place =
+            |k: u64| matches!(own.get(k), Some(Entry::Slot(s)) if family.arena.refs(s) == 1);
+        let new = keys.clone().filter(|&k| !in_place(k)).count();
         if !sessions.reserve((new * ps) as u64, capacity) {
             return false;
         }
-        for (i, chunk) in data.chunks(ps).enumerate() {
-            self.slots.put(key.wrapping_add(i as u64), chunk);
+        let Family { arena, members } = family;
+        let m = members.get_mut(&self.id).expect("a live member");
+        for (k, chunk) in keys.zip(data.chunks(ps)) {
+            match m.own.get(k) {
+                Some(Entry::Slot(s)) if arena.refs(s) == 1 => arena.write(s, chunk),
+                old => {
+                    let s = arena.alloc(chunk);
+                    m.own.set(k, Entry::Slot(s));
+                    if let Some(Entry::Slot(shared)) = old {
+                        // Still named by a snapshot: never the last reference.
+                        assert!(!arena.release(shared));
+                    }
+                }
+            }
         }
-        self.pages_max = self.pages_max.max(self.slots.len());
+        m.pages_max = m.pages_max.max(m.own.slots());
         true
     }
 
-    /// Forget these pages: how many were held.
+    /// Forget these pages: how many this session held itself.
     pub fn free(&mut self, sessions: &Sessions, keys: &[rmem_proto::PageKey]) -> usize {
-        let removed = keys.iter().filter(|k| self.slots.remove(k.0)).count();
-        sessions.release((removed * self.page_size) as u64);
+        let ps = self.page_size() as u64;
+        let (mut removed, mut freed) = (0, 0);
+        for k in keys {
+            self.family.preserve(self.id, k.0);
+            let parent = self.family.member(self.id).parent;
+            // Where a session read through still has the key, a tombstone hides it.
+            let hidden = parent.is_some_and(|p| self.family.resolve(p, k.0).is_some());
+            let Family { arena, members } = &mut *self.family;
+            let own = &mut members.get_mut(&self.id).expect("a live member").own;
+            let old = if hidden {
+                own.set(k.0, Entry::Gone)
+            } else {
+                own.remove(k.0)
+            };
+            if let Some(Entry::Slot(s)) = old {
+                removed += 1;
+                if arena.release(s) {
+                    freed += ps;
+                }
+            }
+        }
+        sessions.release(freed);
         removed
     }
 }
@@ -263,12 +541,40 @@ impl Pages {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rmem_proto::PageKey;
+
+    const PS: usize = 4096;
+    const CAP: u64 = 1 << 30;
+
+    fn page(v: u8) -> Vec<u8> {
+        vec![v; PS]
+    }
+
+    fn attach(s: &Sessions, id: u128, mode: AttachMode) -> Attachment {
+        s.attach(SessionId(id), PS, Duration::from_secs(30), false, mode)
+            .unwrap()
+            .attachment
+    }
+
+    fn read(a: &Attachment, key: u64) -> Option<u8> {
+        a.lock().unwrap().get(key).map(|p| p[0])
+    }
+
+    fn write(s: &Sessions, a: &Attachment, key: u64, v: u8) {
+        assert!(a.lock().unwrap().store(s, CAP, key, &page(v)));
+    }
+
+    fn used_pages(s: &Sessions) -> u64 {
+        s.used_bytes.load(Ordering::Relaxed) / PS as u64
+    }
 
     #[test]
     fn a_lease_expires_unless_renewed_and_fencing_refuses_the_old_attachment() {
         let s = Sessions::default();
         let lease = Duration::from_millis(100);
-        let a = s.attach(SessionId(1), 4096, lease, false).unwrap();
+        let a = s
+            .attach(SessionId(1), 4096, lease, false, AttachMode::Create)
+            .unwrap();
         assert!(!a.existed);
         assert!(a
             .attachment
@@ -276,12 +582,18 @@ mod tests {
             .unwrap()
             .store(&s, 1 << 20, 5, &[1; 4096]));
         assert_eq!(s.used_bytes.load(Ordering::Relaxed), 4096);
-        let b = s.attach(SessionId(1), 4096, lease, false).unwrap();
+        let b = s
+            .attach(SessionId(1), 4096, lease, false, AttachMode::Create)
+            .unwrap();
         assert!(b.existed && b.session_bytes == 4096);
-        assert!(s.attach(SessionId(1), 8192, lease, false).is_err());
+        assert!(s
+            .attach(SessionId(1), 8192, lease, false, AttachMode::Create)
+            .is_err());
         // Both see the page; an exclusive attach fences both.
-        assert!(b.attachment.lock().unwrap().slots.contains(5));
-        let c = s.attach(SessionId(1), 4096, lease, true).unwrap();
+        assert!(b.attachment.lock().unwrap().contains(5));
+        let c = s
+            .attach(SessionId(1), 4096, lease, true, AttachMode::Create)
+            .unwrap();
         assert!(matches!(a.attachment.lock(), Err(Refusal::Fenced(_))));
         assert!(matches!(b.attachment.lock(), Err(Refusal::Fenced(_))));
         assert!(c.attachment.lock().is_ok());
@@ -292,5 +604,119 @@ mod tests {
         assert_eq!(s.used_bytes.load(Ordering::Relaxed), 0);
         assert!(matches!(c.attachment.lock(), Err(Refusal::Gone(_))));
         assert!(s.list(t).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_reads_what_was_there_when_it_was_taken_and_writes_are_private() {
+        let s = Sessions::default();
+        let p = attach(&s, 1, AttachMode::Create);
+        write(&s, &p, 1, 10);
+        write(&s, &p, 2, 20);
+        assert!(s.snapshot(&p, SessionId(2)).unwrap());
+        assert!(!s.snapshot(&p, SessionId(2)).unwrap(), "a re-sent snapshot");
+        let c = attach(&s, 2, AttachMode::Snapshot(Duration::ZERO));
+        assert_eq!(used_pages(&s), 2, "nothing copied");
+        // The parent changes every key; the snapshot still reads the old pages.
+        write(&s, &p, 1, 11);
+        write(&s, &p, 3, 30);
+        p.lock().unwrap().free(&s, &[PageKey(2)]);
+        assert_eq!(
+            (read(&c, 1), read(&c, 2), read(&c, 3)),
+            (Some(10), Some(20), None)
+        );
+        assert_eq!(
+            (read(&p, 1), read(&p, 2), read(&p, 3)),
+            (Some(11), None, Some(30))
+        );
+        // The snapshot's own writes and frees do not reach the parent.
+        write(&s, &c, 1, 12);
+        write(&s, &c, 4, 40);
+        c.lock().unwrap().free(&s, &[PageKey(3)]);
+        assert_eq!((read(&c, 1), read(&c, 4)), (Some(12), Some(40)));
+        assert_eq!(
+            (read(&p, 1), read(&p, 3), read(&p, 4)),
+            (Some(11), Some(30), None)
+        );
+        // Slots in use: p:1(11) 3(30); c:1(12) 2(20) 4(40). Key 1's 10 was freed on c's write.
+        assert_eq!(used_pages(&s), 5);
+        // Ending the snapshot frees what only it held.
+        assert_eq!(s.end_snapshot(&p, SessionId(2)).unwrap(), 3 * PS as u64);
+        assert_eq!(used_pages(&s), 2);
+        assert_eq!(s.end_snapshot(&p, SessionId(2)).unwrap(), 0, "gone already");
+        assert!(matches!(c.lock(), Err(Refusal::Gone(_))));
+    }
+
+    #[test]
+    fn a_snapshot_outlives_its_parent_and_a_grandchild_reads_through_both() {
+        let s = Sessions::default();
+        let p = attach(&s, 1, AttachMode::Create);
+        write(&s, &p, 1, 1);
+        write(&s, &p, 2, 2);
+        s.snapshot(&p, SessionId(2)).unwrap();
+        let c = attach(&s, 2, AttachMode::Snapshot(Duration::ZERO));
+        write(&s, &c, 2, 22);
+        s.snapshot(&c, SessionId(3)).unwrap();
+        let g = attach(&s, 3, AttachMode::Snapshot(Duration::ZERO));
+        write(&s, &c, 1, 21);
+        write(&s, &p, 1, 11);
+        assert_eq!((read(&g, 1), read(&g, 2)), (Some(1), Some(22)));
+        // The parent ends (its process exited); the snapshots keep what they read.
+        s.end(&p);
+        assert_eq!((read(&c, 1), read(&c, 2)), (Some(21), Some(22)));
+        assert_eq!((read(&g, 1), read(&g, 2)), (Some(1), Some(22)));
+        // The middle one ends too; the grandchild reads the same.
+        assert!(s.end_snapshot(&g, SessionId(2)).is_ok());
+        assert_eq!((read(&g, 1), read(&g, 2)), (Some(1), Some(22)));
+        assert_eq!(used_pages(&s), 2);
+        s.end(&g);
+        assert_eq!(used_pages(&s), 0);
+        assert!(s.list(Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn an_attach_waits_for_a_snapshot_and_never_creates_one() {
+        let s = Arc::new(Sessions::default());
+        let wait = AttachMode::Snapshot(Duration::from_millis(50));
+        let err = s
+            .attach(SessionId(9), PS, Duration::from_secs(1), false, wait)
+            .err()
+            .expect("no such snapshot");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(s.list(Instant::now()).is_empty());
+        let p = attach(&s, 1, AttachMode::Create);
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || {
+            s2.attach(
+                SessionId(9),
+                PS,
+                Duration::from_secs(1),
+                false,
+                AttachMode::Snapshot(Duration::from_secs(10)),
+            )
+            .map(|a| a.existed)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        s.snapshot(&p, SessionId(9)).unwrap();
+        assert_eq!(t.join().unwrap(), Ok(true));
+        assert!(s.snapshot(&p, SessionId(1)).is_err(), "not a snapshot");
+        let other = attach(&s, 5, AttachMode::Create);
+        assert!(
+            s.end_snapshot(&other, SessionId(9)).is_err(),
+            "another family"
+        );
+    }
+
+    #[test]
+    fn capacity_counts_shared_pages_once_and_a_full_server_stores_nothing() {
+        let s = Sessions::default();
+        let p = attach(&s, 1, AttachMode::Create);
+        write(&s, &p, 1, 1);
+        s.snapshot(&p, SessionId(2)).unwrap();
+        let cap = 2 * PS as u64;
+        // One slot is free: the parent's rewrite of a shared page takes it.
+        assert!(p.lock().unwrap().store(&s, cap, 1, &page(2)));
+        assert!(!p.lock().unwrap().store(&s, cap, 5, &page(5)), "full");
+        assert_eq!(read(&p, 5), None);
+        assert_eq!(used_pages(&s), 2);
     }
 }

@@ -1,14 +1,19 @@
-//! One session's pages, stored compactly: no heap allocation per page.
+//! Page storage, compactly: no heap allocation per page.
 //!
-//! Pages live in slabs of [`SLAB_BYTES`] (one page each for pages that large), addressed by a
-//! 32-bit slot number; freed slots go on a free list and are reused first, and a slab whose
-//! last page is freed goes back to the allocator (its slots stay on the free list and bring
-//! it back when reused). A key finds its slot through a radix index: a hash map from
-//! `key / 64` to a leaf of 64 slot numbers. A client's keys are its region's page numbers,
-//! allocated from the region's start, so they come in dense runs and a leaf serves 64 pages:
-//! the bookkeeping is about 4.5 bytes per stored page ([`PageSlots::overhead_bytes`], the
-//! figure docs/configuration.md states and a test checks). The worst case is one page per 64
-//! keys: a leaf (and its map entry) per page, about 300 bytes.
+//! [`Arena`]: pages live in slabs of [`SLAB_BYTES`] (one page each for pages that large),
+//! addressed by a 32-bit slot number with a reference count: a page shared copy-on-write by a
+//! session and its snapshots (session.rs) is stored once. Freed slots go on a free list and
+//! are reused first, and a slab whose last page is freed goes back to the allocator (its slots
+//! stay on the free list and bring it back when reused).
+//!
+//! [`Index`]: one session's keys, each naming a slot of the arena, or a tombstone (the page was
+//! freed in this session while a session it reads through still has it). A radix index: a
+//! hash map from `key / 64` to a leaf of 64 entries. A client's keys are its region's page
+//! numbers, allocated from the region's start, so they come in dense runs and a leaf serves 64
+//! pages: the bookkeeping of a session's pages, arena and index together, is about 8.5 bytes
+//! per stored page ([`Arena::overhead_bytes`] + [`Index::overhead_bytes`], the figure
+//! docs/configuration.md states and a test checks). The worst case is one page per 64 keys: a
+//! leaf (and its map entry) per page, about 300 bytes.
 
 use std::collections::HashMap;
 
@@ -18,15 +23,20 @@ pub const SLAB_BYTES: usize = 256 * 1024;
 const LEAF_KEYS: u64 = 64;
 /// What malloc keeps beside each allocation (glibc: 8 bytes of size, rounded to 16).
 const MALLOC_HEADER_BYTES: usize = 16;
+/// A leaf entry that is a tombstone (entries are otherwise 0 for none, or slot + 1).
+const GONE: u32 = u32::MAX;
 
-/// Slot numbers (plus one; 0 = no page) of 64 consecutive keys.
-struct Leaf {
-    used: u32,
-    slots: [u32; LEAF_KEYS as usize],
+/// What a key names in one session's [`Index`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// The page is in this arena slot.
+    Slot(u32),
+    /// Freed here: the session has no such page, whatever a session it reads through has.
+    Gone,
 }
 
-/// Pages of one page size, by key.
-pub struct PageSlots {
+/// Page slots of one page size, reference-counted.
+pub struct Arena {
     page_size: usize,
     slab_slots: u32,
     slabs: Vec<Option<Box<[u8]>>>,
@@ -36,13 +46,15 @@ pub struct PageSlots {
     free: Vec<u32>,
     /// Slots at or above this were never handed out.
     next: u32,
-    index: HashMap<u64, Box<Leaf>>,
+    /// References to each slot handed out (0: free).
+    refs: Vec<u32>,
+    /// Slots in use.
     len: usize,
 }
 
-impl std::fmt::Debug for PageSlots {
+impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PageSlots")
+        f.debug_struct("Arena")
             .field("page_size", &self.page_size)
             .field("len", &self.len)
             .field("slabs", &self.slabs.iter().flatten().count())
@@ -50,22 +62,26 @@ impl std::fmt::Debug for PageSlots {
     }
 }
 
-impl PageSlots {
-    pub fn new(page_size: usize) -> PageSlots {
+impl Arena {
+    pub fn new(page_size: usize) -> Arena {
         assert!(page_size > 0);
-        PageSlots {
+        Arena {
             page_size,
             slab_slots: (SLAB_BYTES / page_size).max(1) as u32,
             slabs: Vec::new(),
             slab_used: Vec::new(),
             free: Vec::new(),
             next: 0,
-            index: HashMap::new(),
+            refs: Vec::new(),
             len: 0,
         }
     }
 
-    /// Pages stored.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Slots in use (pages stored, each once however many sessions share it).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -74,68 +90,59 @@ impl PageSlots {
         self.len == 0
     }
 
-    fn slot(&self, key: u64) -> Option<u32> {
-        let leaf = self.index.get(&(key / LEAF_KEYS))?;
-        leaf.slots[(key % LEAF_KEYS) as usize].checked_sub(1)
-    }
-
     fn place(&self, slot: u32) -> (usize, usize) {
         let at = (slot % self.slab_slots) as usize * self.page_size;
         ((slot / self.slab_slots) as usize, at)
     }
 
-    pub fn contains(&self, key: u64) -> bool {
-        self.slot(key).is_some()
-    }
-
-    /// `key`'s page, if stored.
-    pub fn get(&self, key: u64) -> Option<&[u8]> {
-        let (slab, at) = self.place(self.slot(key)?);
+    /// The page in `slot` (which must be in use).
+    pub fn get(&self, slot: u32) -> &[u8] {
+        debug_assert!(self.refs[slot as usize] > 0);
+        let (slab, at) = self.place(slot);
         let slab = self.slabs[slab].as_ref().expect("a used slot's slab");
-        Some(&slab[at..at + self.page_size])
+        &slab[at..at + self.page_size]
     }
 
-    /// Store `data` (one page) as `key`'s page; true if the key was new.
-    pub fn put(&mut self, key: u64, data: &[u8]) -> bool {
+    /// References to `slot`.
+    pub fn refs(&self, slot: u32) -> u32 {
+        self.refs[slot as usize]
+    }
+
+    /// Store `data` (one page) in a new slot, with one reference.
+    pub fn alloc(&mut self, data: &[u8]) -> u32 {
+        let slot = self.take_slot();
+        self.write(slot, data);
+        slot
+    }
+
+    /// Overwrite the page of `slot`, which only one reference may name.
+    pub fn write(&mut self, slot: u32, data: &[u8]) {
         assert_eq!(data.len(), self.page_size);
-        let (new, slot) = match self.slot(key) {
-            Some(slot) => (false, slot),
-            None => (true, self.take_slot()),
-        };
+        assert_eq!(self.refs[slot as usize], 1, "write to a shared slot {slot}");
         let (slab, at) = self.place(slot);
         let slab = self.slabs[slab].as_mut().expect("a used slot's slab");
         slab[at..at + self.page_size].copy_from_slice(data);
-        if new {
-            let leaf = self.index.entry(key / LEAF_KEYS).or_insert_with(|| {
-                Box::new(Leaf {
-                    used: 0,
-                    slots: [0; LEAF_KEYS as usize],
-                })
-            });
-            leaf.used += 1;
-            leaf.slots[(key % LEAF_KEYS) as usize] = slot + 1;
-            self.len += 1;
-        }
-        new
     }
 
-    /// Forget `key`'s page; whether it was stored.
-    pub fn remove(&mut self, key: u64) -> bool {
-        let Some(leaf) = self.index.get_mut(&(key / LEAF_KEYS)) else {
+    /// One more reference to `slot` (a snapshot shares the page).
+    pub fn share(&mut self, slot: u32) {
+        let r = &mut self.refs[slot as usize];
+        assert!(*r > 0, "share of free slot {slot}");
+        *r = r.checked_add(1).expect("at most 2^32 references to a page");
+    }
+
+    /// Drop one reference to `slot`; true if that was the last and the slot is free again.
+    pub fn release(&mut self, slot: u32) -> bool {
+        let r = &mut self.refs[slot as usize];
+        assert!(*r > 0, "slot {slot} released twice");
+        *r -= 1;
+        if *r > 0 {
             return false;
-        };
-        let Some(slot) = leaf.slots[(key % LEAF_KEYS) as usize].checked_sub(1) else {
-            return false;
-        };
-        leaf.slots[(key % LEAF_KEYS) as usize] = 0;
-        leaf.used -= 1;
-        if leaf.used == 0 {
-            self.index.remove(&(key / LEAF_KEYS));
         }
         self.len -= 1;
         if self.len == 0 {
             // Nothing left: start over, with no free list to keep.
-            *self = PageSlots::new(self.page_size);
+            *self = Arena::new(self.page_size);
             return true;
         }
         let (slab, _) = self.place(slot);
@@ -150,7 +157,8 @@ impl PageSlots {
     fn take_slot(&mut self) -> u32 {
         let slot = self.free.pop().unwrap_or_else(|| {
             let s = self.next;
-            self.next = s.checked_add(1).expect("at most 2^32 pages per session");
+            self.next = s.checked_add(1).expect("at most 2^32 pages per arena");
+            self.refs.push(0);
             s
         });
         let (slab, _) = self.place(slot);
@@ -162,15 +170,124 @@ impl PageSlots {
         // Zeroed by calloc: fresh mappings are not touched until a page is written.
         self.slabs[slab].get_or_insert_with(|| vec![0u8; bytes].into_boxed_slice());
         self.slab_used[slab] += 1;
+        self.refs[slot as usize] = 1;
+        self.len += 1;
         slot
     }
 
-    /// Bytes this store holds beyond its pages' own: the index (map buckets, leaves, malloc's
-    /// header of each), the slab table, the free list, and the unused slots of live slabs.
+    /// Bytes this arena holds beyond its pages' own: the slab table, the reference counts, the
+    /// free list, and the unused slots of live slabs.
+    pub fn overhead_bytes(&self) -> usize {
+        let live_slabs = self.slabs.iter().flatten().count();
+        self.slabs.capacity() * std::mem::size_of::<Option<Box<[u8]>>>()
+            + self.slab_used.capacity() * 4
+            + self.refs.capacity() * 4
+            + self.free.capacity() * 4
+            + live_slabs * MALLOC_HEADER_BYTES
+            + (live_slabs * self.slab_slots as usize - self.len) * self.page_size
+    }
+}
+
+/// Entries of 64 consecutive keys: 0 = none, [`GONE`], or slot + 1.
+struct Leaf {
+    used: u32,
+    entries: [u32; LEAF_KEYS as usize],
+}
+
+/// One session's keys.
+#[derive(Default)]
+pub struct Index {
+    leaves: HashMap<u64, Box<Leaf>>,
+    /// Entries that are slots.
+    slots: usize,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("slots", &self.slots)
+            .field("leaves", &self.leaves.len())
+            .finish()
+    }
+}
+
+fn decode(v: u32) -> Option<Entry> {
+    match v {
+        0 => None,
+        GONE => Some(Entry::Gone),
+        s => Some(Entry::Slot(s - 1)),
+    }
+}
+
+impl Index {
+    pub fn new() -> Index {
+        Index::default()
+    }
+
+    /// Keys that name a slot (pages this session holds itself).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    pub fn get(&self, key: u64) -> Option<Entry> {
+        let leaf = self.leaves.get(&(key / LEAF_KEYS))?;
+        decode(leaf.entries[(key % LEAF_KEYS) as usize])
+    }
+
+    /// Name `entry` under `key`; the entry it replaces.
+    pub fn set(&mut self, key: u64, entry: Entry) -> Option<Entry> {
+        let leaf = self.leaves.entry(key / LEAF_KEYS).or_insert_with(|| {
+            Box::new(Leaf {
+                used: 0,
+                entries: [0; LEAF_KEYS as usize],
+            })
+        });
+        let e = &mut leaf.entries[(key % LEAF_KEYS) as usize];
+        let old = decode(*e);
+        *e = match entry {
+            Entry::Gone => GONE,
+            Entry::Slot(s) => {
+                assert!(s < GONE - 1, "slot {s} out of range");
+                s + 1
+            }
+        };
+        if old.is_none() {
+            leaf.used += 1;
+        }
+        self.slots += usize::from(matches!(entry, Entry::Slot(_)));
+        self.slots -= usize::from(matches!(old, Some(Entry::Slot(_))));
+        old
+    }
+
+    /// Forget `key`; the entry it had.
+    pub fn remove(&mut self, key: u64) -> Option<Entry> {
+        let leaf = self.leaves.get_mut(&(key / LEAF_KEYS))?;
+        let e = &mut leaf.entries[(key % LEAF_KEYS) as usize];
+        let old = decode(*e)?;
+        *e = 0;
+        leaf.used -= 1;
+        if leaf.used == 0 {
+            self.leaves.remove(&(key / LEAF_KEYS));
+        }
+        self.slots -= usize::from(matches!(old, Entry::Slot(_)));
+        Some(old)
+    }
+
+    /// Every (key, entry), in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, Entry)> + '_ {
+        self.leaves.iter().flat_map(|(&hi, leaf)| {
+            leaf.entries
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, &v)| decode(v).map(|e| (hi * LEAF_KEYS + i as u64, e)))
+        })
+    }
+
+    /// Bytes of the index: map buckets, leaves and malloc's header of each.
     pub fn overhead_bytes(&self) -> usize {
         // std's map (hashbrown): buckets a power of two at most 7/8 full, a control byte
         // each plus a group's worth (16).
-        let cap = self.index.capacity();
+        let cap = self.leaves.capacity();
         let buckets = if cap == 0 {
             0
         } else {
@@ -178,15 +295,7 @@ impl PageSlots {
         };
         let bucket = std::mem::size_of::<(u64, Box<Leaf>)>() + 1;
         let leaf = std::mem::size_of::<Leaf>() + MALLOC_HEADER_BYTES;
-        let live_slabs = self.slabs.iter().flatten().count();
-        buckets * bucket
-            + if cap == 0 { 0 } else { 16 }
-            + self.index.len() * leaf
-            + self.slabs.capacity() * std::mem::size_of::<Option<Box<[u8]>>>()
-            + self.slab_used.capacity() * 4
-            + self.free.capacity() * 4
-            + live_slabs * MALLOC_HEADER_BYTES
-            + (live_slabs * self.slab_slots as usize - self.len) * self.page_size
+        buckets * bucket + if cap == 0 { 0 } else { 16 } + self.leaves.len() * leaf
     }
 }
 
@@ -198,46 +307,102 @@ mod tests {
         (0..ps).map(|i| (key as usize * 31 + i) as u8).collect()
     }
 
+    /// A session's pages as the session layer keeps them: an index over its own arena.
+    fn put(a: &mut Arena, ix: &mut Index, key: u64, data: &[u8]) {
+        match ix.get(key) {
+            Some(Entry::Slot(s)) => a.write(s, data),
+            _ => {
+                let s = a.alloc(data);
+                ix.set(key, Entry::Slot(s));
+            }
+        }
+    }
+
+    fn get<'a>(a: &'a Arena, ix: &Index, key: u64) -> Option<&'a [u8]> {
+        match ix.get(key)? {
+            Entry::Slot(s) => Some(a.get(s)),
+            Entry::Gone => None,
+        }
+    }
+
+    fn remove(a: &mut Arena, ix: &mut Index, key: u64) -> bool {
+        match ix.remove(key) {
+            Some(Entry::Slot(s)) => a.release(s),
+            _ => false,
+        }
+    }
+
     #[test]
     fn pages_round_trip_and_freed_slabs_go_back() {
         let ps = 4096;
-        let mut s = PageSlots::new(ps);
+        let (mut a, mut ix) = (Arena::new(ps), Index::new());
         let n = 1000u64;
         for k in 0..n {
-            assert!(s.put(k * 3, &page(ps, k)));
+            put(&mut a, &mut ix, k * 3, &page(ps, k));
         }
-        assert!(!s.put(0, &page(ps, 7)));
-        assert_eq!(s.get(0).unwrap(), &page(ps, 7)[..]);
+        put(&mut a, &mut ix, 0, &page(ps, 7));
+        assert_eq!(get(&a, &ix, 0).unwrap(), &page(ps, 7)[..]);
         for k in 1..n {
-            assert_eq!(s.get(k * 3).unwrap(), &page(ps, k)[..], "key {}", k * 3);
+            assert_eq!(
+                get(&a, &ix, k * 3).unwrap(),
+                &page(ps, k)[..],
+                "key {}",
+                k * 3
+            );
         }
-        assert!(s.get(1).is_none() && !s.remove(1));
+        assert!(get(&a, &ix, 1).is_none() && !remove(&mut a, &mut ix, 1));
         // Free the first half: their slabs are released, the rest stay readable.
         for k in 0..n / 2 {
-            assert!(s.remove(k * 3));
+            assert!(remove(&mut a, &mut ix, k * 3));
         }
-        assert_eq!(s.len(), (n / 2) as usize);
-        let live = s.slabs.iter().flatten().count();
+        assert_eq!((a.len(), ix.slots()), ((n / 2) as usize, (n / 2) as usize));
+        let live = a.slabs.iter().flatten().count();
         assert!(live <= (n / 2) as usize / 64 + 2, "{live} slabs live");
         for k in n / 2..n {
-            assert_eq!(s.get(k * 3).unwrap(), &page(ps, k)[..]);
+            assert_eq!(get(&a, &ix, k * 3).unwrap(), &page(ps, k)[..]);
         }
         // Freed slots are reused before new ones.
-        let next = s.next;
+        let next = a.next;
         for k in 0..n / 2 {
-            s.put(1_000_000 + k, &page(ps, k));
+            put(&mut a, &mut ix, 1_000_000 + k, &page(ps, k));
         }
-        assert_eq!(s.next, next);
+        assert_eq!(a.next, next);
         for k in 0..n / 2 {
-            assert_eq!(s.get(1_000_000 + k).unwrap(), &page(ps, k)[..]);
+            assert_eq!(get(&a, &ix, 1_000_000 + k).unwrap(), &page(ps, k)[..]);
         }
         for k in (n / 2..n)
             .map(|k| k * 3)
             .chain(1_000_000..1_000_000 + n / 2)
         {
-            assert!(s.remove(k));
+            assert!(remove(&mut a, &mut ix, k));
         }
-        assert!(s.is_empty() && s.slabs.is_empty() && s.free.is_empty());
+        assert!(a.is_empty() && a.slabs.is_empty() && a.free.is_empty());
+        assert!(ix.leaves.is_empty());
+    }
+
+    #[test]
+    fn a_shared_slot_is_freed_with_its_last_reference_and_tombstones_are_not_pages() {
+        let ps = 4096;
+        let mut a = Arena::new(ps);
+        let s = a.alloc(&page(ps, 1));
+        a.share(s);
+        assert_eq!(a.refs(s), 2);
+        assert!(!a.release(s), "one reference is left");
+        assert_eq!(a.get(s), &page(ps, 1)[..]);
+        assert!(a.release(s));
+        assert!(a.is_empty());
+        let mut ix = Index::new();
+        assert_eq!(ix.set(5, Entry::Gone), None);
+        assert_eq!(ix.slots(), 0);
+        assert_eq!(ix.set(5, Entry::Slot(3)), Some(Entry::Gone));
+        assert_eq!(ix.slots(), 1);
+        assert_eq!(ix.set(70, Entry::Gone), None);
+        let mut all: Vec<_> = ix.entries().collect();
+        all.sort_by_key(|e| e.0);
+        assert_eq!(all, vec![(5, Entry::Slot(3)), (70, Entry::Gone)]);
+        assert_eq!(ix.remove(5), Some(Entry::Slot(3)));
+        assert_eq!(ix.remove(70), Some(Entry::Gone));
+        assert!(ix.leaves.is_empty() && ix.slots() == 0);
     }
 
     /// The figure docs/configuration.md states: at most 16 bytes per stored 4 KiB page beyond
@@ -247,11 +412,11 @@ mod tests {
         let ps = 4096;
         let data = vec![1u8; ps];
         for n in [64u64 * 1024, 100_000, 250_000] {
-            let mut s = PageSlots::new(ps);
+            let (mut a, mut ix) = (Arena::new(ps), Index::new());
             for k in 0..n {
-                s.put(k, &data);
+                put(&mut a, &mut ix, k, &data);
             }
-            let per_page = s.overhead_bytes() as f64 / n as f64;
+            let per_page = (a.overhead_bytes() + ix.overhead_bytes()) as f64 / n as f64;
             assert!(per_page <= 16.0, "{n} pages: {per_page:.2} bytes each");
             eprintln!("{n} pages of 4 KiB: {per_page:.2} bytes of bookkeeping each");
         }
