@@ -848,7 +848,9 @@ impl Core {
         }
         // Parts of the page the program discarded (madvise) arrive as zero pages, so the
         // slot is whole and the pager never faults on it.
-        self.uffd.move_range(self.staging.addr(slot), addr, ps)?;
+        let _ = self
+            .uffd
+            .move_range(self.staging.addr(slot), addr, ps, false)?;
         for (s, e, p) in prot {
             mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
         }

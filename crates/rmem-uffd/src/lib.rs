@@ -215,6 +215,21 @@ pub enum Copied {
     Around(Vec<u64>),
 }
 
+/// What [`Uffd::move_range`] did.
+#[must_use = "an unwritten range was left where it is"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moved {
+    /// Every piece is at the destination now.
+    All,
+    /// Nothing moved: every piece is shared copy-on-write with a `fork()` parent or child and
+    /// this process has not written it since (asked for with `keep_unwritten`).
+    Unwritten,
+}
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14): fault a range in for writing, which copies a page
+/// shared copy-on-write.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
 /// Result of a resolve ioctl that may legitimately lose a race.
 #[must_use = "the range may have been populated by someone else"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -397,6 +412,28 @@ impl Uffd {
             features,
             pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
             signal,
+        })
+    }
+
+    /// A new userfaultfd opened the way this one was, with the features it has. A `fork()`
+    /// child calls it on its copy of its parent's: the kernel drops the child's registrations
+    /// (this descriptor serves the parent's memory), so the child opens its own. Not with
+    /// faults by signal.
+    pub fn reopen(&self) -> Result<Uffd, UffdError> {
+        if self.signal.is_some() {
+            return Err(UffdError::Signal(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a fork() child cannot take over faults delivered by signal",
+            )));
+        }
+        let (fd, mode) = open_raw(self.mode == OpenMode::UserModeOnly)?;
+        let features = api(fd.as_raw_fd(), self.features).map_err(UffdError::Api)?;
+        Ok(Uffd {
+            fd,
+            mode,
+            features,
+            pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
+            signal: None,
         })
     }
 
@@ -703,15 +740,32 @@ impl Uffd {
     /// swapped out is moved; a piece that is missing (a hole) becomes the zero page at `dst`,
     /// so that `dst` is fully populated afterwards and can be read without faulting.
     ///
+    /// The kernel moves only pages this process alone owns: a piece still shared
+    /// copy-on-write with a `fork()` parent or child (neither wrote it since) answers EBUSY.
+    /// Such a piece is made this process's own first, as a write would (MADV_POPULATE_WRITE
+    /// copies it), and then moved; `src` must therefore not be write-protected by this
+    /// userfaultfd (the write would wait for its own handler). With `keep_unwritten`, a range
+    /// whose every piece is shared is left where it is ([`Moved::Unwritten`]): this process
+    /// has not written it since the fork, which a fork child uses to tell the pages it
+    /// changed from the ones its parent left it.
+    ///
     /// Linux 6.18 can report EEXIST (or ENOENT) for a piece it has just moved: after an
     /// internal retry, `move_pages()` keeps a stale -EAGAIN and goes over the piece again. It
     /// happens when the source page is being swapped in or out meanwhile. So a failed piece is
     /// judged by the page tables (/proc/self/pagemap): gone from `src` and present at `dst`
     /// means moved. Only `dst` populated while `src` still is, which would overwrite data, is an
     /// error.
-    pub fn move_range(&self, dst: u64, src: u64, len: u64) -> Result<(), UffdError> {
+    pub fn move_range(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        keep_unwritten: bool,
+    ) -> Result<Moved, UffdError> {
         let mut done = 0;
         let mut stalls = 0;
+        // Pieces shared copy-on-write, skipped for now (offsets from the start).
+        let mut shared = Vec::new();
         while done < len {
             let mut m = UffdioMove {
                 dst: dst + done,
@@ -723,7 +777,7 @@ impl Uffd {
             // SAFETY: `m` is a valid uffdio_move; the kernel validates both ranges.
             let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
             if rc == 0 {
-                return Ok(());
+                break;
             }
             let e = errno();
             let moved = m.moved.max(0) as u64;
@@ -738,6 +792,11 @@ impl Uffd {
                 // Part moved, the rest not yet (the mm changed, or the next piece is a hole or
                 // was moved by the kernel already): go on from where it stopped.
                 Some(libc::EAGAIN) if moved > 0 => continue,
+                Some(libc::EBUSY) => {
+                    shared.push(done);
+                    done += PIECE;
+                    continue;
+                }
                 Some(libc::EAGAIN | libc::EEXIST | libc::ENOENT) => {}
                 _ => return Err(fail(e)),
             }
@@ -774,7 +833,32 @@ impl Uffd {
                 }
             }
         }
-        Ok(())
+        if keep_unwritten && !shared.is_empty() && shared.len() as u64 == len / PIECE {
+            return Ok(Moved::Unwritten);
+        }
+        for off in shared {
+            let at = src + off;
+            // SAFETY: the piece is mapped in this process (the kernel found it shared);
+            // populating it for writing copies it, as a write by the program would.
+            if unsafe { libc::syscall(libc::SYS_madvise, at, PIECE, MADV_POPULATE_WRITE) } != 0 {
+                return Err(UffdError::Ioctl {
+                    op: "MADV_POPULATE_WRITE (to move a page shared with a fork)",
+                    addr: at,
+                    len: PIECE,
+                    source: errno(),
+                });
+            }
+            // Now this process's own: moved like any other (a second EBUSY is an error).
+            if self.move_range(dst + off, at, PIECE, true)? != Moved::All {
+                return Err(UffdError::Ioctl {
+                    op: "UFFDIO_MOVE",
+                    addr: at,
+                    len: PIECE,
+                    source: io::Error::from_raw_os_error(libc::EBUSY),
+                });
+            }
+        }
+        Ok(Moved::All)
     }
 
     /// Whether the 4 KiB page at `addr` of this process is present or swapped out; None when

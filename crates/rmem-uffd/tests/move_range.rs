@@ -1,7 +1,8 @@
-//! `Uffd::move_range` against the kernel: holes, and pages the kernel is swapping at the same
-//! moment (Linux 6.18 then reports EEXIST for a page it has in fact moved).
+//! `Uffd::move_range` against the kernel: holes, pages shared copy-on-write with a fork()
+//! child, and pages the kernel is swapping at the same moment (Linux 6.18 then reports EEXIST
+//! for a page it has in fact moved).
 
-use rmem_uffd::Uffd;
+use rmem_uffd::{Moved, Uffd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -62,7 +63,10 @@ fn move_range_fills_holes_with_zeros() {
         // SAFETY: inside the 4-page source mapping.
         unsafe { std::ptr::write_bytes((src + k * PAGE as u64) as *mut u8, 0x5A, PAGE) };
     }
-    uffd.move_range(dst, src, 4 * PAGE as u64).unwrap();
+    assert_eq!(
+        uffd.move_range(dst, src, 4 * PAGE as u64, false).unwrap(),
+        Moved::All
+    );
     for k in 0..4u64 {
         let d = dst + k * PAGE as u64;
         assert!(populated(d), "destination piece {k} missing");
@@ -72,6 +76,87 @@ fn move_range_fills_holes_with_zeros() {
         let got = unsafe { std::slice::from_raw_parts(d as *const u8, PAGE) };
         assert!(got.iter().all(|&b| b == want), "piece {k}");
     }
+}
+
+/// After fork(), a page both processes map is shared copy-on-write and the kernel will not
+/// move it (EBUSY). With `keep_unwritten` a range nobody wrote since the fork stays put; once
+/// one piece is written the whole range moves (the shared pieces copied first), and the
+/// child's copy of the page is untouched either way.
+#[test]
+fn move_range_copies_pieces_shared_with_a_fork_child_and_can_leave_unwritten_ones() {
+    let Some(uffd) = open_with_move() else { return };
+    const PIECES: u64 = 4;
+    let len = PIECES * PAGE as u64;
+    let (a, b, dst) = (
+        map(PIECES as usize),
+        map(PIECES as usize),
+        map(PIECES as usize),
+    );
+    uffd.register_missing(dst, len).unwrap();
+    for (m, v) in [(a, 0x11u8), (b, 0x22)] {
+        // SAFETY: inside the test's own mappings.
+        unsafe { std::ptr::write_bytes(m as *mut u8, v, len as usize) };
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the child only reads its memory, makes async-signal-safe calls and _exits.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let mut byte = 0u8;
+        // SAFETY: waits for the parent, then checks its own copies of both ranges.
+        unsafe {
+            libc::read(fds[0], (&mut byte as *mut u8).cast(), 1);
+            let same = |m: u64, v: u8| {
+                std::slice::from_raw_parts(m as *const u8, len as usize)
+                    .iter()
+                    .all(|&x| x == v)
+            };
+            libc::_exit(if same(a, 0x11) && same(b, 0x22) { 0 } else { 1 });
+        }
+    }
+    // Nobody wrote `a` since the fork: it stays.
+    assert_eq!(
+        uffd.move_range(dst, a, len, true).unwrap(),
+        Moved::Unwritten
+    );
+    assert!(populated(a) && !populated(dst));
+    // Without keep_unwritten it moves, copied.
+    assert_eq!(uffd.move_range(dst, a, len, false).unwrap(), Moved::All);
+    assert!(!populated(a));
+    // SAFETY: populated by the move.
+    let got = unsafe { std::slice::from_raw_parts(dst as *const u8, len as usize) };
+    assert!(got.iter().all(|&x| x == 0x11));
+    advise_all(dst, len);
+    // One piece of `b` written since the fork: the whole range moves.
+    // SAFETY: inside `b`.
+    unsafe { ((b + 2 * PAGE as u64) as *mut u8).write(0x33) };
+    assert_eq!(uffd.move_range(dst, b, len, true).unwrap(), Moved::All);
+    for k in 0..PIECES {
+        // SAFETY: populated by the move.
+        let got = unsafe { ((dst + k * PAGE as u64) as *const u8).read() };
+        assert_eq!(got, if k == 2 { 0x33 } else { 0x22 }, "piece {k}");
+    }
+    // SAFETY: one byte to the child's pipe, then reap it.
+    let status = unsafe {
+        libc::write(fds[1], [0u8].as_ptr().cast(), 1);
+        let mut st = 0;
+        libc::waitpid(child, &mut st, 0);
+        st
+    };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's copy changed"
+    );
+}
+
+fn advise_all(addr: u64, len: u64) {
+    // SAFETY: a range of the test's own mappings.
+    assert_eq!(
+        unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, libc::MADV_DONTNEED) },
+        0
+    );
 }
 
 #[path = "../../../tests/rust/swap_file.rs"]
@@ -125,8 +210,10 @@ fn move_range_survives_the_source_being_swapped_meanwhile() {
         for _ in 0..(i % 200) * 10 {
             std::hint::spin_loop();
         }
-        uffd.move_range(d, s, PAGE as u64)
+        let moved = uffd
+            .move_range(d, s, PAGE as u64, false)
             .unwrap_or_else(|e| panic!("move {i}: {e}: {:?}", std::error::Error::source(&e)));
+        assert_eq!(moved, Moved::All);
         while go.load(Ordering::Acquire) {
             std::hint::spin_loop();
         }
