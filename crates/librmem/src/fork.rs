@@ -1,49 +1,167 @@
-//! What a fork() child sees of remote memory.
+//! fork() without exec: the child gets its parent's remote memory as it was at the fork,
+//! copy-on-write, and a pager of its own.
 //!
-//! The region is mapped `MADV_DONTFORK`, and its pager thread does not exist in a child, so a
-//! child cannot share it. Rather than let a child read zeros where data should be, the child
-//! keeps the region's address range reserved with no access, and a child that touches it is
-//! stopped with a message that says why, whatever it did with SIGSEGV (rmem's handler stays
-//! first: signals.rs). fork() followed by exec(), `system()`, `popen()` and
-//! `posix_spawn` are unaffected. Allocations in the child are local from then on.
+//! Three atfork handlers (registered in the library's constructor, so the prepare handler
+//! runs last and the parent and child handlers first):
+//!
+//! - prepare: takes the C library's stdio list lock (glibc takes it right after the prepare
+//!   handlers; a thread holding it may be flushing a remote buffer, which needs the pager), then
+//!   [`Runtime::prepare_fork`]: the allocator held, the pager parked with a snapshot of the
+//!   servers' pages taken and the region made inheritable. Nothing of rmem changes until the
+//!   fork is done, so the child's copy agrees with itself.
+//! - parent: the pager goes on; it frees the child's snapshot when the child exits or execs.
+//! - child: [`Forking::child`] makes the child's runtime (its own userfaultfd and pager
+//!   thread, from its copy of the parked pager) and it becomes current. Resident pages are
+//!   the kernel's copy-on-write copies; every other page comes from the snapshot.
+//!
+//! A child rmem cannot serve keeps the old guard: a child made without the C library's fork()
+//! (a raw clone or `_Fork`: no handler runs, and the region, outside a prepared fork, is not
+//! inherited), or one whose own pager could not start (it says why) has the region's range
+//! reserved with no access, and a touch there stops it with a message, whatever it did with
+//! SIGSEGV (rmem's handler stays first: signals.rs): never zeros where data should be.
+//! fork() itself refuses (ENOSYS, with a message) where no child can ever be served: faults
+//! delivered by signal.
 
-use crate::malloc::FORKED;
-use crate::{region_contains, REGION_BASE, REGION_LEN};
-use std::sync::atomic::{AtomicI32, Ordering::Relaxed};
+use crate::io::real;
+use crate::malloc::{FORKED, TRANSPARENT};
+use crate::{current, region_contains, report, REGION_BASE, REGION_LEN};
+use rmem_client::runtime::{ForkError, Forking};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
 
-/// Exit status of a fork() child that touched its parent's remote memory.
+/// Exit status of a child without rmem that touched its parent's remote memory.
 pub const EXIT_FORK_TOUCH: i32 = 70;
 
-/// Register the fork handler (once, from the library constructor).
+/// This process is a fork() child of a process under rmem: its statistics are its parent's to
+/// write.
+pub static CHILD: AtomicBool = AtomicBool::new(false);
+
+extern "C" {
+    // glibc's lock of its list of stdio streams (exported since 2.2.5), taken by fork after
+    // the prepare handlers and reset in the child.
+    fn _IO_list_lock();
+    fn _IO_list_unlock();
+}
+
+/// Register the fork handlers (once, from the library constructor).
 pub fn install() {
-    // SAFETY: registering a plain extern "C" fn without state.
-    unsafe { libc::pthread_atfork(None, None, Some(child)) };
+    // SAFETY: registering plain extern "C" fns without state.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+/// A fork between its prepare handler and its parent or child handler (all three run on the
+/// forking thread).
+enum Pending {
+    /// Prepared: the child gets remote memory.
+    Ready(Forking<'static>),
+    /// A runtime was running but the child cannot have it: why.
+    Refused(String),
+}
+
+thread_local! {
+    static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+}
+
+extern "C" fn prepare() {
+    let Some(rt) = current() else { return };
+    if FORKED.load(Relaxed) {
+        return;
+    }
+    // SAFETY: glibc's recursive lock; this thread takes it again in fork and releases both
+    // in the parent; the child's copy is reset by glibc.
+    unsafe { _IO_list_lock() };
+    let pending = crate::guard(|| match rt.prepare_fork() {
+        Ok(f) => Pending::Ready(f),
+        Err(e) => Pending::Refused(rmem_client::error_chain(&e)),
+    });
+    PENDING.with(|p| *p.borrow_mut() = Some(pending));
+}
+
+extern "C" fn parent() {
+    let Some(pending) = PENDING.with(|p| p.borrow_mut().take()) else {
+        return;
+    };
+    if let Pending::Ready(f) = pending {
+        crate::guard(|| f.parent());
+    }
+    // SAFETY: taken in prepare on this thread.
+    unsafe { _IO_list_unlock() };
 }
 
 extern "C" fn child() {
+    let pending = PENDING.with(|p| p.borrow_mut().take());
     let (base, len) = (REGION_BASE.load(Relaxed), REGION_LEN.load(Relaxed));
     if len == 0 {
         return;
     }
+    CHILD.store(true, Relaxed);
+    let why = match pending {
+        Some(Pending::Ready(f)) => {
+            // The new pager thread allocates before it can serve faults: locally.
+            let transparent = TRANSPARENT.swap(false, Relaxed);
+            let started = crate::guard(|| f.child());
+            match started {
+                Ok(rt) => {
+                    crate::make_current(rt);
+                    // SAFETY: getpid has no preconditions.
+                    OWNER_PID.store(unsafe { libc::getpid() }, Relaxed);
+                    TRANSPARENT.store(transparent, Relaxed);
+                    return;
+                }
+                Err(e) => rmem_client::error_chain(&e),
+            }
+        }
+        Some(Pending::Refused(why)) => why,
+        None => {
+            // No runtime was running at the fork (stopped by rmem_exit): its range is not
+            // the child's, and may hold a mapping of the program's by now.
+            FORKED.store(true, Relaxed);
+            rmem_uffd::fds::forget_all();
+            return;
+        }
+    };
+    report(&format!(
+        "this fork() child has no remote memory: {why}; touching its parent's stops it"
+    ));
     FORKED.store(true, Relaxed);
     rmem_uffd::fds::forget_all();
     rmem_client::region::reserve_no_access(base, len);
 }
 
-/// The process that owns the region (set when its runtime starts).
+/// See fork(2). Refused (ENOSYS, with a message) where rmem can never serve a fork child:
+/// with faults delivered by signal (`RMEM_FAULT_DELIVERY=signal`, experimental).
+#[no_mangle]
+pub extern "C" fn fork() -> libc::pid_t {
+    if let Some(rt) = current() {
+        if rt.fault_delivery() == "signal" && !FORKED.load(Relaxed) {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Relaxed) {
+                report(&format!("fork() refused (ENOSYS): {}", ForkError::BySignal));
+            }
+            // SAFETY: errno is thread-local.
+            unsafe { *libc::__errno_location() = libc::ENOSYS };
+            return -1;
+        }
+    }
+    let f = real!(c"fork", fn() -> libc::pid_t);
+    // SAFETY: the C library's fork, which runs the handlers above.
+    unsafe { f() }
+}
+
+/// The process that owns the region (set when its runtime starts, and in a fork() child once
+/// its own has).
 pub static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 
 /// Keep rmem's SIGSEGV handler first from now on (when a runtime starts): a fork() child
-/// inherits it, so even glibc's own work in the child before any atfork handler runs (it
-/// resets the locks of every stdio FILE, which may be remote) ends with rmem's message, and
-/// so does a touch after the child has reset SIGSEGV (signals.rs).
+/// without rmem inherits it, so a touch there ends with rmem's message, also after the child
+/// has reset SIGSEGV (signals.rs).
 pub fn guard_children() {
     // SAFETY: getpid has no preconditions.
     OWNER_PID.store(unsafe { libc::getpid() }, Relaxed);
     crate::signals::own(libc::SIGSEGV, on_segv, None);
 }
 
-/// rmem's part of SIGSEGV: in a fork() child, a touch of the parent's region ends the child.
+/// rmem's part of SIGSEGV: in a child without rmem, a touch of the parent's region ends it.
 fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) -> bool {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let (addr, code) = unsafe { ((*info).si_addr() as u64, (*info).si_code) };
@@ -51,12 +169,12 @@ fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_voi
     if code <= 0 || !region_contains(addr) || unsafe { libc::getpid() } == OWNER_PID.load(Relaxed) {
         return false;
     }
-    let mut msg = [0u8; 200];
+    let mut msg = [0u8; 240];
     let mut n = 0;
     for part in [
-        b"rmem: fatal: a fork() child touched its parent's remote memory at 0x".as_slice(),
+        b"rmem: fatal: a child without rmem touched its parent's remote memory at 0x".as_slice(),
         &hex(addr),
-        b"; remote memory is not shared with fork() children (exec a program, or use threads)\n",
+        b" (it was made without the C library's fork(), or its rmem could not start: see above)\n",
     ] {
         let k = part.len().min(msg.len() - n);
         msg[n..n + k].copy_from_slice(&part[..k]);

@@ -10,7 +10,7 @@
 //! the malloc family, [`io`] the I/O calls that need help in `UFFD_USER_MODE_ONLY` mode,
 //! [`sys`] every other system call with a buffer there (a seccomp filter and SIGSYS),
 //! [`mem`] the memory calls (madvise, munmap, mremap, mprotect, mlock) on remote memory,
-//! [`stack`] stacks in remote memory, [`fork`] what a fork() child sees, [`spawn`] posix_spawn's arguments, and [`signals`] keeps
+//! [`stack`] stacks in remote memory, [`fork`] a fork() child's remote memory, [`spawn`] posix_spawn's arguments, and [`signals`] keeps
 //! rmem's SIGSEGV/SIGBUS handler first whatever the program does with those signals. A
 //! constructor starts the runtime before any constructor of the program when `rmem run` asks
 //! for transparent mode.
@@ -88,8 +88,16 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Make `rt` the process's runtime: a fork() child's own, replacing its copy of its
+/// parent's (which is forgotten, never dropped: its pager thread is not in the child).
+pub(crate) fn make_current(rt: Runtime) {
+    let rt: &'static Runtime = Box::leak(Box::new(rt));
+    RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);
+}
+
 extern "C" fn at_exit() {
-    if malloc::FORKED.load(Ordering::Relaxed) {
+    // A fork() child's statistics file is its parent's.
+    if fork::CHILD.load(Ordering::Relaxed) {
         return;
     }
     if let Some(rt) = current() {
@@ -220,7 +228,7 @@ pub extern "C" fn rmem_init() -> c_int {
 #[no_mangle]
 pub extern "C" fn rmem_alloc(size: usize) -> *mut c_void {
     if malloc::FORKED.load(Ordering::Relaxed) {
-        report("rmem_alloc in a fork() child: remote memory belongs to the parent; returning NULL");
+        report("rmem_alloc in a fork() child without rmem (see above); returning NULL");
         // SAFETY: errno is thread-local.
         unsafe { *libc::__errno_location() = libc::ENOMEM };
         return null_mut();

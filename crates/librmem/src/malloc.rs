@@ -94,8 +94,8 @@ unsafe impl GlobalAlloc for LibcAlloc {
 pub static TRANSPARENT: AtomicBool = AtomicBool::new(false);
 /// Smallest allocation that goes remote in transparent mode.
 pub static MIN_ALLOC: AtomicUsize = AtomicUsize::new(crate::MIN_ALLOC_DEFAULT);
-/// This process is a fork() child of the process that owns the region: the region is not
-/// mapped here, and nothing may go remote.
+/// This process is a fork() child without rmem (made without the C library's fork(), or its
+/// own pager could not start): the region is not usable here, and nothing may go remote.
 pub static FORKED: AtomicBool = AtomicBool::new(false);
 
 /// Transparent mode sends an allocation of `size` bytes remote.

@@ -367,8 +367,10 @@ fn on_sigsys(_sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) -> bool {
 
 /// Make a trapped call with resident memory; the kernel's result.
 fn dispatch(nr: c_long, a: [usize; 6]) -> isize {
-    if crate::malloc::FORKED.load(Relaxed) {
-        // A fork() child has no remote memory: the kernel answers as for any bad address.
+    if crate::malloc::FORKED.load(Relaxed) || rmem_client::on_pager_thread() {
+        // A fork() child without rmem has no remote memory: the kernel answers as for any bad
+        // address. A fork child's pager inherits the filter (its parent's was started before
+        // it) and never passes region memory to the kernel itself.
         return raw(nr, a);
     }
     let fd = a[0];

@@ -18,7 +18,7 @@ pub struct Freed {
     pub count: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Slab {
     class: u32,
     slots: u32,
@@ -28,7 +28,7 @@ struct Slab {
 }
 
 /// Allocation bookkeeping over `pages` DLM pages of `page_size` bytes.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Allocator {
     page_size: u64,
     pages: u64,

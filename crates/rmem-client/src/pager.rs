@@ -26,15 +26,15 @@ use crate::protect::{Protections, READ_WRITE};
 use crate::region::{Dropper, Geometry, Mapping, Staging};
 use crate::state::{Fill, Freed, Landed, PageStates};
 use crate::stats::Stats;
-use crate::store::{Completion, PageStore, StoreError};
+use crate::store::{Completion, PageStore, Snapshot, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
 use rmem_policy::Policy;
-use rmem_uffd::{fds, Copied, Fault, Uffd, UffdError, PIECE};
+use rmem_uffd::{fds, Copied, Fault, Moved, Uffd, UffdError, PIECE};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufWriter;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -56,6 +56,8 @@ pub enum PagerError {
     Trace(#[source] std::io::Error),
     #[error("4 KiB piece at {addr:#x} of page {page} stays populated after it was dropped")]
     Populated { page: u64, addr: u64 },
+    #[error("cannot prepare a fork: {0}")]
+    Fork(String),
 }
 
 /// The reference trace being recorded (`rmem run --trace`), and when it started.
@@ -101,6 +103,86 @@ pub enum Command {
     FlushTrace {
         done: Arc<Done>,
     },
+    /// The program is about to fork() (see [`Park`]): take a snapshot of the store, let the
+    /// mappings be inherited, say where this pager is, and wait, changing nothing, until the
+    /// fork is done. `watch` is the read end (a number of the program's descriptor table) of
+    /// a pipe whose write end only the child holds: when it reports end of file the child has
+    /// exited or exec'd, and its snapshot is ended.
+    Fork {
+        park: Arc<Park>,
+        watch: RawFd,
+    },
+}
+
+/// A pager parked for a fork(): where it is (in the child, the parked pager's memory is the
+/// child's to take: the thread is not there) and the snapshot its child reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Parked {
+    pub pager: *mut Pager,
+    pub snapshot: Snapshot,
+}
+
+// SAFETY: the pointer is only dereferenced in a fork() child, where no other thread exists.
+unsafe impl Send for Parked {}
+
+/// The meeting point of a forking thread and the pager for one fork().
+///
+/// The forking thread sends [`Command::Fork`] and waits ([`Park::wait_parked`]) until the
+/// pager has parked; the pager then waits ([`Park::hold`]) until the parent's half of the fork
+/// releases it ([`Park::release`]). Meanwhile nothing of the pager changes, so the child's copy
+/// of its memory (page states, staging slots, the store) agrees with the child's copy of the
+/// region at the instant of the fork.
+#[derive(Default)]
+pub struct Park {
+    state: Mutex<ParkState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct ParkState {
+    parked: Option<Result<Parked, String>>,
+    released: bool,
+}
+
+impl Park {
+    /// Wait until the pager parked (or says why it cannot), giving up if `gone` says it died.
+    pub fn wait_parked(&self, gone: impl Fn() -> bool) -> Result<Parked, String> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = &st.parked {
+                return r.clone();
+            }
+            if gone() {
+                return Err("the pager has stopped".into());
+            }
+            st = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Let the parked pager go on (the parent's half of the fork).
+    pub fn release(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .released = true;
+        self.cv.notify_all();
+    }
+
+    fn park(&self, r: Result<Parked, String>) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).parked = Some(r);
+        self.cv.notify_all();
+    }
+
+    fn hold(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while !st.released {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// A one-shot completion flag a program thread waits on.
@@ -237,6 +319,9 @@ pub struct Pager {
     spin: Duration,
     heartbeat: Duration,
     trace: Option<TraceOut>,
+    /// Fork children's snapshots, each with the read end of the pipe only that child writes:
+    /// end of file there means the child exited or exec'd.
+    watches: Vec<(OwnedFd, Snapshot)>,
 }
 
 /// What the runtime hands the pager.
@@ -295,6 +380,7 @@ impl Pager {
             spin: s.spin,
             heartbeat: s.heartbeat,
             trace: s.trace,
+            watches: Vec::new(),
         }
     }
 
@@ -363,6 +449,7 @@ impl Pager {
                             self.flush_trace()?;
                             done.signal();
                         }
+                        Command::Fork { park, watch } => self.fork(&park, watch)?,
                     }
                     work += 1;
                 }
@@ -411,6 +498,7 @@ impl Pager {
             }
             if now.duration_since(last_tick) > Duration::from_millis(50) {
                 self.store.tick(now)?;
+                self.end_finished_forks()?;
                 last_tick = now;
             }
             if work > 0 || now.duration_since(last_work) < self.spin {
@@ -446,6 +534,11 @@ impl Pager {
                 revents: 0,
             });
             self.store.wait_fds(&mut fds);
+            fds.extend(self.watches.iter().map(|(fd, _)| libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
             let timeout_ms = if self.store.in_flight() > 0 {
                 10
             } else {
@@ -460,8 +553,142 @@ impl Pager {
             self.core.uffd.set_sleeping(false);
             let now = Instant::now();
             self.store.tick(now)?;
+            self.end_finished_forks()?;
             last_tick = now;
         }
+    }
+
+    /// [`Command::Fork`]: park until the parent's half of the fork releases the pager.
+    fn fork(&mut self, park: &Park, watch: RawFd) -> Result<(), PagerError> {
+        let parked = self.park_for_fork(watch);
+        let (result, watch) = match parked {
+            Ok((p, w)) => (Ok(p), w),
+            Err(e) => (Err(crate::error_chain(&e)), None),
+        };
+        let failed = result.is_err();
+        park.park(result.clone());
+        if failed {
+            // The forking thread goes on without a snapshot (its child gets none); the store's
+            // error is this pager's own to report.
+            return result.map(drop).map_err(PagerError::Fork);
+        }
+        park.hold();
+        self.core.inherit(false)?;
+        if let (Some(fd), Ok(p)) = (watch, result) {
+            self.watches.push((fd, p.snapshot));
+        }
+        Ok(())
+    }
+
+    /// Everything a fork needs before the pager parks: the frees the program made so far
+    /// reach the store (the snapshot need not keep those pages), the store takes the snapshot,
+    /// the region and staging slots are inherited, and the child's pipe is taken into the
+    /// pager's own table (None where that fails: the snapshot is then freed by its lease).
+    fn park_for_fork(&mut self, watch: RawFd) -> Result<(Parked, Option<OwnedFd>), PagerError> {
+        assert!(self.core.drops.is_empty(), "clean victims left undropped");
+        for p in self.core.frees.drain(..) {
+            self.store.free(p)?;
+        }
+        let snapshot = self.store.snapshot()?;
+        self.core.inherit(true)?;
+        let watch = self
+            .core
+            .dropper
+            .fd()
+            .and_then(|pidfd| fds::take_from_program(pidfd, watch).ok());
+        Ok((
+            Parked {
+                pager: self as *mut Pager,
+                snapshot,
+            },
+            watch,
+        ))
+    }
+
+    /// End the snapshots of fork children that have exited or exec'd.
+    fn end_finished_forks(&mut self) -> Result<(), PagerError> {
+        if self.watches.is_empty() {
+            return Ok(());
+        }
+        let mut fds: Vec<libc::pollfd> = self
+            .watches
+            .iter()
+            .map(|(fd, _)| libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a valid array of pollfd of the given length; no wait.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        let mut i = 0;
+        for p in fds {
+            if p.revents == 0 {
+                i += 1;
+                continue;
+            }
+            // Its only writer is gone (a pipe's write end, held by the child alone).
+            let (_, snapshot) = self.watches.remove(i);
+            self.store.end_snapshot(snapshot)?;
+        }
+        Ok(())
+    }
+
+    /// In a fork() child: the pager that goes on from the parent's, parked at the fork (this
+    /// value is the child's copy of it, read where the parent's pager thread left it; that
+    /// thread does not exist here). Descriptors it held were in that thread's own table and
+    /// are not the child's: they are forgotten, never closed (closing would close whatever
+    /// the child has under those numbers). The child opens its own userfaultfd and registers
+    /// the region and staging area (the kernel dropped the child's registrations), reads its
+    /// pages' states as `PageStates::after_fork` says, and takes over the store under its
+    /// snapshot. Trace mode records the parent only.
+    pub fn into_child(self, snapshot: Snapshot, mailbox: Arc<Mailbox>) -> Result<Pager, UffdError> {
+        let Pager {
+            mut core,
+            store,
+            mailbox: parents,
+            spin,
+            heartbeat,
+            trace,
+            watches,
+        } = self;
+        let child_store = store.forked(snapshot);
+        std::mem::forget(store);
+        std::mem::forget(parents);
+        std::mem::forget(trace);
+        std::mem::forget(watches);
+        let uffd = core.uffd.reopen();
+        std::mem::forget(std::mem::take(&mut core.dropper));
+        let uffd = match uffd {
+            Ok(u) => u,
+            Err(e) => {
+                // The copied descriptor must not be closed by the value's drop either.
+                std::mem::forget(core);
+                return Err(e);
+            }
+        };
+        std::mem::forget(std::mem::replace(&mut core.uffd, uffd));
+        core.uffd.register(core.region.base(), core.region.len())?;
+        core.uffd
+            .register_missing(core.staging.mapping.base(), core.staging.mapping.len())?;
+        core.blocked.clear();
+        core.pages.after_fork(Instant::now());
+        Ok(Pager {
+            core,
+            store: child_store,
+            mailbox,
+            spin,
+            heartbeat,
+            trace: None,
+            watches: Vec::new(),
+        })
+    }
+
+    /// Whether the region and staging slots are inherited by fork() children; a child calls
+    /// it with `false` once its pager is ready, so that a child made without the C library's
+    /// fork() (no rmem there) never sees them.
+    pub fn inherit(&self, yes: bool) -> Result<(), PagerError> {
+        self.core.inherit(yes)
     }
 }
 
@@ -492,6 +719,14 @@ impl Pager {
 }
 
 impl Core {
+    fn inherit(&self, yes: bool) -> Result<(), PagerError> {
+        self.region.inherit(yes).map_err(PagerError::Madvise)?;
+        self.staging
+            .mapping
+            .inherit(yes)
+            .map_err(PagerError::Madvise)
+    }
+
     fn addr(&self, page: PageIndex) -> u64 {
         self.geo.addr_of(page)
     }
@@ -605,9 +840,11 @@ impl Core {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
             PageState::Remote => self.fault_remote(store, page, f, t0),
             PageState::Filling => self.fault_filling(store, page, fill),
-            PageState::ZeroClean | PageState::Clean | PageState::Dirty => {
-                self.fault_mapped(page, f)
-            }
+            PageState::ZeroClean
+            | PageState::Clean
+            | PageState::Dirty
+            | PageState::ForkedClean
+            | PageState::ForkedZero => self.fault_mapped(page, f),
             PageState::Leaving | PageState::LeavingWanted => {
                 self.pages.want(page, fill);
                 Ok(())
@@ -668,22 +905,25 @@ impl Core {
             prefetched: false,
         };
         self.pages.begin_fill(page, fill);
-        match victim {
-            Some(v) if self.pages.get(v) == PageState::Dirty => {
-                let slot = self.move_out(v)?;
+        let staged = match victim {
+            Some(v) if self.pages.get(v).may_be_dirty() => self.move_out(v)?.map(|s| (v, s)),
+            _ => None,
+        };
+        match (victim, staged) {
+            (_, Some((v, slot))) => {
                 // SAFETY: the slot was just filled by move_out and is released only when the
                 // write-back completes.
                 let data = unsafe { self.staging.bytes(slot) };
                 store.swap(v, data, page)?;
             }
-            Some(v) => {
+            (Some(v), None) => {
                 // Send the fetch first and evict while it travels: this clean victim and a
                 // few more, so the next faults need not evict.
                 store.fetch(page)?;
                 self.drops.push(v);
                 self.evict_down_to(self.resident_max.saturating_sub(self.evict_ahead), store)?;
             }
-            None => store.fetch(page)?,
+            (None, None) => store.fetch(page)?,
         }
         self.update_local_bytes();
         self.prefetch_after(page, store, t0)
@@ -797,13 +1037,18 @@ impl Core {
             let Some(v) = self.pick_victim() else {
                 break;
             };
-            if self.pages.get(v) == PageState::Dirty {
-                let slot = self.move_out(v)?;
-                // SAFETY: the slot was just filled and is held until the write completes.
-                let data = unsafe { self.staging.bytes(slot) };
-                store.store(v, data)?;
+            let staged = if self.pages.get(v).may_be_dirty() {
+                self.move_out(v)?
             } else {
-                self.drops.push(v);
+                None
+            };
+            match staged {
+                Some(slot) => {
+                    // SAFETY: the slot was just filled and is held until the write completes.
+                    let data = unsafe { self.staging.bytes(slot) };
+                    store.store(v, data)?;
+                }
+                None => self.drops.push(v),
             }
         }
         self.drop_clean()
@@ -830,10 +1075,13 @@ impl Core {
         Ok(())
     }
 
-    /// Move a dirty victim out of the region into a staging slot, atomically with respect to
-    /// the program: from here on its threads fault on it and wait.
-    fn move_out(&mut self, v: PageIndex) -> Result<u32, PagerError> {
+    /// Move a victim that may be dirty out of the region into a staging slot, atomically with
+    /// respect to the program: from here on its threads fault on it and wait. None for a page
+    /// a fork child inherited and never wrote (nothing moved): its server copy, or zero, is
+    /// current, and it is dropped like a clean page.
+    fn move_out(&mut self, v: PageIndex) -> Result<Option<u32>, PagerError> {
         let ps = self.ps();
+        let forked = self.pages.get(v) != PageState::Dirty;
         let slot = self
             .staging
             .take()
@@ -847,18 +1095,23 @@ impl Core {
             mprotect(addr, ps, READ_WRITE).map_err(PagerError::Mprotect)?;
         }
         // Parts of the page the program discarded (madvise) arrive as zero pages, so the
-        // slot is whole and the pager never faults on it.
-        let _ = self
+        // slot is whole and the pager never faults on it. A page shared with a fork parent or
+        // child is copied on the way.
+        let moved = self
             .uffd
-            .move_range(self.staging.addr(slot), addr, ps, false)?;
+            .move_range(self.staging.addr(slot), addr, ps, forked)?;
         for (s, e, p) in prot {
             mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
+        }
+        if moved == Moved::Unwritten {
+            self.staging.release(slot).map_err(PagerError::Madvise)?;
+            return Ok(None);
         }
         self.pages.begin_leave(v, slot);
         Stats::add(&self.stats.evictions, 1);
         Stats::add(&self.stats.swap_outs, 1);
         Stats::add(&self.stats.bytes_written_back, ps);
-        Ok(slot)
+        Ok(Some(slot))
     }
 
     /// A store operation finished.

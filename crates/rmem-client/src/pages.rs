@@ -15,8 +15,14 @@ use crate::PageIndex;
 ///  Clean --evict--> Remote         ZeroClean --evict--> Untouched
 ///  Dirty --evict(move out)--> Leaving --written--> Remote
 ///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
+///  ForkedClean --evict(unwritten)--> Remote   ForkedZero --evict(unwritten)--> Untouched
+///  ForkedClean | ForkedZero --evict(written: move out)--> Leaving
+///  ForkedClean | ForkedZero --piece zeroed--> Dirty
 ///  any --free--> Untouched
 /// ```
+///
+/// A fork() child starts from its parent's table relabelled ([`PageTable::relabel`]): see
+/// `PageStates::after_fork`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum PageState {
@@ -36,6 +42,14 @@ pub enum PageState {
     Leaving = 6,
     /// As `Leaving`, and the program faulted on it meanwhile.
     LeavingWanted = 7,
+    /// In a fork() child: mapped as the parent had it, clean there (equal to the server's
+    /// copy), shared copy-on-write with the parent and not write-protected (the kernel drops
+    /// a child's write protection). Current on the server unless the child wrote it since,
+    /// which its eviction finds out (the kernel moves only pages the child wrote).
+    ForkedClean = 8,
+    /// As `ForkedClean` for a page the parent had zero-filled and never written: no server
+    /// copy.
+    ForkedZero = 9,
 }
 
 impl PageState {
@@ -49,6 +63,8 @@ impl PageState {
             5 => PageState::Dirty,
             6 => PageState::Leaving,
             7 => PageState::LeavingWanted,
+            8 => PageState::ForkedClean,
+            9 => PageState::ForkedZero,
             _ => unreachable!("corrupt page state {v}"),
         }
     }
@@ -62,7 +78,21 @@ impl PageState {
     pub fn is_mapped(self) -> bool {
         matches!(
             self,
-            PageState::ZeroClean | PageState::Clean | PageState::Dirty
+            PageState::ZeroClean
+                | PageState::Clean
+                | PageState::Dirty
+                | PageState::ForkedClean
+                | PageState::ForkedZero
+        )
+    }
+
+    /// Mapped and possibly different from any copy on a server: an eviction moves it out
+    /// and writes it back (a forked page only if the child wrote it), so it needs a staging
+    /// slot.
+    pub fn may_be_dirty(self) -> bool {
+        matches!(
+            self,
+            PageState::Dirty | PageState::ForkedClean | PageState::ForkedZero
         )
     }
 
@@ -84,6 +114,11 @@ impl PageState {
                 | (Leaving, LeavingWanted)
                 | (LeavingWanted, Clean)
                 | (LeavingWanted, Dirty)
+                | (ForkedClean, Remote)
+                | (ForkedClean, Leaving)
+                | (ForkedClean, Dirty)
+                | (ForkedZero, Leaving)
+                | (ForkedZero, Dirty)
                 | (_, Untouched)
         )
     }
@@ -131,6 +166,21 @@ impl PageTable {
             (false, true) => self.local += 1,
             (true, false) => self.local -= 1,
             _ => {}
+        }
+    }
+
+    /// Give every page the state `f` says, without the transition checks, recounting the
+    /// local pages: a fork() child reading its parent's table, whose states mean something
+    /// else in the child (pages mapped without write protection, fetches that were the
+    /// parent's).
+    pub fn relabel(&mut self, f: impl Fn(PageState) -> PageState) {
+        self.local = 0;
+        for chunk in self.chunks.iter_mut().flatten() {
+            for b in chunk.iter_mut() {
+                let to = f(PageState::from_u8(*b));
+                *b = to as u8;
+                self.local += u64::from(to.is_local());
+            }
         }
     }
 

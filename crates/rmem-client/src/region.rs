@@ -15,22 +15,20 @@ pub fn reserved() -> Vec<(u64, u64)> {
     RESERVED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// In a fork() child, reserve with no access a region's range that `MADV_DONTFORK` left
-/// empty: a touch then faults (SIGSEGV) instead of reading whatever the child maps there
-/// later. FIXED_NOREPLACE fails instead of clobbering anything already there. Only makes a
-/// system call, so it may run in an atfork child handler.
+/// In a fork() child without a pager (its own could not start), reserve with no access a
+/// region's range, replacing the copy-on-write copy the fork gave it, whose pages not
+/// resident at the fork would read as zeros: a touch then faults (SIGSEGV) instead, and never
+/// reads whatever the child maps there later. Only makes a system call, so it may run in an
+/// atfork child handler.
 pub fn reserve_no_access(base: u64, len: u64) {
-    // SAFETY: a new mapping at a range the caller owns and nothing uses; NOREPLACE keeps any
-    // existing mapping as it is.
+    // SAFETY: replaces exactly the range of the parent's region, which nothing in this
+    // process may use without a pager.
     unsafe {
         libc::mmap(
             base as *mut libc::c_void,
             len as usize,
             libc::PROT_NONE,
-            libc::MAP_PRIVATE
-                | libc::MAP_ANONYMOUS
-                | libc::MAP_NORESERVE
-                | libc::MAP_FIXED_NOREPLACE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
             -1,
             0,
         );
@@ -136,6 +134,23 @@ impl Mapping {
 
     pub fn contains(&self, addr: u64) -> bool {
         addr >= self.base && addr - self.base < self.len
+    }
+
+    /// Whether fork() children inherit the mapping (MADV_DOFORK), or have none there
+    /// (MADV_DONTFORK, as reserved): a fork that rmem prepares lets the child have a
+    /// copy-on-write copy; any other fork (a raw clone) must not hand one to a child that has
+    /// no pager for it, which would read zeros where the pages were not resident.
+    pub fn inherit(&self, yes: bool) -> io::Result<()> {
+        let advice = if yes {
+            libc::MADV_DOFORK
+        } else {
+            libc::MADV_DONTFORK
+        };
+        // SAFETY: advising our own mapping; fork inheritance changes nothing in this process.
+        if unsafe { madvise(self.base, self.len, advice) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Drop the pages of a range: they read as missing again.

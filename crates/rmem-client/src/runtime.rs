@@ -2,7 +2,7 @@
 
 use crate::alloc::Allocator;
 use crate::config::{Config, ConfigError};
-use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, TraceOut};
+use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, Park, Parked, TraceOut};
 use crate::region::{Mapping, Staging, REGION_AT};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::mem::MemStore;
@@ -11,7 +11,8 @@ use crate::store::{PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
 use rmem_uffd::{fds, OpenMode, Uffd, UffdError};
-use std::sync::{Arc, Mutex};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,11 +38,26 @@ pub enum RuntimeError {
     Thread(#[source] std::io::Error),
     #[error("cannot give the pager a descriptor table of its own (unshare(CLONE_FILES))")]
     Isolate(#[source] std::io::Error),
+    #[error("cannot take over the parent's region: {0}")]
+    Child(String),
 }
 
 /// What happens when the pager hits an error it cannot recover from (a lost server, or every
 /// server full).
 pub type FatalHandler = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Why a fork() cannot give its child remote memory.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    #[error("faults delivered by signal (RMEM_FAULT_DELIVERY=signal) cannot be handed to a fork() child")]
+    BySignal,
+    #[error("cannot make the pipe that tells the pager when the child is gone")]
+    Pipe(#[source] std::io::Error),
+    #[error("the pager cannot park for the fork: {0}")]
+    Park(String),
+    #[error("the child cannot start its own pager")]
+    Child(#[source] RuntimeError),
+}
 
 /// Report and end the process: memory on a lost server cannot be trusted, and a page no server
 /// takes cannot be kept (the program owns it already: overcommit), so going on would hand the
@@ -87,9 +103,14 @@ pub struct Runtime {
     servers: String,
     local_bytes: u64,
     tracing: bool,
+    /// What the pager does when it must give up; a fork() child's pager does the same.
+    on_fatal: Arc<dyn Fn(&str) + Send + Sync>,
     /// The program table's copies of the descriptors program threads write whose first owner
     /// went with the pager's table (the fault-by-signal wake-up); closed with the runtime.
     _shared: Vec<fds::Reserved>,
+    /// In a fork() child: the write end of the pipe its parent's pager watches; it closes
+    /// when this process exits or execs, and the parent then frees this process's snapshot.
+    _parent_watch: Option<fds::Reserved>,
 }
 
 /// Pages mapped at once in trace mode: the least budget allowed (one of them is the staging
@@ -216,7 +237,7 @@ impl Runtime {
         let stats = Arc::new(Stats::default());
         let mailbox = Arc::new(Mailbox::new().map_err(RuntimeError::Thread)?);
         let mode = uffd.mode();
-        let mut pager = Pager::new(PagerSetup {
+        let pager = Pager::new(PagerSetup {
             region,
             staging,
             uffd,
@@ -236,62 +257,8 @@ impl Runtime {
                 0
             },
         });
-        // The new thread's start-up (std's spawn hooks, glibc's thread-exit registration) calls
-        // malloc before the closure runs. In transparent mode that malloc would go to the region
-        // and the pager would fault on its own memory, so the caller waits until the pager has
-        // marked itself: transparent mode turns on only after the runtime is started.
-        //
-        // The pager then gives itself a descriptor table of its own, and the descriptors only
-        // it uses are closed in the program's: nothing the program does to its descriptors can
-        // reach the userfaultfd or the sockets (rmem_uffd::fds).
-        let private = pager.private_fds();
-        let shared = pager.shared_fds();
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<std::io::Result<()>>(1);
-        let handle = std::thread::Builder::new()
-            .name("rmem-pager".into())
-            .spawn(move || {
-                crate::PAGER_THREAD.with(|t| t.set(true));
-                let isolated = fds::isolate_thread();
-                let failed = isolated.is_err();
-                let _ = ready_tx.send(isolated);
-                if failed {
-                    return;
-                }
-                match pager.run() {
-                    Ok(done) => {
-                        drop(pager);
-                        done.signal();
-                    }
-                    Err(e) => {
-                        on_fatal(&crate::error_chain(&e));
-                        // Only reached when the handler returns (tests, the Python bindings):
-                        // the range stays reserved with no access, so late touches fault
-                        // with SIGSEGV, never zeros or the data of a mapping made later.
-                        if let Err(e) = pager.seal_region() {
-                            eprintln!("rmem: cannot make the lost region inaccessible: {e}");
-                        }
-                    }
-                }
-            })
-            .map_err(RuntimeError::Thread)?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = handle.join();
-                return Err(RuntimeError::Isolate(e));
-            }
-            // The thread is gone already; the pager's own report says why.
-            Err(_) => {}
-        }
-        for fd in private {
-            fds::close_raw(fd);
-        }
-        // SAFETY: each is open in this table (the pager's copy is in its own) and owned by
-        // nothing else here: the Uffd that owned it now lives in the pager's table.
-        let shared = shared
-            .into_iter()
-            .map(|fd| unsafe { fds::Reserved::adopt(fd) })
-            .collect();
+        let on_fatal: Arc<dyn Fn(&str) + Send + Sync> = Arc::from(on_fatal);
+        let (handle, shared) = spawn_pager(pager, on_fatal.clone())?;
         Ok(Runtime {
             base,
             len,
@@ -319,10 +286,195 @@ impl Runtime {
             servers,
             local_bytes: budget_pages * ps,
             tracing,
+            on_fatal,
             _shared: shared,
+            _parent_watch: None,
         })
     }
 
+    /// The first half of a fork() (an atfork prepare handler, the last to run): park the
+    /// pager, with a snapshot of the store taken and the region inheritable, and hold the
+    /// allocator, so that the child's copy of this process agrees with itself. Then fork, then
+    /// [`Forking::parent`] or [`Forking::child`]. Other program threads that fault meanwhile
+    /// wait; one that allocates waits on the allocator.
+    pub fn prepare_fork(&self) -> Result<Forking<'_>, ForkError> {
+        if self.by_signal {
+            return Err(ForkError::BySignal);
+        }
+        let mut ends = [0; 2];
+        // SAFETY: pipe2 writes two new descriptors into `ends` or fails.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(ForkError::Pipe(std::io::Error::last_os_error()));
+        }
+        // SAFETY: fresh descriptors that nothing else owns.
+        let (read, write) =
+            unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        // The write end sits among rmem's reserved numbers: a child that closes every
+        // descriptor it does not know (subprocess children do) keeps it until exec.
+        let write = fds::place(write).map_err(ForkError::Pipe)?;
+        let movables = fds::hold_movables();
+        let alloc = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let park = Arc::new(Park::default());
+        self.mailbox.send(Command::Fork {
+            park: park.clone(),
+            watch: read.as_raw_fd(),
+        });
+        let parked = park
+            .wait_parked(|| {
+                self.pager
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .is_none_or(|h| h.is_finished())
+            })
+            .map_err(ForkError::Park)?;
+        // The pager has its own copy now; the child must not inherit this one.
+        drop(read);
+        Ok(Forking {
+            rt: self,
+            alloc,
+            movables: Some(movables),
+            park,
+            parked,
+            watch: write,
+        })
+    }
+}
+
+/// A fork() between [`Runtime::prepare_fork`] and one of its ends.
+pub struct Forking<'a> {
+    rt: &'a Runtime,
+    alloc: MutexGuard<'a, Allocator>,
+    movables: Option<fds::MovablesHeld>,
+    park: Arc<Park>,
+    parked: Parked,
+    /// The write end of the pipe the pager watches; only the child keeps it.
+    watch: fds::Reserved,
+}
+
+impl Forking<'_> {
+    /// The parent's half: the pager goes on (and frees the child's snapshot once the pipe
+    /// says it exited or exec'd). Also right after a fork() that failed.
+    pub fn parent(self) {
+        self.park.release();
+    }
+
+    /// The child's half, in the child (its only thread): a runtime of its own, from its copy
+    /// of the parked pager, the allocator and the region, on the parent's snapshot. The caller
+    /// makes it current; the parent's runtime value is forgotten (its pager is not here).
+    /// Allocations made meanwhile must not go to the region (the new pager thread's start-up
+    /// allocates before it can serve faults).
+    pub fn child(mut self) -> Result<Runtime, ForkError> {
+        // Held by this thread in the parent; the child's copies are free (a mutex here has no
+        // owner to check).
+        drop(self.movables.take());
+        fds::forget_all_but(&self.watch);
+        let rt = self.rt;
+        let mailbox =
+            Arc::new(Mailbox::new().map_err(|e| ForkError::Child(RuntimeError::Thread(e)))?);
+        // SAFETY: the pager parked at this address in the parent and the fork copied it here;
+        // its thread does not exist in the child, so this is the only use of it from now on.
+        let pager = unsafe { std::ptr::read(self.parked.pager) };
+        let pager = pager
+            .into_child(self.parked.snapshot, mailbox.clone())
+            .map_err(|e| ForkError::Child(e.into()))?;
+        // Another fork of this child made without the C library's fork() gets no region.
+        pager
+            .inherit(false)
+            .map_err(|e| ForkError::Child(RuntimeError::Child(crate::error_chain(&e))))?;
+        let (handle, shared) = spawn_pager(pager, rt.on_fatal.clone()).map_err(ForkError::Child)?;
+        Ok(Runtime {
+            base: rt.base,
+            len: rt.len,
+            page_size: rt.page_size,
+            policy: rt.policy.clone(),
+            stats: rt.stats.clone(),
+            mailbox,
+            pager: Mutex::new(Some(handle)),
+            alloc: Mutex::new(self.alloc.clone()),
+            capacity_bytes: rt.capacity_bytes,
+            overcommit: rt.overcommit,
+            mode: rt.mode,
+            kernel_faults: rt.kernel_faults,
+            by_signal: rt.by_signal,
+            servers: rt.servers.clone(),
+            local_bytes: rt.local_bytes,
+            tracing: false,
+            on_fatal: rt.on_fatal.clone(),
+            _shared: shared,
+            _parent_watch: Some(self.watch),
+        })
+    }
+}
+
+/// Start the pager thread; returns it and the program table's copies of the descriptors
+/// program threads write.
+///
+/// The new thread's start-up (std's spawn hooks, glibc's thread-exit registration) calls
+/// malloc before the closure runs. In transparent mode that malloc would go to the region and
+/// the pager would fault on its own memory, so the caller waits until the pager has marked
+/// itself: transparent mode turns on only after the runtime is started (and is off in a fork
+/// child while its pager starts).
+///
+/// The pager then gives itself a descriptor table of its own, and the descriptors only it
+/// uses are closed in the program's: nothing the program does to its descriptors can reach the
+/// userfaultfd or the sockets (rmem_uffd::fds).
+fn spawn_pager(
+    mut pager: Pager,
+    on_fatal: Arc<dyn Fn(&str) + Send + Sync>,
+) -> Result<(JoinHandle<()>, Vec<fds::Reserved>), RuntimeError> {
+    let private = pager.private_fds();
+    let shared = pager.shared_fds();
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<std::io::Result<()>>(1);
+    let handle = std::thread::Builder::new()
+        .name("rmem-pager".into())
+        .spawn(move || {
+            crate::PAGER_THREAD.with(|t| t.set(true));
+            let isolated = fds::isolate_thread();
+            let failed = isolated.is_err();
+            let _ = ready_tx.send(isolated);
+            if failed {
+                return;
+            }
+            match pager.run() {
+                Ok(done) => {
+                    drop(pager);
+                    done.signal();
+                }
+                Err(e) => {
+                    on_fatal(&crate::error_chain(&e));
+                    // Only reached when the handler returns (tests, the Python bindings):
+                    // the range stays reserved with no access, so late touches fault
+                    // with SIGSEGV, never zeros or the data of a mapping made later.
+                    if let Err(e) = pager.seal_region() {
+                        eprintln!("rmem: cannot make the lost region inaccessible: {e}");
+                    }
+                }
+            }
+        })
+        .map_err(RuntimeError::Thread)?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            let _ = handle.join();
+            return Err(RuntimeError::Isolate(e));
+        }
+        // The thread is gone already; the pager's own report says why.
+        Err(_) => {}
+    }
+    for fd in private {
+        fds::close_raw(fd);
+    }
+    // SAFETY: each is open in this table (the pager's copy is in its own) and owned by
+    // nothing else here: the Uffd that owned it now lives in the pager's table.
+    let shared = shared
+        .into_iter()
+        .map(|fd| unsafe { fds::Reserved::adopt(fd) })
+        .collect();
+    Ok((handle, shared))
+}
+
+impl Runtime {
     /// Allocate `size` zeroed bytes in remote memory. Sizes of a quarter page or more are
     /// page-aligned. `None` when the region is exhausted, or without overcommit the servers'
     /// capacity.

@@ -228,7 +228,7 @@ impl PageStates {
             "the policy chose page {} in state {s:?}",
             v.0
         );
-        if s == PageState::Dirty && !slot_free {
+        if s.may_be_dirty() && !slot_free {
             // Every write-back slot is busy: keep the page and wait for an acknowledgement.
             self.policy.insert(v, Admission::Declined);
             self.in_policy += 1;
@@ -240,11 +240,52 @@ impl PageStates {
     /// A clean victim was dropped from the region: remote again, or untouched if it was zero.
     pub fn dropped(&mut self, v: PageIndex) {
         let to = match self.get(v) {
-            PageState::Clean => PageState::Remote,
-            PageState::ZeroClean => PageState::Untouched,
+            PageState::Clean | PageState::ForkedClean => PageState::Remote,
+            PageState::ZeroClean | PageState::ForkedZero => PageState::Untouched,
             s => unreachable!("drop of page {} in state {s:?}", v.0),
         };
         self.table.transition(v, to);
+    }
+
+    /// In a fork() child, on its copy of its parent's states, taken while the parent's pager
+    /// was parked: what each state means in the child. Clean pages are mapped in the child
+    /// without write protection (`ForkedClean`, `ForkedZero`: whether the child wrote them is
+    /// found out when they are evicted); dirty ones stay dirty. Fetches in flight were the
+    /// parent's: those pages are remote (the child's snapshot on the servers has them).
+    /// Write-backs in flight were the parent's too, and the child has its own copy of every
+    /// staging slot: those pages are reinstalled from their slots as dirty pages (the
+    /// write-back may not have reached the snapshot). Pins (mlock) are not inherited.
+    pub fn after_fork(&mut self, now: Instant) {
+        self.table.relabel(|s| match s {
+            PageState::Clean => PageState::ForkedClean,
+            PageState::ZeroClean => PageState::ForkedZero,
+            PageState::Filling => PageState::Remote,
+            PageState::Leaving => PageState::LeavingWanted,
+            s => s,
+        });
+        for (page, _) in std::mem::take(&mut self.filling) {
+            if self.released.remove(&page) {
+                self.table.transition(page, PageState::Untouched);
+            }
+        }
+        let wanted = Fill {
+            write: true,
+            t0: now,
+            prefetched: false,
+        };
+        let mut leaving: Vec<PageIndex> = self.leaving.keys().copied().collect();
+        leaving.sort_unstable();
+        for &page in &leaving {
+            self.leaving.get_mut(&page).expect("listed").wanted = Some(wanted);
+        }
+        self.reinstall = leaving.into();
+        for page in std::mem::take(&mut self.locked) {
+            if self.get(page).is_mapped() {
+                self.policy.insert(page, Admission::Fetched);
+                self.in_policy += 1;
+            }
+        }
+        self.check();
     }
 
     /// A dirty victim was moved out into staging `slot`; its write-back starts.
@@ -325,7 +366,11 @@ impl PageStates {
                 self.table.transition(page, PageState::Untouched);
                 Freed::Remote
             }
-            PageState::ZeroClean | PageState::Clean | PageState::Dirty => {
+            PageState::ZeroClean
+            | PageState::Clean
+            | PageState::Dirty
+            | PageState::ForkedClean
+            | PageState::ForkedZero => {
                 if !pinned {
                     self.policy.remove(page);
                     self.in_policy -= 1;
@@ -462,5 +507,77 @@ mod tests {
         ));
         assert_eq!(s.get(p), PageState::Dirty);
         s.check();
+    }
+
+    #[test]
+    fn after_a_fork_clean_pages_are_forked_fetches_remote_and_write_backs_reinstalled() {
+        let mut s = states();
+        // fifo evicts in address order: the victims below are taken lowest first.
+        let [zero, dirty, leaving, clean, filling, freed_filling, pinned] =
+            [1, 2, 3, 4, 5, 6, 7].map(PageIndex);
+        s.zero_fill(zero, false);
+        s.zero_fill(dirty, true);
+        s.zero_fill(pinned, false);
+        assert!(s.lock([pinned].into_iter()).is_some());
+        s.zero_fill(leaving, true);
+        // Make `clean` Clean: written, evicted, fetched back.
+        s.zero_fill(clean, true);
+        for v in [zero, dirty, leaving, clean] {
+            assert_eq!(s.take_victim(true), Some(v));
+            if v == zero {
+                s.dropped(v);
+                s.zero_fill(zero, false);
+            } else {
+                s.begin_leave(v, v.0 as u32);
+                if v != leaving {
+                    s.stored(v);
+                }
+            }
+        }
+        s.begin_fill(clean, fill(false));
+        s.fetched(clean);
+        s.begin_fill(dirty, fill(true));
+        s.fetched(dirty);
+        for p in [filling, freed_filling] {
+            // Remote, as after a write-back (the policy never held them).
+            for to in [PageState::Dirty, PageState::Leaving, PageState::Remote] {
+                s.table.transition(p, to);
+            }
+            s.begin_fill(p, fill(false));
+        }
+        assert_eq!(s.free(freed_filling), Freed::Later);
+        s.after_fork(Instant::now());
+        assert_eq!(s.get(clean), PageState::ForkedClean);
+        assert_eq!(s.get(zero), PageState::ForkedZero);
+        assert_eq!(s.get(dirty), PageState::Dirty);
+        assert_eq!(s.get(pinned), PageState::Dirty, "pinned pages are dirty");
+        assert_eq!(s.get(filling), PageState::Remote);
+        assert_eq!(s.get(freed_filling), PageState::Untouched);
+        assert_eq!(s.get(leaving), PageState::LeavingWanted);
+        // Mapped: clean, zero, dirty, pinned; staged: leaving.
+        assert_eq!((s.resident(), s.local()), (4, 5));
+        let (q, l) = s.next_reinstall().expect("the staged page");
+        assert_eq!(q, leaving);
+        assert!(matches!(
+            l,
+            Landed::Map {
+                write: true,
+                slot: Some(3),
+                ..
+            }
+        ));
+        // Every mapped page, the formerly pinned one too, may be evicted now.
+        let mut victims = Vec::new();
+        while let Some(v) = s.take_victim(true) {
+            victims.push(v);
+        }
+        victims.sort_unstable();
+        assert_eq!(victims, vec![zero, dirty, leaving, clean, pinned]);
+        s.dropped(clean);
+        s.dropped(zero);
+        assert_eq!(
+            (s.get(clean), s.get(zero)),
+            (PageState::Remote, PageState::Untouched)
+        );
     }
 }

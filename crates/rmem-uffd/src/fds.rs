@@ -178,6 +178,16 @@ impl Movable {
     }
 }
 
+/// The registry of movable descriptors, held across a fork() so that the child's copy is not
+/// locked by a thread that does not exist there (the child makes a [`Movable`] for its own
+/// pager's mailbox).
+pub struct MovablesHeld(#[allow(dead_code)] std::sync::MutexGuard<'static, Vec<Weak<Movable>>>);
+
+/// Hold the registry of movable descriptors (see [`MovablesHeld`]).
+pub fn hold_movables() -> MovablesHeld {
+    MovablesHeld(MOVABLES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Move rmem's descriptor on number `fd` to another reserved number, so that the program can
 /// have `fd`. False when it cannot move (not a [`Movable`], or no free reserved number).
 pub fn make_way(fd: RawFd) -> bool {
@@ -214,6 +224,29 @@ pub fn isolate_thread() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// A copy, in the calling thread's table, of descriptor `fd` of the program's table (the one
+/// the process's first thread uses): how the pager, whose table is its own, takes a descriptor
+/// a program thread made for it. `pidfd` names this process. pidfd_getfd(2), Linux 5.6; a
+/// process may always take its own descriptors.
+pub fn take_from_program(pidfd: RawFd, fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_getfd returns a new descriptor or fails; it changes nothing else.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor (close-on-exec) that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// In a fork() child: forget every shared descriptor but `keep` (see [`forget_all`]).
+pub fn forget_all_but(keep: &Reserved) {
+    forget_all();
+    let slot = keep.as_raw_fd() - range_start();
+    if (0..SLOTS).contains(&slot) {
+        USED.fetch_or(1 << slot, Ordering::AcqRel);
+    }
 }
 
 /// Close `fd` in the calling thread's table (the raw system call: librmem's `close` would

@@ -387,7 +387,9 @@ impl Uffd {
             wanted |= feature::SIGBUS;
         }
         let (fd, mode) = open_raw(user_mode_only)?;
-        let features = api(fd.as_raw_fd(), wanted & available).map_err(UffdError::Api)?;
+        // The kernel answers with every feature it has; the descriptor has those asked for.
+        let features = wanted & available;
+        api(fd.as_raw_fd(), features).map_err(UffdError::Api)?;
         let signal = if by_signal {
             signal::install().map_err(UffdError::Signal)?;
             // SAFETY: eventfd creates a new descriptor or fails.
@@ -427,11 +429,11 @@ impl Uffd {
             )));
         }
         let (fd, mode) = open_raw(self.mode == OpenMode::UserModeOnly)?;
-        let features = api(fd.as_raw_fd(), self.features).map_err(UffdError::Api)?;
+        api(fd.as_raw_fd(), self.features).map_err(UffdError::Api)?;
         Ok(Uffd {
             fd,
             mode,
-            features,
+            features: self.features,
             pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
             signal: None,
         })

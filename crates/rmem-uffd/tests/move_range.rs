@@ -153,10 +153,8 @@ fn move_range_copies_pieces_shared_with_a_fork_child_and_can_leave_unwritten_one
 
 fn advise_all(addr: u64, len: u64) {
     // SAFETY: a range of the test's own mappings.
-    assert_eq!(
-        unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, libc::MADV_DONTNEED) },
-        0
-    );
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, libc::MADV_DONTNEED) };
+    assert_eq!(r, 0);
 }
 
 #[path = "../../../tests/rust/swap_file.rs"]

@@ -1,7 +1,7 @@
 //! An in-process page store: the same interface as the memory servers, for tests and
 //! simulations that must not depend on the network.
 
-use super::{Completion, PageStore, StoreError};
+use super::{Completion, PageStore, Snapshot, StoreError};
 use crate::PageIndex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -109,5 +109,26 @@ impl PageStore for MemStore {
 
     fn describe(&self) -> String {
         "in-process store".into()
+    }
+
+    /// Nothing to do: a fork() child's copy of this process's memory is the snapshot.
+    fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
+        Ok(Snapshot(0))
+    }
+
+    /// The child's own copy of the pages (its parent's later stores stay in the parent).
+    fn forked(&self, _snapshot: Snapshot) -> Box<dyn PageStore> {
+        let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Box::new(MemStore {
+            pages: Arc::new(Mutex::new(pages)),
+            capacity_bytes: self.capacity_bytes,
+            page_size: self.page_size,
+            done: VecDeque::new(),
+            buf: vec![0; self.page_size],
+        })
+    }
+
+    fn end_snapshot(&mut self, _snapshot: Snapshot) -> Result<(), StoreError> {
+        Ok(())
     }
 }

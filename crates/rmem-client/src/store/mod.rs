@@ -11,6 +11,11 @@ pub mod remote;
 use crate::PageIndex;
 use std::time::Instant;
 
+/// A copy-on-write snapshot of a store's pages: what a fork() child reads (on the memory
+/// servers, a session of its own; see rmem-server's session.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot(pub u128);
+
 /// A finished operation. Page data borrows the store's receive buffer until the callback
 /// returns.
 #[derive(Debug)]
@@ -98,6 +103,18 @@ pub trait PageStore: Send {
     }
     /// Requests in flight.
     fn in_flight(&self) -> usize;
+    /// Take a snapshot of every page as the requests submitted so far leave it, for a fork()
+    /// child: later stores and frees here do not reach it. Cheap (the servers copy nothing),
+    /// since most forks exec at once.
+    fn snapshot(&mut self) -> Result<Snapshot, StoreError>;
+    /// In a fork() child, called on its copy of its parent's store (taken while the parent's
+    /// pager was parked, after [`PageStore::snapshot`]): the store the child goes on with,
+    /// whose pages are `snapshot`. No I/O: a remote store connects at its first request, so a
+    /// child that execs at once costs the servers nothing. The copy is then forgotten, never
+    /// dropped: its descriptors belong to the parent's pager.
+    fn forked(&self, snapshot: Snapshot) -> Box<dyn PageStore>;
+    /// The fork() child that read `snapshot` exited or exec'd: free it.
+    fn end_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StoreError>;
     /// One line naming the servers, for logs.
     fn describe(&self) -> String;
 }

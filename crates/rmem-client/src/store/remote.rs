@@ -10,8 +10,13 @@
 //! every unanswered request in order, with its tag. Requests are idempotent by page (a write
 //! sets a page, a free removes it, a read changes nothing), so a request applied before the
 //! drop and again after leaves the same pages. The pager sees only requests that take longer.
+//!
+//! A fork() child's store ([`PageStore::forked`]) reads a snapshot its parent's connections
+//! asked for at the fork; its connections open at its first request (most children exec at
+//! once and need none), attach the snapshot without ever creating it, and wait for it if the
+//! parent's request is still on its way.
 
-use super::{Completion, PageStore, StoreError};
+use super::{Completion, PageStore, Snapshot, StoreError};
 use crate::config::Placement;
 use crate::PageIndex;
 use rmem_proto::{auth, parse_header, PageKey, Request, Response, SessionId, HEADER_LEN};
@@ -53,6 +58,8 @@ enum Kind {
     Swap { victim: PageIndex, page: PageIndex },
     Free,
     Ping,
+    Snapshot,
+    EndSnapshot,
 }
 
 #[derive(Debug)]
@@ -164,6 +171,9 @@ pub struct Conn {
     full: bool,
     /// Writes answered `Full`, for the store to place again.
     rejected: Vec<Rejected>,
+    /// The session is a snapshot its parent's connection creates: attach it with
+    /// `ATTACH_SNAPSHOT` (wait for it, never create it).
+    snapshot: bool,
 }
 
 fn io_err(server: &str, e: io::Error) -> StoreError {
@@ -209,6 +219,7 @@ fn open(
     page_size: usize,
     session: SessionId,
     timeout: Duration,
+    snapshot: bool,
 ) -> Result<Link, StoreError> {
     let connect_err = |source| StoreError::Connect {
         server: server.into(),
@@ -242,10 +253,18 @@ fn open(
         )));
     }
     let mut frame = Vec::new();
+    let mut flags = rmem_proto::ATTACH_EXCLUSIVE;
+    if snapshot {
+        flags |= rmem_proto::ATTACH_SNAPSHOT;
+        // The server may wait for the snapshot this long before it answers.
+        let wait = Duration::from_millis(rmem_proto::SNAPSHOT_WAIT_MS);
+        sock.set_read_timeout(Some(timeout + wait))
+            .map_err(connect_err)?;
+    }
     Request::Attach {
         session,
         lease_ms: 0,
-        flags: rmem_proto::ATTACH_EXCLUSIVE,
+        flags,
         reserved: 0,
     }
     .encode(0, &mut frame);
@@ -286,7 +305,7 @@ impl Conn {
         session: SessionId,
         timing: Timing,
     ) -> Result<Conn, StoreError> {
-        let link = open(server, token, page_size, session, timing.connect)?;
+        let link = open(server, token, page_size, session, timing.connect, false)?;
         let inbuf_len = (2 * (page_size + 64)).max(256 * 1024);
         Ok(Conn {
             name: server.into(),
@@ -318,7 +337,80 @@ impl Conn {
             server_capacity_bytes: link.welcome.capacity_bytes,
             full: false,
             rejected: Vec::new(),
+            snapshot: false,
         })
+    }
+
+    /// In a fork() child, from its copy of its parent's connection: the same server, the
+    /// child's snapshot `session`, no link yet (opened at the first request, or to keep the
+    /// snapshot's lease once a heartbeat has passed).
+    fn forked(&self, session: SessionId) -> Conn {
+        Conn {
+            name: self.name.clone(),
+            token: self.token.clone(),
+            session,
+            page_size: self.page_size,
+            timing: self.timing,
+            sock: None,
+            out: Outbox::default(),
+            inbuf: vec![0; self.inbuf.len()],
+            in_start: 0,
+            in_end: 0,
+            pending: VecDeque::new(),
+            next_tag: 1,
+            frees: Vec::new(),
+            last_activity: Instant::now(),
+            frame_len_max: self.frame_len_max,
+            lease: self.lease,
+            lost: None,
+            reconnects: 0,
+            capacity_bytes: self.capacity_bytes,
+            used_bytes: self.used_bytes,
+            server_capacity_bytes: self.server_capacity_bytes,
+            full: self.full,
+            rejected: Vec::new(),
+            snapshot: true,
+        }
+    }
+
+    /// A fork child's connection that has never had a link.
+    fn never_linked(&self) -> bool {
+        self.sock.is_none() && self.lost.is_none()
+    }
+
+    /// Open the first link of a connection made without one ([`Conn::forked`]).
+    fn link_first(&mut self, now: Instant) -> Result<(), StoreError> {
+        let opened = open(
+            &self.name,
+            &self.token,
+            self.page_size,
+            self.session,
+            self.timing.connect,
+            self.snapshot,
+        );
+        match opened {
+            Ok(link) => {
+                self.take_link(link, now);
+                self.flush(now)
+            }
+            Err(e) => self.lose(e, now),
+        }
+    }
+
+    /// A new link is up: every unanswered request goes out on it again, in order, with its
+    /// tag (answers half-read from an old link are gone).
+    fn take_link(&mut self, link: Link, now: Instant) {
+        self.sock = Some(link.sock);
+        self.lease = link.lease;
+        self.frame_len_max = link.welcome.frame_len_max;
+        self.lost = None;
+        self.in_start = 0;
+        self.in_end = 0;
+        self.out.rewind();
+        self.last_activity = now;
+        for p in &mut self.pending {
+            p.sent = now;
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -396,6 +488,7 @@ impl Conn {
             self.page_size,
             self.session,
             timeout,
+            self.snapshot,
         ) {
             Ok(link) => {
                 if !link.existed && self.used_bytes > 0 {
@@ -410,20 +503,8 @@ impl Conn {
                         ),
                     });
                 }
-                self.sock = Some(link.sock);
-                self.lease = link.lease;
-                self.frame_len_max = link.welcome.frame_len_max;
-                self.lost = None;
+                self.take_link(link, now);
                 self.reconnects += 1;
-                // Answers half-read from the old link are gone; every unanswered request
-                // goes out again, in order, with its tag.
-                self.in_start = 0;
-                self.in_end = 0;
-                self.out.rewind();
-                self.last_activity = now;
-                for p in &mut self.pending {
-                    p.sent = now;
-                }
                 self.flush(now)
             }
             Err(e) if link_failure(&e) => {
@@ -450,6 +531,13 @@ impl Conn {
         }
         if self.lost.is_some() {
             return self.reconnect(now);
+        }
+        if self.never_linked() {
+            // A fork child's: its first link opens once there is something to send.
+            if self.out.unsent().is_empty() {
+                return Ok(());
+            }
+            return self.link_first(now);
         }
         let sock = self.sock.as_mut().expect("a link when not lost");
         while !self.out.unsent().is_empty() {
@@ -584,7 +672,9 @@ impl Conn {
                         f(Completion::Stored { page: victim });
                         f(Completion::Fetched { page, data });
                     }
-                    (Kind::Free, Response::FreeOk { .. }) => {}
+                    (Kind::Free, Response::FreeOk { .. })
+                    | (Kind::Snapshot, Response::SnapshotOk { .. })
+                    | (Kind::EndSnapshot, Response::SessionEnded { .. }) => {}
                     (
                         Kind::Ping,
                         Response::Pong {
@@ -671,6 +761,15 @@ impl Conn {
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         if self.lost.is_some() {
             return self.reconnect(now);
+        }
+        if self.never_linked() {
+            // A fork child that has not needed its servers yet: from a heartbeat on, a ping
+            // opens the link and keeps the snapshot's lease (it would expire otherwise).
+            if now.saturating_duration_since(self.last_activity) > self.heartbeat() {
+                self.submit(Request::Ping, Kind::Ping);
+                self.last_activity = now;
+            }
+            return self.flush(now);
         }
         if let Some(p) = self.pending.front() {
             let waited = now.saturating_duration_since(p.sent.max(self.last_activity));
@@ -851,7 +950,7 @@ pub fn handshake(
 }
 
 /// Per-page server slot: 0 = no remote copy, i + 1 = on server i. Chunked like the page table.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Locations {
     chunks: Vec<Option<Box<[u16]>>>,
 }
@@ -1162,6 +1261,37 @@ impl PageStore for RemoteStore {
             .map(|c| c.name.as_str())
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// A new session on every server, snapshot of this one after the requests queued so far
+    /// (each server applies a connection's requests in order). Sent with the next flush: the
+    /// fork goes on meanwhile, and the child's attach waits for it.
+    fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
+        let session = SessionId::random().map_err(|e| io_err("(none)", e))?;
+        for c in &mut self.conns {
+            c.submit(Request::Snapshot { session }, Kind::Snapshot);
+        }
+        Ok(Snapshot(session.0))
+    }
+
+    fn forked(&self, snapshot: Snapshot) -> Box<dyn PageStore> {
+        let session = SessionId(snapshot.0);
+        Box::new(RemoteStore {
+            conns: self.conns.iter().map(|c| c.forked(session)).collect(),
+            page_size: self.page_size,
+            placement: self.placement,
+            locations: self.locations.clone(),
+            session,
+            refusals: Default::default(),
+        })
+    }
+
+    fn end_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StoreError> {
+        let session = SessionId(snapshot.0);
+        for c in &mut self.conns {
+            c.submit(Request::EndSnapshot { session }, Kind::EndSnapshot);
+        }
+        self.flush()
     }
 }
 
