@@ -138,6 +138,18 @@ enum Rejected {
     },
 }
 
+/// What a server told a connection about its limits.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    frame_len_max: u32,
+    /// The lease the server granted.
+    lease: Duration,
+    /// Bytes this client may use on the server (its capacity less what others used at connect).
+    capacity_bytes: u64,
+    /// The server's whole capacity, for messages.
+    server_capacity_bytes: u64,
+}
+
 /// One server: its session, its link (when up), and every unanswered request.
 pub struct Conn {
     name: String,
@@ -306,14 +318,38 @@ impl Conn {
         timing: Timing,
     ) -> Result<Conn, StoreError> {
         let link = open(server, token, page_size, session, timing.connect, false)?;
-        let inbuf_len = (2 * (page_size + 64)).max(256 * 1024);
+        let limits = Limits {
+            frame_len_max: link.welcome.frame_len_max,
+            lease: link.lease,
+            capacity_bytes: link
+                .welcome
+                .capacity_bytes
+                .saturating_sub(link.welcome.used_bytes),
+            server_capacity_bytes: link.welcome.capacity_bytes,
+        };
         Ok(Conn {
+            sock: Some(link.sock),
+            ..Conn::unlinked(server, token, page_size, session, timing, limits)
+        })
+    }
+
+    /// A connection with no link yet and nothing sent.
+    fn unlinked(
+        server: &str,
+        token: &[u8],
+        page_size: usize,
+        session: SessionId,
+        timing: Timing,
+        limits: Limits,
+    ) -> Conn {
+        let inbuf_len = (2 * (page_size + 64)).max(256 * 1024);
+        Conn {
             name: server.into(),
             token: token.to_vec(),
             session,
             page_size,
             timing,
-            sock: Some(link.sock),
+            sock: None,
             out: Outbox {
                 buf: Vec::with_capacity(256 * 1024),
                 ..Outbox::default()
@@ -325,51 +361,41 @@ impl Conn {
             next_tag: 1,
             frees: Vec::new(),
             last_activity: Instant::now(),
-            frame_len_max: link.welcome.frame_len_max,
-            lease: link.lease,
+            frame_len_max: limits.frame_len_max,
+            lease: limits.lease,
             lost: None,
             reconnects: 0,
-            capacity_bytes: link
-                .welcome
-                .capacity_bytes
-                .saturating_sub(link.welcome.used_bytes),
+            capacity_bytes: limits.capacity_bytes,
             used_bytes: 0,
-            server_capacity_bytes: link.welcome.capacity_bytes,
+            server_capacity_bytes: limits.server_capacity_bytes,
             full: false,
             rejected: Vec::new(),
             snapshot: false,
-        })
+        }
     }
 
     /// In a fork() child, from its copy of its parent's connection: the same server, the
     /// child's snapshot `session`, no link yet (opened at the first request, or to keep the
     /// snapshot's lease once a heartbeat has passed).
     fn forked(&self, session: SessionId) -> Conn {
-        Conn {
-            name: self.name.clone(),
-            token: self.token.clone(),
-            session,
-            page_size: self.page_size,
-            timing: self.timing,
-            sock: None,
-            out: Outbox::default(),
-            inbuf: vec![0; self.inbuf.len()],
-            in_start: 0,
-            in_end: 0,
-            pending: VecDeque::new(),
-            next_tag: 1,
-            frees: Vec::new(),
-            last_activity: Instant::now(),
+        let limits = Limits {
             frame_len_max: self.frame_len_max,
             lease: self.lease,
-            lost: None,
-            reconnects: 0,
             capacity_bytes: self.capacity_bytes,
-            used_bytes: self.used_bytes,
             server_capacity_bytes: self.server_capacity_bytes,
+        };
+        Conn {
+            used_bytes: self.used_bytes,
             full: self.full,
-            rejected: Vec::new(),
             snapshot: true,
+            ..Conn::unlinked(
+                &self.name,
+                &self.token,
+                self.page_size,
+                session,
+                self.timing,
+                limits,
+            )
         }
     }
 
