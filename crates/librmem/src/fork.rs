@@ -67,6 +67,9 @@ extern "C" fn prepare() {
     if FORKED.load(Relaxed) {
         return;
     }
+    // The slot's first use registers its destructor with the C library, which allocates:
+    // before the allocator is held.
+    PENDING.with(|_| {});
     // SAFETY: glibc's recursive lock; this thread takes it again in fork and releases both
     // in the parent; the child's copy is reset by glibc.
     unsafe { _IO_list_lock() };

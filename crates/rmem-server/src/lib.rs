@@ -371,7 +371,9 @@ impl Connection<'_> {
         writer.flush()?;
         out.clear();
         let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
-            return Err(Close::Bad("closed during the handshake".into()));
+            // A client that exits while it connects (a fork() child that needed its pages
+            // and then ended) is not news: logged as a hang-up.
+            return Err(Close::Io(io::ErrorKind::UnexpectedEof.into()));
         };
         let Request::Auth { proof } = Request::decode(h.op, &body)? else {
             return Err(Close::Bad(format!("expected auth, got {:?}", h.op)));
