@@ -8,12 +8,19 @@
  * page the whole region out to swap (MADV_PAGEOUT, by system call past librmem's madvise), so
  * that the pager moves, installs and drops pages the kernel is swapping at the same time.
  *
+ * With STRESS_FORKS=N, the main thread forks N children while the workers run (pages in
+ * flight both ways). Each child checks the region against its copy of the shadow: a word a
+ * worker was writing at the instant of the fork may differ (at most one per worker: its
+ * region store and its shadow store straddle the fork), nothing else. It then runs its own
+ * single-threaded verified reads and writes, and checks every word again: zero mismatches.
+ *
  * Prints "stress: ok ..." and exits 0 with zero mismatches; exits 1 on any mismatch. */
 #include <dlm.h>
 #include <rmem.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,6 +87,34 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* In a fork() child: the snapshot check and a verified run of the child's own. */
+static int child_check(long k) {
+    long straddling = 0, bad = 0;
+    for (size_t w = 0; w < words; w++)
+        if (mem[w] != shadow[w]) {
+            straddling++;
+            shadow[w] = mem[w];
+        }
+    uint64_t x = 0xD1B54A32D192ED03ull ^ (uint64_t)(k + 1);
+    for (long i = 0; i < ops / 16; i++) {
+        uint64_t r = next(&x);
+        size_t w = (size_t)(r % words);
+        if (r & 1) {
+            uint64_t v = next(&x);
+            mem[w] = v;
+            shadow[w] = v;
+        } else if (mem[w] != shadow[w]) {
+            bad++;
+        }
+    }
+    for (size_t w = 0; w < words; w++)
+        if (mem[w] != shadow[w]) bad++;
+    if (straddling > threads || bad)
+        fprintf(stderr, "stress: fork child %ld: %ld words differ at the fork (at most %d may), %ld after\n", k,
+                straddling, threads, bad);
+    return straddling > threads || bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: stress THREADS REGION_MIB OPS_PER_THREAD\n");
@@ -109,7 +144,21 @@ int main(int argc, char **argv) {
     pageout_us = po ? atol(po) : 0;
     if (pageout_us > 0) pthread_create(&pager_out, NULL, pageout, NULL);
     for (long t = 0; t < threads; t++) pthread_create(&tid[t], NULL, worker, (void *)t);
+    const char *fk = getenv("STRESS_FORKS");
+    long forks = fk ? atol(fk) : 0, forks_failed = 0;
+    for (long k = 0; k < forks; k++) {
+        usleep(100000);
+        pid_t c = fork();
+        if (c < 0) { perror("fork"); return 1; }
+        if (c == 0) _exit(child_check(k));
+        int st;
+        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0) forks_failed++;
+    }
     for (long t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+    if (forks_failed) {
+        fprintf(stderr, "stress: %ld of %ld fork children failed\n", forks_failed, forks);
+        mismatches += forks_failed;
+    }
     done = 1;
     if (pageout_us > 0) pthread_join(pager_out, NULL);
     struct rmem_stats s;

@@ -100,15 +100,16 @@ extern "C" fn child() {
     CHILD.store(true, Relaxed);
     let why = match pending {
         Some(Pending::Ready(f)) => {
-            // The new pager thread allocates before it can serve faults: locally.
+            // The new pager thread allocates before it can serve faults: allocations are local
+            // until it says it has started.
             let transparent = TRANSPARENT.swap(false, Relaxed);
-            let started = crate::guard(|| f.child());
+            let started =
+                crate::guard(|| f.child(Box::new(move || TRANSPARENT.store(transparent, Relaxed))));
             match started {
                 Ok(rt) => {
                     crate::make_current(rt);
                     // SAFETY: getpid has no preconditions.
                     OWNER_PID.store(unsafe { libc::getpid() }, Relaxed);
-                    TRANSPARENT.store(transparent, Relaxed);
                     return;
                 }
                 Err(e) => rmem_client::error_chain(&e),

@@ -397,7 +397,11 @@ impl Pager {
     /// mapped, until the caller has reported it, so threads keep waiting rather than crash.
     pub fn run(&mut self) -> Result<Arc<Done>, PagerError> {
         let mut faults = Vec::with_capacity(64);
-        let mut last_work = Instant::now();
+        // No work yet: sleep until some comes rather than spin (a fork child's new pager would
+        // otherwise take a CPU from the child while it execs).
+        let mut last_work = Instant::now()
+            .checked_sub(self.spin)
+            .unwrap_or_else(Instant::now);
         let mut last_tick = Instant::now();
         let mut fds = Vec::new();
         loop {
@@ -449,7 +453,12 @@ impl Pager {
                             self.flush_trace()?;
                             done.signal();
                         }
-                        Command::Fork { park, watch } => self.fork(&park, watch)?,
+                        Command::Fork { park, watch } => {
+                            self.fork(&park, watch)?;
+                            // Not work to spin after: the CPU is the child's, which most
+                            // often execs at once.
+                            continue;
+                        }
                     }
                     work += 1;
                 }
@@ -658,7 +667,7 @@ impl Pager {
         std::mem::forget(trace);
         std::mem::forget(watches);
         let uffd = core.uffd.reopen();
-        std::mem::forget(std::mem::take(&mut core.dropper));
+        std::mem::forget(std::mem::replace(&mut core.dropper, Dropper::closed()));
         let uffd = match uffd {
             Ok(u) => u,
             Err(e) => {
@@ -682,6 +691,13 @@ impl Pager {
             trace: None,
             watches: Vec::new(),
         })
+    }
+
+    /// In a fork child's pager thread, once it has its own descriptor table: open what
+    /// [`Pager::into_child`] left unopened so that the program's table never has it.
+    pub fn open_private(&mut self) {
+        self.core.uffd.open_pagemap();
+        self.core.dropper.open();
     }
 
     /// Whether the region and staging slots are inherited by fork() children; a child calls

@@ -307,6 +307,20 @@ impl Dropper {
         }
     }
 
+    /// One that has no pidfd yet ([`Dropper::open`]): a fork child's, made before its pager
+    /// has a descriptor table of its own.
+    pub fn closed() -> Dropper {
+        Dropper { pidfd: None }
+    }
+
+    /// Open the pidfd if there is none (a no-op where the kernel refused it before: then the
+    /// fallback is used anyway).
+    pub fn open(&mut self) {
+        if self.pidfd.is_none() {
+            *self = Dropper::new();
+        }
+    }
+
     /// The pidfd, if pidfd_open worked.
     pub fn fd(&self) -> Option<std::os::fd::RawFd> {
         self.pidfd.as_ref().map(|f| f.as_raw_fd())

@@ -258,7 +258,7 @@ impl Runtime {
             },
         });
         let on_fatal: Arc<dyn Fn(&str) + Send + Sync> = Arc::from(on_fatal);
-        let (handle, shared) = spawn_pager(pager, on_fatal.clone())?;
+        let (handle, shared) = spawn_pager(pager, on_fatal.clone(), Start::Wait)?;
         Ok(Runtime {
             base,
             len,
@@ -362,9 +362,10 @@ impl Forking<'_> {
     /// The child's half, in the child (its only thread): a runtime of its own, from its copy
     /// of the parked pager, the allocator and the region, on the parent's snapshot. The caller
     /// makes it current; the parent's runtime value is forgotten (its pager is not here).
-    /// Allocations made meanwhile must not go to the region (the new pager thread's start-up
-    /// allocates before it can serve faults).
-    pub fn child(mut self) -> Result<Runtime, ForkError> {
+    /// Allocations must not go to the region until the new pager thread calls `started`
+    /// (its start-up allocates before it can serve faults); this does not wait for it, so a
+    /// child that execs at once does not wait for a thread it will never use.
+    pub fn child(mut self, started: Box<dyn FnOnce() + Send>) -> Result<Runtime, ForkError> {
         // Held by this thread in the parent; the child's copies are free (a mutex here has no
         // owner to check).
         drop(self.movables.take());
@@ -382,7 +383,8 @@ impl Forking<'_> {
         pager
             .inherit(false)
             .map_err(|e| ForkError::Child(RuntimeError::Child(crate::error_chain(&e))))?;
-        let (handle, shared) = spawn_pager(pager, rt.on_fatal.clone()).map_err(ForkError::Child)?;
+        let (handle, shared) = spawn_pager(pager, rt.on_fatal.clone(), Start::Child(started))
+            .map_err(ForkError::Child)?;
         Ok(Runtime {
             base: rt.base,
             len: rt.len,
@@ -407,14 +409,25 @@ impl Forking<'_> {
     }
 }
 
+/// How the caller of [`spawn_pager`] waits for the pager thread.
+enum Start {
+    /// Until the pager has marked itself and taken its own descriptor table; then the program
+    /// table's copies of its private descriptors are closed.
+    Wait,
+    /// Not at all (a fork child, most often about to exec): the private descriptors are ones
+    /// the program table never had or keeps among rmem's reserved numbers, and transparent
+    /// mode, off meanwhile, is turned back on by `started` from the pager thread.
+    Child(Box<dyn FnOnce() + Send>),
+}
+
 /// Start the pager thread; returns it and the program table's copies of the descriptors
 /// program threads write.
 ///
 /// The new thread's start-up (std's spawn hooks, glibc's thread-exit registration) calls
 /// malloc before the closure runs. In transparent mode that malloc would go to the region and
-/// the pager would fault on its own memory, so the caller waits until the pager has marked
-/// itself: transparent mode turns on only after the runtime is started (and is off in a fork
-/// child while its pager starts).
+/// the pager would fault on its own memory, so transparent mode is off until the pager has
+/// marked itself: it turns on only after the runtime is started, and in a fork child the
+/// pager turns it back on itself.
 ///
 /// The pager then gives itself a descriptor table of its own, and the descriptors only it
 /// uses are closed in the program's: nothing the program does to its descriptors can reach the
@@ -422,19 +435,35 @@ impl Forking<'_> {
 fn spawn_pager(
     mut pager: Pager,
     on_fatal: Arc<dyn Fn(&str) + Send + Sync>,
+    start: Start,
 ) -> Result<(JoinHandle<()>, Vec<fds::Reserved>), RuntimeError> {
     let private = pager.private_fds();
     let shared = pager.shared_fds();
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<std::io::Result<()>>(1);
+    let child = match start {
+        Start::Wait => None,
+        Start::Child(started) => Some(started),
+    };
+    let waits = child.is_none();
+    let fatal = on_fatal;
     let handle = std::thread::Builder::new()
         .name("rmem-pager".into())
         .spawn(move || {
             crate::PAGER_THREAD.with(|t| t.set(true));
             let isolated = fds::isolate_thread();
-            let failed = isolated.is_err();
-            let _ = ready_tx.send(isolated);
-            if failed {
-                return;
+            if let Some(started) = child {
+                if let Err(e) = isolated {
+                    let e = RuntimeError::Isolate(e);
+                    return fatal(&crate::error_chain(&e));
+                }
+                pager.open_private();
+                started();
+            } else {
+                let failed = isolated.is_err();
+                let _ = ready_tx.send(isolated);
+                if failed {
+                    return;
+                }
             }
             match pager.run() {
                 Ok(done) => {
@@ -442,7 +471,7 @@ fn spawn_pager(
                     done.signal();
                 }
                 Err(e) => {
-                    on_fatal(&crate::error_chain(&e));
+                    fatal(&crate::error_chain(&e));
                     // Only reached when the handler returns (tests, the Python bindings):
                     // the range stays reserved with no access, so late touches fault
                     // with SIGSEGV, never zeros or the data of a mapping made later.
@@ -453,6 +482,9 @@ fn spawn_pager(
             }
         })
         .map_err(RuntimeError::Thread)?;
+    if !waits {
+        return Ok((handle, Vec::new()));
+    }
     match ready_rx.recv() {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

@@ -122,6 +122,15 @@ pub fn place(fd: OwnedFd) -> io::Result<Reserved> {
 pub struct Reserved(OwnedFd);
 
 impl Reserved {
+    /// The descriptor, marked as rmem's for the life of the process (until exec closes it):
+    /// for one whose owner moves to the pager's own table while the program table keeps a
+    /// copy nobody will close.
+    pub fn into_kept(self) -> OwnedFd {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: moved out of a value that is never dropped.
+        unsafe { std::ptr::read(&this.0) }
+    }
+
     /// Take over the program table's copy of a descriptor that [`place`] marked and whose
     /// first owner went with the pager's own table (see [`isolate_thread`]).
     ///

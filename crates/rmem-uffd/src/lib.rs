@@ -420,7 +420,10 @@ impl Uffd {
     /// A new userfaultfd opened the way this one was, with the features it has. A `fork()`
     /// child calls it on its copy of its parent's: the kernel drops the child's registrations
     /// (this descriptor serves the parent's memory), so the child opens its own. Not with
-    /// faults by signal.
+    /// faults by signal. The descriptor is moved among rmem's reserved numbers (`fds::place`),
+    /// where the program's close calls leave it alone, and stays there in the program's table
+    /// (the child's pager takes a table of its own without a handshake to close it); the
+    /// pagemap is opened later, by the pager itself ([`Uffd::open_pagemap`]).
     pub fn reopen(&self) -> Result<Uffd, UffdError> {
         if self.signal.is_some() {
             return Err(UffdError::Signal(io::Error::new(
@@ -430,13 +433,21 @@ impl Uffd {
         }
         let (fd, mode) = open_raw(self.mode == OpenMode::UserModeOnly)?;
         api(fd.as_raw_fd(), self.features).map_err(UffdError::Api)?;
+        let fd = fds::place(fd).map_err(UffdError::Api)?.into_kept();
         Ok(Uffd {
             fd,
             mode,
             features: self.features,
-            pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
+            pagemap: None,
             signal: None,
         })
+    }
+
+    /// Open /proc/self/pagemap if it is not open (see [`Uffd::reopen`]).
+    pub fn open_pagemap(&mut self) {
+        if self.pagemap.is_none() {
+            self.pagemap = std::fs::File::open("/proc/self/pagemap").ok();
+        }
     }
 
     pub fn mode(&self) -> OpenMode {

@@ -90,7 +90,8 @@ pub trait PageStore: Send {
     fn free(&mut self, page: PageIndex) -> Result<(), StoreError>;
     /// Push buffered requests out.
     fn flush(&mut self) -> Result<(), StoreError>;
-    /// Deliver finished operations to `f` without blocking. Returns how many.
+    /// Deliver finished operations to `f` without blocking. Returns how many pages completed
+    /// (answers that complete nothing, such as a ping's, are not counted).
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError>;
     /// Descriptors to wait on when the pager sleeps (readable, or writable with unsent data).
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>);

@@ -327,10 +327,9 @@ impl Conn {
                 .saturating_sub(link.welcome.used_bytes),
             server_capacity_bytes: link.welcome.capacity_bytes,
         };
-        Ok(Conn {
-            sock: Some(link.sock),
-            ..Conn::unlinked(server, token, page_size, session, timing, limits)
-        })
+        let mut conn = Conn::unlinked(server, token, page_size, session, timing, limits);
+        conn.take_link(link, Instant::now());
+        Ok(conn)
     }
 
     /// A connection with no link yet and nothing sent.
@@ -342,7 +341,6 @@ impl Conn {
         timing: Timing,
         limits: Limits,
     ) -> Conn {
-        let inbuf_len = (2 * (page_size + 64)).max(256 * 1024);
         Conn {
             name: server.into(),
             token: token.to_vec(),
@@ -350,11 +348,10 @@ impl Conn {
             page_size,
             timing,
             sock: None,
-            out: Outbox {
-                buf: Vec::with_capacity(256 * 1024),
-                ..Outbox::default()
-            },
-            inbuf: vec![0; inbuf_len],
+            // Both buffers are made with the first link: a fork child that execs at once
+            // never needs them.
+            out: Outbox::default(),
+            inbuf: Vec::new(),
             in_start: 0,
             in_end: 0,
             pending: VecDeque::new(),
@@ -426,6 +423,10 @@ impl Conn {
     /// A new link is up: every unanswered request goes out on it again, in order, with its
     /// tag (answers half-read from an old link are gone).
     fn take_link(&mut self, link: Link, now: Instant) {
+        if self.inbuf.is_empty() {
+            self.inbuf = vec![0; (2 * (self.page_size + 64)).max(256 * 1024)];
+            self.out.buf.reserve(256 * 1024);
+        }
         self.sock = Some(link.sock);
         self.lease = link.lease;
         self.frame_len_max = link.welcome.frame_len_max;
@@ -677,7 +678,13 @@ impl Conn {
                 }
                 let body = &self.inbuf[body_start..body_start + h.len as usize];
                 let resp = Response::decode(h.op, body).map_err(|e| proto(e.to_string()))?;
-                *done += 1;
+                // Only a page's completion counts: it is what the pager's loop waits for.
+                if matches!(
+                    pending.kind,
+                    Kind::Fetch(_) | Kind::Store(_) | Kind::Swap { .. }
+                ) {
+                    *done += 1;
+                }
                 match (pending.kind, resp) {
                     (
                         Kind::Fetch(page),
