@@ -10,6 +10,14 @@
 //! every unanswered request in order, with its tag. Requests are idempotent by page (a write
 //! sets a page, a free removes it, a read changes nothing), so a request applied before the
 //! drop and again after leaves the same pages. The pager sees only requests that take longer.
+//!
+//! An outage ends when the server answers again, not when a new link is up: a server that
+//! accepts, authenticates and then never answers (or closes every link) is given up on once
+//! the reconnection window has passed since the first loss. A frame that breaks the protocol
+//! (garbage, a length past the limit, an answer with another request's tag or another page's
+//! key, a page of the wrong size) is never retried: it is not a broken link but a server that
+//! cannot be trusted with the program's pages, and it stops the program at once, naming the
+//! server (ARCHITECTURE.md, "A hostile or broken server").
 
 use super::{Completion, PageStore, StoreError};
 use crate::config::Placement;
@@ -64,7 +72,8 @@ struct Pending {
     len: usize,
 }
 
-/// A lost link: since when, why, and when to try again.
+/// An outage: since when, why, and when to try again. It lasts from the first lost link
+/// until the server answers a request, across any links re-established meanwhile.
 #[derive(Debug)]
 struct Lost {
     since: Instant,
@@ -72,6 +81,8 @@ struct Lost {
     next_try: Instant,
     backoff: Duration,
     last_try: Option<String>,
+    /// Links re-established during this outage that were lost again before any answer.
+    relinks: u32,
 }
 
 /// Shortest and longest waits between two reconnection attempts.
@@ -136,6 +147,9 @@ pub struct Conn {
     /// The lease the server granted.
     lease: Duration,
     lost: Option<Lost>,
+    /// An outage whose new link has not been answered on yet: kept so that losing the link
+    /// again continues it (and its deadline) rather than starting a new one.
+    relinked: Option<Lost>,
     /// Links re-established.
     reconnects: u64,
     /// Bytes this client may use on the server (its capacity less what others used at connect).
@@ -192,6 +206,8 @@ fn open(
         server: server.into(),
         source,
     };
+    // Connecting, the handshake and the attach all together, however slowly bytes come.
+    let deadline = Instant::now() + timeout;
     let addrs: Vec<_> = server.to_socket_addrs().map_err(connect_err)?.collect();
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
     let mut sock = None;
@@ -208,7 +224,7 @@ fn open(
     sock.set_nodelay(true).map_err(connect_err)?;
     sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
     sock.set_write_timeout(Some(timeout)).map_err(connect_err)?;
-    let welcome = handshake(&mut sock, server, token, page_size)?;
+    let welcome = handshake(&mut sock, server, token, page_size, deadline)?;
     let proto = |what: String| StoreError::Protocol {
         server: server.into(),
         what,
@@ -228,7 +244,14 @@ fn open(
     }
     .encode(0, &mut frame);
     sock.write_all(&frame).map_err(|e| io_err(server, e))?;
-    let h = read_frame(&mut sock, server, "attached", &mut frame)?;
+    let h = read_frame(
+        &mut sock,
+        server,
+        "attach answer",
+        &mut frame,
+        SETUP_FRAME_MAX,
+        deadline,
+    )?;
     let (lease, existed) = match Response::decode(h.op, &frame).map_err(|e| proto(e.to_string()))? {
         Response::Attached {
             lease_ms, flags, ..
@@ -287,6 +310,7 @@ impl Conn {
             frame_len_max: link.welcome.frame_len_max,
             lease: link.lease,
             lost: None,
+            relinked: None,
             reconnects: 0,
             capacity_bytes: link
                 .welcome
@@ -325,12 +349,31 @@ impl Conn {
         }
         self.sock = None;
         if self.lost.is_none() {
-            self.lost = Some(Lost {
-                since: now,
-                cause: e,
-                next_try: now,
-                backoff: BACKOFF_MIN,
-                last_try: None,
+            self.lost = Some(match self.relinked.take() {
+                Some(mut outage) => {
+                    outage.relinks += 1;
+                    outage.next_try = now + outage.backoff;
+                    outage.backoff = (outage.backoff * 2).min(BACKOFF_MAX);
+                    let (cause, again) = (outage.cause.to_string(), e.to_string());
+                    let how = if again == cause {
+                        String::new()
+                    } else {
+                        format!(" ({again})")
+                    };
+                    outage.last_try = Some(format!(
+                        "connected again {} times, but it answered no request{how}",
+                        outage.relinks
+                    ));
+                    outage
+                }
+                None => Lost {
+                    since: now,
+                    cause: e,
+                    next_try: now,
+                    backoff: BACKOFF_MIN,
+                    last_try: None,
+                    relinks: 0,
+                },
             });
         }
         Ok(())
@@ -388,7 +431,7 @@ impl Conn {
                 self.sock = Some(link.sock);
                 self.lease = link.lease;
                 self.frame_len_max = link.welcome.frame_len_max;
-                self.lost = None;
+                self.relinked = self.lost.take();
                 self.reconnects += 1;
                 // Answers half-read from the old link are gone; every unanswered request
                 // goes out again, in order, with its tag.
@@ -577,10 +620,16 @@ impl Conn {
                         });
                     }
                     (kind, resp) => {
-                        return Err(proto(format!("{:?} does not answer {kind:?}", resp.op())))
+                        return Err(proto(format!(
+                            "{} does not answer {}",
+                            describe_answer(&resp),
+                            describe_request(kind, page_size)
+                        )))
                     }
                 }
                 self.out.answered(pending.len);
+                // An answer: whatever outage there was is over.
+                self.relinked = None;
             }
             if self.in_start == self.in_end {
                 self.in_start = 0;
@@ -664,18 +713,45 @@ impl Conn {
         let (Some(sock), None, true) = (&mut self.sock, &self.lost, self.pending.is_empty()) else {
             return;
         };
-        let timeout = Some(self.timing.connect.min(Duration::from_secs(1)));
-        if sock.set_nonblocking(false).is_err()
-            || sock.set_read_timeout(timeout).is_err()
-            || sock.set_write_timeout(timeout).is_err()
+        let timeout = self.timing.connect.min(Duration::from_secs(1));
+        if sock.set_nonblocking(false).is_err() || sock.set_write_timeout(Some(timeout)).is_err()
         {
             return;
         }
         let mut frame = Vec::new();
         Request::EndSession.encode(0, &mut frame);
         if sock.write_all(&frame).is_ok() {
-            let _ = read_frame(sock, &self.name, "session end", &mut frame);
+            let deadline = Instant::now() + timeout;
+            let _ = read_frame(sock, &self.name, "session end", &mut frame, 64, deadline);
         }
+    }
+}
+
+/// An answer, for the message when it does not fit its request.
+fn describe_answer(resp: &Response<'_>) -> String {
+    match resp {
+        Response::ReadOk { key, count, data } => {
+            format!("ReadOk of {count} page(s) at {} with {} bytes", key.0, data.len())
+        }
+        Response::SwapOk { read_key, data } => {
+            format!("SwapOk of page {} with {} bytes", read_key.0, data.len())
+        }
+        Response::WriteOk { key, count } => format!("WriteOk of {count} page(s) at {}", key.0),
+        other => format!("{:?}", other.op()),
+    }
+}
+
+/// A request, for the same message.
+fn describe_request(kind: Kind, page_size: usize) -> String {
+    match kind {
+        Kind::Fetch(p) => format!("a read of page {} ({page_size} bytes)", p.0),
+        Kind::Store(p) => format!("a write of page {}", p.0),
+        Kind::Swap { victim, page } => format!(
+            "a swap writing page {} and reading page {} ({page_size} bytes)",
+            victim.0, page.0
+        ),
+        Kind::Free => "a free".into(),
+        Kind::Ping => "a ping".into(),
     }
 }
 
@@ -687,38 +763,78 @@ pub struct Welcome {
     pub used_bytes: u64,
 }
 
-/// Read one whole frame (blocking, under the socket's read timeout); `what` names the frame
-/// expected, for the message when none comes.
-fn read_frame(
+/// Largest frame the handshake, the attach and a status answer may be.
+const SETUP_FRAME_MAX: u32 = rmem_proto::FRAME_LEN_MAX_DEFAULT;
+
+/// `read_exact` that gives up at `deadline` however slowly the bytes come: a socket's read
+/// timeout bounds one read, and a server that sends a byte at a time would otherwise hold a
+/// handshake for as long as it likes.
+fn read_exact_by(sock: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        sock.set_read_timeout(Some(left))?;
+        match sock.read(&mut buf[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Read one whole frame of at most `max` bytes on a blocking socket by `deadline`; `what`
+/// names the frame expected, for the message when none comes. Running out of time is a
+/// [`StoreError::Timeout`] (a link failure: retried while reconnecting).
+pub fn read_frame(
     sock: &mut TcpStream,
     server: &str,
     what: &str,
     body: &mut Vec<u8>,
+    max: u32,
+    deadline: Instant,
 ) -> Result<rmem_proto::Header, StoreError> {
+    let started = Instant::now();
+    let failed = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => StoreError::Timeout {
+            server: server.into(),
+            secs: started.elapsed().as_secs_f64(),
+            detail: format!(" (waiting for its {what})"),
+        },
+        _ => io_err(server, e),
+    };
     let mut hdr = [0u8; HEADER_LEN];
-    sock.read_exact(&mut hdr).map_err(|e| StoreError::Refused {
-        server: server.into(),
-        message: format!("no {what} ({e}); is it an rmem server of this version?"),
+    read_exact_by(sock, &mut hdr, deadline).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => failed(e),
+        _ => StoreError::Refused {
+            server: server.into(),
+            message: format!("no {what} ({e}); is it an rmem server of this version?"),
+        },
     })?;
-    let h = parse_header(&hdr, 64 * 1024)
+    let h = parse_header(&hdr, max)
         .map_err(|e| StoreError::Protocol {
             server: server.into(),
-            what: e.to_string(),
+            what: format!("{e} (waiting for its {what})"),
         })?
         .expect("full header");
     body.resize(h.len as usize, 0);
-    sock.read_exact(body).map_err(|e| io_err(server, e))?;
+    read_exact_by(sock, body, deadline).map_err(failed)?;
     Ok(h)
 }
 
 /// The client's side of the challenge and response (`rmem_proto::auth`) on a connected,
-/// blocking socket: both sides prove they know `token` without sending it. On success the
-/// socket is ready for requests.
+/// blocking socket, all of it by `deadline`: both sides prove they know `token` without
+/// sending it. On success the socket is ready for requests.
 pub fn handshake(
     sock: &mut TcpStream,
     server: &str,
     token: &[u8],
     page_size: usize,
+    deadline: Instant,
 ) -> Result<Welcome, StoreError> {
     let proto = |what: String| StoreError::Protocol {
         server: server.into(),
@@ -748,7 +864,7 @@ pub fn handshake(
         },
     )?;
     let mut body = Vec::new();
-    let h = read_frame(sock, server, "challenge", &mut body)?;
+    let h = read_frame(sock, server, "challenge", &mut body, SETUP_FRAME_MAX, deadline)?;
     match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
         Response::Challenge { nonce } => transcript.server_nonce = nonce,
         Response::Error { code, message } => return Err(refused(code, message)),
@@ -756,7 +872,7 @@ pub fn handshake(
     }
     let proof = transcript.proof(token, auth::Role::Client);
     send(sock, Request::Auth { proof })?;
-    let h = read_frame(sock, server, "welcome", &mut body)?;
+    let h = read_frame(sock, server, "welcome", &mut body, SETUP_FRAME_MAX, deadline)?;
     match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
         Response::Welcome {
             version,
