@@ -207,7 +207,11 @@ fn serve(mut sock: TcpStream, how: Misbehavior, link: usize, store: &Mutex<Store
                 read_key,
                 data,
             } => {
-                store.lock().unwrap().pages.insert(write_key.0, data.to_vec());
+                store
+                    .lock()
+                    .unwrap()
+                    .pages
+                    .insert(write_key.0, data.to_vec());
                 read_key
             }
             other => panic!("unexpected {other:?}"),
@@ -319,7 +323,10 @@ fn protocol_violation(how: Misbehavior, what: &str) {
     let stderr = against(how);
     assert!(stderr.contains("sent a bad frame"), "{how:?}: {stderr}");
     assert!(stderr.contains(what), "{how:?}: {what:?} not in {stderr}");
-    assert!(!stderr.contains("reconnecting"), "{how:?} was retried: {stderr}");
+    assert!(
+        !stderr.contains("reconnecting"),
+        "{how:?} was retried: {stderr}"
+    );
 }
 
 #[test]

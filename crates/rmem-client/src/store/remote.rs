@@ -714,8 +714,7 @@ impl Conn {
             return;
         };
         let timeout = self.timing.connect.min(Duration::from_secs(1));
-        if sock.set_nonblocking(false).is_err() || sock.set_write_timeout(Some(timeout)).is_err()
-        {
+        if sock.set_nonblocking(false).is_err() || sock.set_write_timeout(Some(timeout)).is_err() {
             return;
         }
         let mut frame = Vec::new();
@@ -731,7 +730,11 @@ impl Conn {
 fn describe_answer(resp: &Response<'_>) -> String {
     match resp {
         Response::ReadOk { key, count, data } => {
-            format!("ReadOk of {count} page(s) at {} with {} bytes", key.0, data.len())
+            format!(
+                "ReadOk of {count} page(s) at {} with {} bytes",
+                key.0,
+                data.len()
+            )
         }
         Response::SwapOk { read_key, data } => {
             format!("SwapOk of page {} with {} bytes", read_key.0, data.len())
@@ -864,7 +867,14 @@ pub fn handshake(
         },
     )?;
     let mut body = Vec::new();
-    let h = read_frame(sock, server, "challenge", &mut body, SETUP_FRAME_MAX, deadline)?;
+    let h = read_frame(
+        sock,
+        server,
+        "challenge",
+        &mut body,
+        SETUP_FRAME_MAX,
+        deadline,
+    )?;
     match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
         Response::Challenge { nonce } => transcript.server_nonce = nonce,
         Response::Error { code, message } => return Err(refused(code, message)),
@@ -872,7 +882,14 @@ pub fn handshake(
     }
     let proof = transcript.proof(token, auth::Role::Client);
     send(sock, Request::Auth { proof })?;
-    let h = read_frame(sock, server, "welcome", &mut body, SETUP_FRAME_MAX, deadline)?;
+    let h = read_frame(
+        sock,
+        server,
+        "welcome",
+        &mut body,
+        SETUP_FRAME_MAX,
+        deadline,
+    )?;
     match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
         Response::Welcome {
             version,
