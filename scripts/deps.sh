@@ -13,6 +13,12 @@ command -v c++ >/dev/null || need+=(g++)
 # The metrics test (crates/rmem-cli/tests/status.rs) checks `rmem server --metrics` with the
 # Prometheus client library's own text parser.
 /usr/bin/python3 -c 'import prometheus_client' 2>/dev/null || need+=(python3-prometheus-client)
+# The Python bindings (scripts/python.sh): a venv for maturin (from PyPI) and the wheel,
+# pytest with its timeout plugin, and jupyter nbconvert with a kernel for the notebook test.
+/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+/usr/bin/python3 -c 'import pytest_timeout' 2>/dev/null || need+=(python3-pytest python3-pytest-timeout)
+command -v jupyter-nbconvert >/dev/null || need+=(jupyter-nbconvert)
+/usr/bin/python3 -c 'import ipykernel' 2>/dev/null || need+=(python3-ipykernel)
 [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread ] || [ "$(uname -m)" != x86_64 ] || need+=(libopenblas0-pthread)
 # Transparent-mode tests (crates/rmem-cli/tests/transparent.rs): C programs linked with
 # jemalloc and with tcmalloc, Debian's redis-server (linked with jemalloc) driven by

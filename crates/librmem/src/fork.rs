@@ -27,21 +27,7 @@ extern "C" fn child() {
     }
     FORKED.store(true, Relaxed);
     rmem_uffd::fds::forget_all();
-    // SAFETY: reserving, with no access, the range that DONTFORK left empty in this child;
-    // FIXED_NOREPLACE fails instead of clobbering anything that could be there.
-    unsafe {
-        libc::mmap(
-            base as *mut libc::c_void,
-            len as usize,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE
-                | libc::MAP_ANONYMOUS
-                | libc::MAP_NORESERVE
-                | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        );
-    }
+    rmem_client::region::reserve_no_access(base, len);
 }
 
 /// The process that owns the region (set when its runtime starts).

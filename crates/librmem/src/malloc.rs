@@ -106,7 +106,8 @@ fn wants_remote(size: usize) -> bool {
         && !rmem_client::on_pager_thread()
 }
 
-/// A remote allocation for `size` bytes aligned to `align`, when transparent mode wants one.
+/// A remote allocation for `size` bytes aligned to `align`, when transparent mode wants one;
+/// `Some(NULL)` (errno ENOMEM) when it must fail rather than fall back to local memory.
 fn remote(size: usize, align: usize) -> Option<*mut c_void> {
     if !wants_remote(size) {
         return None;
@@ -121,11 +122,17 @@ fn remote(size: usize, align: usize) -> Option<*mut c_void> {
         rt.alloc(size.max(align).max(1))
     }
     .map(|p| p.cast());
+    if p.is_none() && !rt.overcommit() {
+        // Strict accounting (--no-overcommit): beyond the servers' capacity malloc fails, as
+        // Linux's does with overcommit off.
+        enomem();
+        return Some(null_mut());
+    }
     if p.is_none() && !FELL_BACK.swap(true, Relaxed) {
         crate::report(&format!(
-            "an allocation of {size} bytes does not fit the memory servers' remaining capacity; \
-             it and any others that do not fit are served from local memory \
-             (give the servers more capacity: --server-capacity or the hosts file)"
+            "an allocation of {size} bytes does not fit the remote-memory region ({} bytes, \
+             RMEM_REGION); it and any others that do not fit are served from local memory",
+            rt.region_bytes()
         ));
     }
     p

@@ -15,8 +15,8 @@ mod programs_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
-mod syscall_bench;
 mod status_cmd;
+mod syscall_bench;
 mod workloads;
 
 use clap::{Parser, Subcommand};

@@ -48,6 +48,11 @@ pub struct RunArgs {
     /// Prefetch ahead of sequential and strided fault streams: on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub prefetch: String,
+    /// Strict accounting: an allocation beyond the servers' capacity fails (malloc and
+    /// rmem_alloc return NULL) instead of taking capacity only when its pages are written
+    /// back (overcommit, the default).
+    #[arg(long)]
+    pub no_overcommit: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -192,7 +197,11 @@ pub fn run(args: RunArgs) -> i32 {
             "RMEM_HISTORY_RATIO",
             config.policy_params.history_ratio.to_string(),
         )
-        .env("RMEM_PREFETCH", &args.prefetch);
+        .env("RMEM_PREFETCH", &args.prefetch)
+        .env(
+            "RMEM_OVERCOMMIT",
+            if args.no_overcommit { "0" } else { "1" },
+        );
     match &preload {
         None => {
             cmd.env("RMEM_MODE", "api");

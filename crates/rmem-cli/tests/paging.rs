@@ -157,7 +157,7 @@ fn stress_unprivileged_as_nobody() {
 }
 
 #[test]
-fn allocation_beyond_capacity_fails_cleanly() {
+fn without_overcommit_an_allocation_beyond_capacity_fails_cleanly() {
     let prog = build_c("tests/c/capacity.c");
     let out = run_bounded(
         Command::new(rmem())
@@ -170,6 +170,7 @@ fn allocation_beyond_capacity_fails_cleanly() {
                 "16M",
                 "--local",
                 "4M",
+                "--no-overcommit",
                 "--",
             ])
             .arg(&prog)

@@ -90,7 +90,8 @@ fn the_syscall_bench_runs_at_a_tiny_size() {
     } else {
         std::process::Command::new(rmem())
     };
-    c.args(["bench", "syscalls", "--calls", "2000", "--json"]).arg(&json);
+    c.args(["bench", "syscalls", "--calls", "2000", "--json"])
+        .arg(&json);
     let out = run_bounded(&mut c, Duration::from_secs(120));
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
     let v = read_json(&json);

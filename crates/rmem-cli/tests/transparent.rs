@@ -268,32 +268,77 @@ fn many_small_allocations_with_min_alloc_zero() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn allocation_beyond_capacity_falls_back_to_local_memory_and_says_so() {
-    let dir = scratch("fallback");
-    let stats = dir.join("stats.json");
-    // Two servers of 16 MiB: a 64 MiB buffer cannot go remote.
-    let out = run_bounded(
-        &mut rmem_run(
-            &["--local", "8M", "--server-capacity", "16M"],
-            &stats,
-            &[
-                "/usr/bin/python3",
-                "-c",
-                "b = bytearray(64 << 20); b[-1] = 7; b[0] = 5; print('fallback ok', b[0] + b[-1])",
-            ],
-            false,
-        ),
+/// A sort-like program: `malloc` of 16 GiB, of which it touches `touch_mib` MiB, then reads
+/// them back. Prints `null`, or `ok` and the address.
+fn reserve_and_touch(opts: &[&str], stats: &Path, touch_mib: u64) -> Output {
+    let script = format!(
+        "import ctypes\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         libc.malloc.restype = ctypes.c_void_p\n\
+         libc.malloc.argtypes = [ctypes.c_size_t]\n\
+         p = libc.malloc(16 << 30)\n\
+         if not p:\n    print('null', ctypes.get_errno()); raise SystemExit(0)\n\
+         n = {touch_mib} << 20\n\
+         ctypes.memset(p, 0x5a, n)\n\
+         assert ctypes.string_at(p, n) == b'\\x5a' * n\n\
+         print('ok', hex(p))\n"
+    );
+    run_bounded(
+        &mut rmem_run(opts, stats, &["/usr/bin/python3", "-c", &script], false),
         Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn a_16g_reservation_touching_a_few_mib_goes_remote_on_small_servers() {
+    let dir = scratch("overcommit");
+    let stats = dir.join("stats.json");
+    // Two servers of 16 MiB: the reservation takes no capacity, the 8 MiB written do.
+    let out = reserve_and_touch(&["--local", "4M", "--server-capacity", "16M"], &stats, 8);
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("ok 0x"), "{}", out.stdout);
+    assert!(!out.stderr.contains("local memory"), "{}", out.stderr);
+    let v = swapped(&stats);
+    assert!(v["bytes_written_back"].as_u64().unwrap() >= 4 << 20, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn without_overcommit_malloc_beyond_the_capacity_returns_null() {
+    let dir = scratch("no-overcommit");
+    let stats = dir.join("stats.json");
+    let out = reserve_and_touch(
+        &[
+            "--local",
+            "4M",
+            "--server-capacity",
+            "16M",
+            "--no-overcommit",
+        ],
+        &stats,
+        8,
     );
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
-    assert_eq!(out.stdout.trim(), "fallback ok 12");
-    assert!(
-        out.stderr
-            .contains("does not fit the memory servers' remaining capacity"),
-        "no fallback report: {}",
+    assert_eq!(out.stdout.trim(), format!("null {}", libc::ENOMEM));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn every_server_full_stops_the_program_naming_the_servers() {
+    let dir = scratch("all-full");
+    let stats = dir.join("stats.json");
+    // 32 MiB written to two servers of 4 MiB.
+    let out = reserve_and_touch(&["--local", "4M", "--server-capacity", "4M"], &stats, 32);
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}\n{}",
+        out.stdout,
         out.stderr
     );
+    let err = &out.stderr;
+    assert!(err.contains("every memory server is full"), "{err}");
+    assert_eq!(err.matches("(capacity 4194304 bytes)").count(), 2, "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -63,6 +63,10 @@ pub struct Config {
     pub trace: Option<String>,
     /// Prefetch ahead of sequential and strided fault streams.
     pub prefetch: bool,
+    /// Capacity is taken when pages are written back, not when memory is allocated (like
+    /// Linux's overcommit); off (`RMEM_OVERCOMMIT=0`), an allocation beyond the servers'
+    /// capacity fails.
+    pub overcommit: bool,
     /// Faults reach the pager by SIGBUS to the faulting thread instead of a userfaultfd
     /// message it sleeps on (`RMEM_FAULT_DELIVERY=signal`; see rmem-uffd's signal.rs).
     pub fault_by_signal: bool,
@@ -89,6 +93,7 @@ impl Default for Config {
             policy_params: rmem_policy::PolicyParams::default(),
             trace: None,
             prefetch: true,
+            overcommit: true,
             fault_by_signal: false,
         }
     }
@@ -157,6 +162,20 @@ fn ratio_var(name: &'static str, default: f64) -> Result<f64, ConfigError> {
     }
 }
 
+/// `on`/`1` or `off`/`0`.
+fn on_off_var(name: &'static str, default: bool) -> Result<bool, ConfigError> {
+    match var(name).as_deref() {
+        None => Ok(default),
+        Some("on") | Some("1") => Ok(true),
+        Some("off") | Some("0") => Ok(false),
+        Some(other) => Err(ConfigError::Invalid {
+            var: name,
+            value: other.into(),
+            reason: "expected on (1) or off (0)".into(),
+        }),
+    }
+}
+
 fn servers_from_env() -> Result<Vec<String>, ConfigError> {
     Ok(var("RMEM_SERVERS")
         .ok_or(ConfigError::NoServers)?
@@ -166,7 +185,8 @@ fn servers_from_env() -> Result<Vec<String>, ConfigError> {
         .collect())
 }
 
-fn token_from_env() -> Result<Vec<u8>, ConfigError> {
+/// The token `RMEM_TOKEN` or `RMEM_TOKEN_FILE` names (the first wins).
+pub fn token_from_env() -> Result<Vec<u8>, ConfigError> {
     match (var("RMEM_TOKEN"), var("RMEM_TOKEN_FILE")) {
         (Some(t), _) => Ok(t.into_bytes()),
         (None, Some(path)) => Ok(std::fs::read_to_string(&path)
@@ -278,18 +298,8 @@ impl Config {
                     })
                 }
             },
-            prefetch: match var("RMEM_PREFETCH").as_deref() {
-                None => d.prefetch,
-                Some("on") | Some("1") => true,
-                Some("off") | Some("0") => false,
-                Some(other) => {
-                    return Err(ConfigError::Invalid {
-                        var: "RMEM_PREFETCH",
-                        value: other.into(),
-                        reason: "expected on or off".into(),
-                    })
-                }
-            },
+            prefetch: on_off_var("RMEM_PREFETCH", d.prefetch)?,
+            overcommit: on_off_var("RMEM_OVERCOMMIT", d.overcommit)?,
         };
         c.validate()?;
         Ok(c)

@@ -14,12 +14,14 @@
 
 pub mod alloc;
 pub mod config;
+pub mod own_servers;
 pub mod pager;
 pub mod pages;
 pub mod prefetch;
 pub mod protect;
 pub mod region;
 pub mod runtime;
+pub mod state;
 pub mod stats;
 pub mod store;
 

@@ -20,17 +20,18 @@
 //! The pager never reads or writes the region itself: data leaves it by `UFFDIO_MOVE` and
 //! enters it by `UFFDIO_COPY`, so it cannot fault on its own memory.
 
-use crate::pages::{PageState, PageTable};
+use crate::pages::PageState;
 use crate::prefetch::Prefetcher;
 use crate::protect::{Protections, READ_WRITE};
 use crate::region::{Dropper, Geometry, Mapping, Staging};
+use crate::state::{Fill, Freed, Landed, PageStates};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
-use rmem_policy::{Admission, Policy};
+use rmem_policy::Policy;
 use rmem_uffd::{fds, Copied, Fault, Uffd, UffdError, PIECE};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufWriter;
 use std::os::fd::RawFd;
@@ -184,20 +185,6 @@ impl Mailbox {
     }
 }
 
-#[derive(Clone, Copy)]
-struct Fill {
-    write: bool,
-    t0: Instant,
-    /// Fetched ahead by the prefetcher, and no thread has touched it yet.
-    prefetched: bool,
-}
-
-#[derive(Clone, Copy)]
-struct Leave {
-    slot: u32,
-    wanted: Option<Fill>,
-}
-
 /// Everything the pager owns except the store (so completions can borrow both).
 ///
 /// Field order is drop order: the region is unmapped before the userfaultfd closes, so a
@@ -207,8 +194,8 @@ struct Core {
     staging: Staging,
     uffd: Uffd,
     geo: Geometry,
-    pages: PageTable,
-    policy: Box<dyn Policy>,
+    /// Every page's state, with the policy and what is in flight (state.rs).
+    pages: PageStates,
     /// Most pages mapped or being filled at once: the budget less the staging slots.
     resident_max: u64,
     /// Pages evicted beyond the one needed when the budget is full, so that the next faults
@@ -219,12 +206,6 @@ struct Core {
     drop_addrs: Vec<u64>,
     dropper: Dropper,
     stats: Arc<Stats>,
-    filling: HashMap<PageIndex, Fill>,
-    leaving: HashMap<PageIndex, Leave>,
-    /// Pages the program freed while an operation on them was in flight.
-    released: HashSet<PageIndex>,
-    /// Written-back pages the program wanted meanwhile, to be reinstalled from their slots.
-    reinstall: VecDeque<PageIndex>,
     /// Remote copies to forget once the store is free to take requests.
     frees: Vec<PageIndex>,
     /// Faults that found no room (every resident page in flight); retried as pages settle.
@@ -233,10 +214,6 @@ struct Core {
     prefetcher: Option<Prefetcher>,
     /// Parts of the region the program made other than read-write (mprotect).
     protections: Protections,
-    /// Pages the program pinned (mlock): never in the policy, so never evicted once mapped.
-    locked: HashSet<PageIndex>,
-    /// Most pages pinned at once: the budget less room for everything else.
-    locked_max: u64,
     zeros: Vec<u8>,
 }
 
@@ -300,25 +277,18 @@ impl Pager {
                 staging: s.staging,
                 uffd: s.uffd,
                 geo,
-                pages: PageTable::new(),
-                policy: s.policy,
+                pages: PageStates::new(s.policy, locked_max(s.budget_pages - slots)),
                 resident_max: s.budget_pages - slots,
                 evict_ahead: evict_ahead(s.budget_pages - slots),
                 drops: Vec::new(),
                 drop_addrs: Vec::new(),
                 dropper: Dropper::new(),
                 stats: s.stats,
-                filling: HashMap::new(),
-                leaving: HashMap::new(),
-                released: HashSet::new(),
-                reinstall: VecDeque::new(),
                 frees: Vec::new(),
                 blocked: VecDeque::new(),
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 protections: Protections::default(),
-                locked: HashSet::new(),
-                locked_max: locked_max(s.budget_pages - slots),
             },
             store: s.store,
             mailbox: s.mailbox,
@@ -326,6 +296,13 @@ impl Pager {
             heartbeat: s.heartbeat,
             trace: s.trace,
         }
+    }
+
+    /// After a fatal error whose handler returned: make the region inaccessible for good
+    /// ([`Mapping::seal`]) before the userfaultfd closes with the pager. Closing it wakes the
+    /// waiting threads, and they must then fault with SIGSEGV, never read zeros.
+    pub fn seal_region(&mut self) -> std::io::Result<()> {
+        self.core.region.seal()
     }
 
     /// Serve faults until told to stop; returns the stop request's completion, to be
@@ -419,7 +396,7 @@ impl Pager {
             })?;
             result?;
             work += completed;
-            if completed > 0 || !self.core.reinstall.is_empty() {
+            if completed > 0 || self.core.pages.reinstall_waiting() {
                 self.core.settle(&mut *self.store)?;
             }
             if !self.core.frees.is_empty() {
@@ -526,13 +503,9 @@ impl Core {
     /// A one-line account of the pager's state, for error reports.
     fn describe(&self) -> String {
         format!(
-            "local {} of {} pages, policy holds {}, filling {}, leaving {}, reinstall {}, blocked {}, free slots {}",
-            self.pages.local_pages(),
+            "{}, at most {} resident, blocked {}, free slots {}",
+            self.pages.describe(),
             self.resident_max,
-            self.policy.len(),
-            self.filling.len(),
-            self.leaving.len(),
-            self.reinstall.len(),
             self.blocked.len(),
             self.staging.available()
         )
@@ -541,7 +514,7 @@ impl Core {
     /// Pages mapped or being filled: at most `resident_max`, so that with the staged victims
     /// (at most one per staging slot) the budget holds.
     fn resident(&self) -> u64 {
-        self.pages.local_pages() - self.leaving.len() as u64
+        self.pages.resident()
     }
 
     /// Whether the 4 KiB piece at `addr` of a page the pager holds as mapped is missing from
@@ -599,8 +572,7 @@ impl Core {
         // `Around` here means the piece was populated meanwhile: that is all the fault needs.
         let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
         if self.pages.get(page) != PageState::Dirty {
-            self.pages.transition(page, PageState::Dirty);
-            self.policy.on_write(page);
+            self.pages.dirty(page);
             self.uffd
                 .write_protect(self.addr(page), self.ps(), false, false)?;
         }
@@ -610,8 +582,7 @@ impl Core {
 
     fn update_local_bytes(&self) {
         // Mapped, filling and staged pages: everything that holds local memory.
-        self.stats
-            .set_local_bytes(self.pages.local_pages() * self.ps());
+        self.stats.set_local_bytes(self.pages.local() * self.ps());
     }
 
     fn fault(
@@ -625,139 +596,135 @@ impl Core {
             self.uffd.wake(f.address & !4095, 4096)?;
             return Ok(());
         };
-        let addr = self.addr(page);
-        let ps = self.ps();
+        let fill = Fill {
+            write: f.write,
+            t0,
+            prefetched: false,
+        };
         match self.pages.get(page) {
-            PageState::Untouched => {
-                self.policy.on_miss(page);
-                if !self.make_room(store)? {
+            PageState::Untouched => self.fault_untouched(store, page, f, t0),
+            PageState::Remote => self.fault_remote(store, page, f, t0),
+            PageState::Filling => self.fault_filling(store, page, fill),
+            PageState::ZeroClean | PageState::Clean | PageState::Dirty => {
+                self.fault_mapped(page, f)
+            }
+            PageState::Leaving | PageState::LeavingWanted => {
+                self.pages.want(page, fill);
+                Ok(())
+            }
+        }
+    }
+
+    /// A first touch: a zero page, mapped writable if the fault was a write.
+    fn fault_untouched(
+        &mut self,
+        store: &mut dyn PageStore,
+        page: PageIndex,
+        f: Fault,
+        t0: Instant,
+    ) -> Result<(), PagerError> {
+        self.pages.missed(page);
+        if !self.make_room(store)? {
+            self.blocked.push_back((f, t0));
+            return Ok(());
+        }
+        let write = self.pages.zero_fill(page, f.write);
+        self.install(page, self.zeros.as_ptr(), !write)?;
+        Stats::add(&self.stats.zero_fills, 1);
+        Stats::add(&self.stats.faults, 1);
+        self.stats.record_fault(t0.elapsed());
+        self.update_local_bytes();
+        Ok(())
+    }
+
+    /// A page only a server holds: fetch it, evicting a victim first if the budget is full
+    /// (a dirty victim travels in the same round trip as the fetch).
+    fn fault_remote(
+        &mut self,
+        store: &mut dyn PageStore,
+        page: PageIndex,
+        f: Fault,
+        t0: Instant,
+    ) -> Result<(), PagerError> {
+        self.pages.missed(page);
+        if !self.shrink_to(self.resident_max, store)? {
+            self.blocked.push_back((f, t0));
+            return Ok(());
+        }
+        let victim = if self.resident() >= self.resident_max {
+            match self.pick_victim() {
+                Some(v) => Some(v),
+                None => {
                     self.blocked.push_back((f, t0));
                     return Ok(());
                 }
-                // A pinned page is installed writable: the kernel may write it on its own.
-                let write = f.write || self.locked.contains(&page);
-                let state = if write {
-                    PageState::Dirty
-                } else {
-                    PageState::ZeroClean
-                };
-                self.pages.transition(page, state);
-                self.install(page, self.zeros.as_ptr(), !write)?;
-                self.admit(page, Admission::ZeroFilled);
-                if write {
-                    self.policy.on_write(page);
-                }
-                Stats::add(&self.stats.zero_fills, 1);
-                Stats::add(&self.stats.faults, 1);
-                self.stats.record_fault(t0.elapsed());
-                self.update_local_bytes();
             }
-            PageState::Remote => {
-                self.policy.on_miss(page);
-                if !self.shrink_to(self.resident_max, store)? {
-                    self.blocked.push_back((f, t0));
-                    return Ok(());
-                }
-                let victim = if self.resident() >= self.resident_max {
-                    match self.pick_victim() {
-                        Some(v) => Some(v),
-                        None => {
-                            self.blocked.push_back((f, t0));
-                            return Ok(());
-                        }
-                    }
-                } else {
-                    None
-                };
-                self.pages.transition(page, PageState::Filling);
-                self.filling.insert(
-                    page,
-                    Fill {
-                        write: f.write,
-                        t0,
-                        prefetched: false,
-                    },
-                );
-                match victim {
-                    Some(v) if self.pages.get(v) == PageState::Dirty => {
-                        let slot = self.move_out(v)?;
-                        // SAFETY: the slot was just filled by move_out and is released only
-                        // when the write-back completes.
-                        let data = unsafe { self.staging.bytes(slot) };
-                        store.swap(v, data, page)?;
-                    }
-                    Some(v) => {
-                        // Send the fetch first and evict while it travels: this clean victim
-                        // and a few more, so the next faults need not evict.
-                        store.fetch(page)?;
-                        self.drops.push(v);
-                        self.evict_down_to(
-                            self.resident_max.saturating_sub(self.evict_ahead),
-                            store,
-                        )?;
-                    }
-                    None => store.fetch(page)?,
-                }
-                self.update_local_bytes();
-                self.prefetch_after(page, store, t0)?;
+        } else {
+            None
+        };
+        let fill = Fill {
+            write: f.write,
+            t0,
+            prefetched: false,
+        };
+        self.pages.begin_fill(page, fill);
+        match victim {
+            Some(v) if self.pages.get(v) == PageState::Dirty => {
+                let slot = self.move_out(v)?;
+                // SAFETY: the slot was just filled by move_out and is released only when the
+                // write-back completes.
+                let data = unsafe { self.staging.bytes(slot) };
+                store.swap(v, data, page)?;
             }
-            PageState::Filling => {
-                let fill = self
-                    .filling
-                    .get_mut(&page)
-                    .expect("filling page has a fill");
-                fill.write |= f.write;
-                if fill.prefetched {
-                    // The program caught up with a prefetch: from now on it is a fault.
-                    fill.prefetched = false;
-                    fill.t0 = t0;
-                    Stats::add(&self.stats.prefetch_hits, 1);
-                    self.prefetch_after(page, store, t0)?;
-                }
+            Some(v) => {
+                // Send the fetch first and evict while it travels: this clean victim and a
+                // few more, so the next faults need not evict.
+                store.fetch(page)?;
+                self.drops.push(v);
+                self.evict_down_to(self.resident_max.saturating_sub(self.evict_ahead), store)?;
             }
-            PageState::ZeroClean | PageState::Clean => {
-                // A write-protect fault is told apart from a missing piece by the kernel,
-                // except when faults arrive by signal (write_protect is then a guess).
-                let maybe_missing = !f.write_protect || self.uffd.by_signal();
-                if maybe_missing && self.piece_missing(f.address) {
-                    self.zero_piece(page, f.address)?;
-                } else if f.write_protect {
-                    self.pages.transition(page, PageState::Dirty);
-                    self.policy.on_write(page);
-                    self.uffd.write_protect(addr, ps, false, false)?;
-                    Stats::add(&self.stats.wp_faults, 1);
-                } else {
-                    // A message queued before the page was installed: the thread retries.
-                    self.uffd.wake(addr, ps)?;
-                }
-            }
-            PageState::Dirty => {
-                if self.piece_missing(f.address) {
-                    self.zero_piece(page, f.address)?;
-                } else {
-                    self.uffd.wake(addr, ps)?
-                }
-            }
-            PageState::Leaving => {
-                self.pages.transition(page, PageState::LeavingWanted);
-                self.leaving
-                    .get_mut(&page)
-                    .expect("leaving page has a slot")
-                    .wanted = Some(Fill {
-                    write: f.write,
-                    t0,
-                    prefetched: false,
-                });
-            }
-            PageState::LeavingWanted => {
-                if f.write {
-                    let l = self
-                        .leaving
-                        .get_mut(&page)
-                        .expect("leaving page has a slot");
-                    l.wanted.as_mut().expect("wanted").write = true;
-                }
-            }
+            None => store.fetch(page)?,
+        }
+        self.update_local_bytes();
+        self.prefetch_after(page, store, t0)
+    }
+
+    /// Another fault on a page being fetched joins the fetch; one that catches up with a
+    /// prefetch makes it a fault.
+    fn fault_filling(
+        &mut self,
+        store: &mut dyn PageStore,
+        page: PageIndex,
+        f: Fill,
+    ) -> Result<(), PagerError> {
+        let fill = self.pages.fill_mut(page);
+        fill.write |= f.write;
+        if fill.prefetched {
+            fill.prefetched = false;
+            fill.t0 = f.t0;
+            Stats::add(&self.stats.prefetch_hits, 1);
+            self.prefetch_after(page, store, f.t0)?;
+        }
+        Ok(())
+    }
+
+    /// A fault on a mapped page: a write to a write-protected clean page, a piece the program
+    /// dropped itself, or a message queued before the page was installed.
+    fn fault_mapped(&mut self, page: PageIndex, f: Fault) -> Result<(), PagerError> {
+        let dirty = self.pages.get(page) == PageState::Dirty;
+        // A write-protect fault is told apart from a missing piece by the kernel, except when
+        // faults arrive by signal (write_protect is then a guess).
+        let maybe_missing = dirty || !f.write_protect || self.uffd.by_signal();
+        if maybe_missing && self.piece_missing(f.address) {
+            self.zero_piece(page, f.address)?;
+        } else if f.write_protect && !dirty {
+            self.pages.dirty(page);
+            self.uffd
+                .write_protect(self.addr(page), self.ps(), false, false)?;
+            Stats::add(&self.stats.wp_faults, 1);
+        } else {
+            // A message queued before the page was installed: the thread retries.
+            self.uffd.wake(self.addr(page), self.ps())?;
         }
         Ok(())
     }
@@ -786,8 +753,7 @@ impl Core {
             if !self.make_room(store)? {
                 break;
             }
-            self.pages.transition(q, PageState::Filling);
-            self.filling.insert(
+            self.pages.begin_fill(
                 q,
                 Fill {
                     write: false,
@@ -805,21 +771,9 @@ impl Core {
     /// A victim the pager can evict right now, or None if every candidate is busy.
     fn pick_victim(&mut self) -> Option<PageIndex> {
         let t = Instant::now();
-        let v = self.policy.select_victim();
+        let v = self.pages.take_victim(self.staging.available() > 0);
         self.stats.record_select(t.elapsed());
-        let v = v?;
-        debug_assert!(
-            self.pages.get(v).is_mapped(),
-            "policy chose page {} in state {:?}",
-            v.0,
-            self.pages.get(v)
-        );
-        if self.pages.get(v) == PageState::Dirty && self.staging.available() == 0 {
-            // Every write-back slot is busy: keep the page and wait for an acknowledgement.
-            self.policy.insert(v, Admission::Declined);
-            return None;
-        }
-        Some(v)
+        v
     }
 
     /// Evict until a page can be mapped. False if nothing can be evicted yet.
@@ -870,12 +824,7 @@ impl Core {
         self.drop_addrs = addrs;
         r.map_err(PagerError::Madvise)?;
         for v in self.drops.drain(..) {
-            let to = match self.pages.get(v) {
-                PageState::Clean => PageState::Remote,
-                PageState::ZeroClean => PageState::Untouched,
-                s => unreachable!("drop_clean of page {} in state {s:?}", v.0),
-            };
-            self.pages.transition(v, to);
+            self.pages.dropped(v);
             Stats::add(&self.stats.evictions, 1);
         }
         Ok(())
@@ -903,8 +852,7 @@ impl Core {
         for (s, e, p) in prot {
             mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
         }
-        self.pages.transition(v, PageState::Leaving);
-        self.leaving.insert(v, Leave { slot, wanted: None });
+        self.pages.begin_leave(v, slot);
         Stats::add(&self.stats.evictions, 1);
         Stats::add(&self.stats.swap_outs, 1);
         Stats::add(&self.stats.bytes_written_back, ps);
@@ -915,59 +863,60 @@ impl Core {
     fn complete(&mut self, c: Completion<'_>) -> Result<(), PagerError> {
         match c {
             Completion::Fetched { page, data } => {
-                let fill = self
-                    .filling
-                    .remove(&page)
-                    .expect("fetched page was being filled");
-                let addr = self.addr(page);
-                let ps = self.ps();
-                if self.released.remove(&page) {
-                    self.pages.transition(page, PageState::Untouched);
-                    self.frees.push(page);
-                    self.uffd.wake(addr, ps)?;
-                    return Ok(());
+                let landed = self.pages.fetched(page);
+                self.land(page, landed, Some(data))?;
+            }
+            Completion::Stored { page } => {
+                let landed = self.pages.stored(page);
+                self.land(page, landed, None)?;
+            }
+        }
+        self.update_local_bytes();
+        Ok(())
+    }
+
+    /// The memory side of a fetch or write-back that landed: map the page (from the fetched
+    /// `data`, or from its staging slot), free the slot, or finish the program's release of
+    /// the page (forget the server copy, wake the threads that wait on it).
+    fn land(
+        &mut self,
+        page: PageIndex,
+        landed: Landed,
+        data: Option<&[u8]>,
+    ) -> Result<(), PagerError> {
+        match landed {
+            Landed::Released { slot } => {
+                self.frees.push(page);
+                if let Some(slot) = slot {
+                    self.staging.release(slot).map_err(PagerError::Madvise)?;
                 }
-                let write = fill.write || self.locked.contains(&page);
-                let state = if write {
-                    PageState::Dirty
-                } else {
-                    PageState::Clean
+                self.uffd.wake(self.addr(page), self.ps())?;
+            }
+            Landed::Map { write, fill, slot } => {
+                let src = match (data, slot) {
+                    (Some(d), _) => d.as_ptr(),
+                    // SAFETY: the slot holds the page's contents until released just below.
+                    (None, Some(s)) => unsafe { self.staging.bytes(s) }.as_ptr(),
+                    (None, None) => unreachable!("a page mapped from nothing"),
                 };
-                self.pages.transition(page, state);
-                self.install(page, data.as_ptr(), !write)?;
-                self.admit(page, Admission::Fetched);
-                if write {
-                    self.policy.on_write(page);
+                self.install(page, src, !write)?;
+                if let Some(slot) = slot {
+                    self.staging.release(slot).map_err(PagerError::Madvise)?;
                 }
-                Stats::add(&self.stats.swap_ins, 1);
-                Stats::add(&self.stats.bytes_fetched, ps);
+                if data.is_some() {
+                    Stats::add(&self.stats.swap_ins, 1);
+                    Stats::add(&self.stats.bytes_fetched, self.ps());
+                }
                 if !fill.prefetched {
                     Stats::add(&self.stats.faults, 1);
                     self.stats.record_fault(fill.t0.elapsed());
                 }
             }
-            Completion::Stored { page } => {
-                let leave = *self.leaving.get(&page).expect("stored page was leaving");
-                if self.released.remove(&page) {
-                    self.leaving.remove(&page);
-                    self.pages.transition(page, PageState::Untouched);
-                    self.frees.push(page);
-                    self.staging
-                        .release(leave.slot)
-                        .map_err(PagerError::Madvise)?;
-                    self.uffd.wake(self.addr(page), self.ps())?;
-                } else if leave.wanted.is_some() {
-                    self.reinstall.push_back(page);
-                } else {
-                    self.leaving.remove(&page);
-                    self.pages.transition(page, PageState::Remote);
-                    self.staging
-                        .release(leave.slot)
-                        .map_err(PagerError::Madvise)?;
-                }
+            Landed::Remote { slot } => {
+                self.staging.release(slot).map_err(PagerError::Madvise)?;
             }
+            Landed::Queued => {}
         }
-        self.update_local_bytes();
         Ok(())
     }
 
@@ -978,54 +927,22 @@ impl Core {
         // victim, and the slot may be the one this reinstall frees. Waiting for room first
         // deadlocks when every slot holds a wanted page. The budget holds meanwhile: the page
         // leaves its slot as it enters the region.
-        while let Some(page) = self.reinstall.pop_front() {
-            let leave = self
-                .leaving
-                .remove(&page)
-                .expect("reinstalled page was leaving");
-            if self.released.remove(&page) {
-                self.pages.transition(page, PageState::Untouched);
-                self.frees.push(page);
-                self.staging
-                    .release(leave.slot)
-                    .map_err(PagerError::Madvise)?;
-                self.uffd.wake(self.addr(page), self.ps())?;
-                continue;
+        while let Some((page, landed)) = self.pages.next_reinstall() {
+            let mapped = matches!(landed, Landed::Map { .. });
+            self.land(page, landed, None)?;
+            if mapped {
+                // If every other resident page is in flight this stays one over until one
+                // lands; the next fault or completion evicts it.
+                self.shrink_to(self.resident_max, store)?;
             }
-            let want = leave.wanted.expect("reinstalled page was wanted");
-            let write = want.write || self.locked.contains(&page);
-            let state = if write {
-                PageState::Dirty
-            } else {
-                PageState::Clean
-            };
-            self.pages.transition(page, state);
-            // SAFETY: the slot holds the page's contents until released just below.
-            let src = unsafe { self.staging.bytes(leave.slot) }.as_ptr();
-            self.install(page, src, !write)?;
-            self.staging
-                .release(leave.slot)
-                .map_err(PagerError::Madvise)?;
-            self.admit(page, Admission::Fetched);
-            Stats::add(&self.stats.faults, 1);
-            self.stats.record_fault(want.t0.elapsed());
-            // If every other resident page is in flight this stays one over until one lands;
-            // the next fault or completion evicts it.
-            self.shrink_to(self.resident_max, store)?;
         }
         for _ in 0..self.blocked.len() {
             let (f, t0) = self.blocked.pop_front().expect("counted");
             self.fault(store, f, t0)?;
         }
+        self.pages.check();
         self.update_local_bytes();
         Ok(())
-    }
-
-    /// A page just mapped may be evicted from now on, unless the program pinned it.
-    fn admit(&mut self, page: PageIndex, how: Admission) {
-        if !self.locked.contains(&page) {
-            self.policy.insert(page, how);
-        }
     }
 
     /// Make `count` pages from `first` resident, as a write fault on each would (mlock's
@@ -1057,27 +974,16 @@ impl Core {
     /// write-protect fault.
     fn lock(&mut self, first: PageIndex, count: u64, lock: bool) -> Result<i32, PagerError> {
         let pages = (first.0..first.0 + count).map(PageIndex);
-        if lock {
-            let new = pages.clone().filter(|p| !self.locked.contains(p)).count() as u64;
-            if self.locked.len() as u64 + new > self.locked_max {
-                return Ok(libc::ENOMEM);
-            }
-            for p in pages {
-                if self.locked.insert(p) {
-                    self.policy.remove(p);
-                    if matches!(self.pages.get(p), PageState::ZeroClean | PageState::Clean) {
-                        self.pages.transition(p, PageState::Dirty);
-                        self.uffd
-                            .write_protect(self.addr(p), self.ps(), false, false)?;
-                    }
-                }
-            }
-        } else {
-            for p in pages {
-                if self.locked.remove(&p) && self.pages.get(p).is_mapped() {
-                    self.policy.insert(p, Admission::Fetched);
-                }
-            }
+        if !lock {
+            self.pages.unlock(pages);
+            return Ok(0);
+        }
+        let Some(writable) = self.pages.lock(pages) else {
+            return Ok(libc::ENOMEM);
+        };
+        for p in writable {
+            self.uffd
+                .write_protect(self.addr(p), self.ps(), false, false)?;
         }
         Ok(0)
     }
@@ -1107,24 +1013,9 @@ impl Core {
             mprotect(start, end - start, READ_WRITE).map_err(PagerError::Mprotect)?;
             self.protections.set(start, end, READ_WRITE);
         }
-        for i in 0..count {
-            let page = PageIndex(first.0 + i);
-            // Freed memory is unpinned, as munmap(2) unlocks.
-            self.locked.remove(&page);
-            match self.pages.get(page) {
-                PageState::Untouched => {}
-                PageState::Remote => {
-                    store.free(page)?;
-                    self.pages.transition(page, PageState::Untouched);
-                }
-                PageState::ZeroClean | PageState::Clean | PageState::Dirty => {
-                    self.policy.remove(page);
-                    store.free(page)?;
-                    self.pages.transition(page, PageState::Untouched);
-                }
-                PageState::Filling | PageState::Leaving | PageState::LeavingWanted => {
-                    self.released.insert(page);
-                }
+        for page in (first.0..first.0 + count).map(PageIndex) {
+            if self.pages.free(page) == Freed::Remote {
+                store.free(page)?;
             }
         }
         self.region

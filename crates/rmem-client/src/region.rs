@@ -15,6 +15,28 @@ pub fn reserved() -> Vec<(u64, u64)> {
     RESERVED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// In a fork() child, reserve with no access a region's range that `MADV_DONTFORK` left
+/// empty: a touch then faults (SIGSEGV) instead of reading whatever the child maps there
+/// later. FIXED_NOREPLACE fails instead of clobbering anything already there. Only makes a
+/// system call, so it may run in an atfork child handler.
+pub fn reserve_no_access(base: u64, len: u64) {
+    // SAFETY: a new mapping at a range the caller owns and nothing uses; NOREPLACE keeps any
+    // existing mapping as it is.
+    unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            len as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+    }
+}
+
 /// A private anonymous mapping reserved with `MAP_NORESERVE`: no memory is committed until a
 /// page is installed. Huge pages are disabled (the paging unit is the DLM page) and the
 /// mapping is not inherited by `fork` children, which would otherwise read zeros where data
@@ -26,6 +48,8 @@ pub struct Mapping {
     /// The raw mmap (before alignment), for munmap.
     raw_base: u64,
     raw_len: u64,
+    /// Replaced by an inaccessible reservation that outlives this value ([`Mapping::seal`]).
+    sealed: bool,
 }
 
 /// Where rmem asks Linux to place the region: 16 TiB, far below where Linux puts programs
@@ -68,6 +92,7 @@ impl Mapping {
             len,
             raw_base,
             raw_len,
+            sealed: false,
         };
         for advice in [libc::MADV_NOHUGEPAGE, libc::MADV_DONTFORK] {
             // SAFETY: advising our own fresh mapping.
@@ -122,10 +147,37 @@ impl Mapping {
         }
         Ok(())
     }
+
+    /// Replace the mapping by one with no access over the same range, kept for the life of
+    /// the process: touches fault with SIGSEGV (never zeros, as an unregistered anonymous
+    /// mapping would give, nor another mapping's data, as a range given back to the kernel
+    /// and reused would). Used when the pager gives up with a handler that does not exit.
+    pub fn seal(&mut self) -> io::Result<()> {
+        // SAFETY: replacing exactly our own mapping; no pointer into it may be dereferenced
+        // successfully afterwards, which is the point.
+        let p = unsafe {
+            libc::mmap(
+                self.raw_base as *mut _,
+                self.raw_len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        self.sealed = true;
+        Ok(())
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.sealed {
+            return;
+        }
         RESERVED
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -39,14 +39,16 @@ pub enum RuntimeError {
     Isolate(#[source] std::io::Error),
 }
 
-/// What happens when the pager hits an error it cannot recover from (a lost server).
+/// What happens when the pager hits an error it cannot recover from (a lost server, or every
+/// server full).
 pub type FatalHandler = Box<dyn Fn(&str) + Send + Sync>;
 
-/// Report and end the process: memory on a lost server cannot be trusted, so going on would
-/// hand the program zeros or stale data.
+/// Report and end the process: memory on a lost server cannot be trusted, and a page no server
+/// takes cannot be kept (the program owns it already: overcommit), so going on would hand the
+/// program zeros or stale data.
 pub fn exit_on_fatal(message: &str) {
     eprintln!("rmem: fatal: {message}");
-    eprintln!("rmem: stopping the program: part of its memory was on that server");
+    eprintln!("rmem: stopping the program: part of its memory cannot be kept or trusted");
     // SAFETY: _exit ends the process at once without running atexit handlers, which could
     // touch remote memory and hang.
     unsafe { libc::_exit(crate::EXIT_SERVER_LOST) };
@@ -77,6 +79,8 @@ pub struct Runtime {
     pager: Mutex<Option<JoinHandle<()>>>,
     alloc: Mutex<Allocator>,
     capacity_bytes: u64,
+    /// Allocations take no capacity (it is taken as pages are written back).
+    overcommit: bool,
     mode: OpenMode,
     kernel_faults: bool,
     by_signal: bool,
@@ -142,8 +146,14 @@ impl Runtime {
         )
     }
 
-    /// Connect to the configured servers and start.
+    /// Connect to the configured servers and start; a lost server ends the process.
     pub fn connect(config: &Config) -> Result<Runtime, RuntimeError> {
+        Runtime::connect_with(config, Box::new(exit_on_fatal))
+    }
+
+    /// [`Runtime::connect`] with `on_fatal` run on the pager thread if it must give up (the
+    /// Python bindings raise an exception instead of ending the process).
+    pub fn connect_with(config: &Config, on_fatal: FatalHandler) -> Result<Runtime, RuntimeError> {
         config.validate()?;
         let store = RemoteStore::connect(
             &config.servers,
@@ -152,7 +162,7 @@ impl Runtime {
             config.placement,
             Timing::of(config),
         )?;
-        Runtime::start(config, Box::new(store), Box::new(exit_on_fatal))
+        Runtime::start(config, Box::new(store), on_fatal)
     }
 
     /// Start over any page store. `on_fatal` runs on the pager thread if it must give up.
@@ -254,8 +264,12 @@ impl Runtime {
                     }
                     Err(e) => {
                         on_fatal(&crate::error_chain(&e));
-                        // Only reached when the handler returns (tests): the region goes away
-                        // with the pager, so late touches fault with SIGSEGV, never zeros.
+                        // Only reached when the handler returns (tests, the Python bindings):
+                        // the range stays reserved with no access, so late touches fault
+                        // with SIGSEGV, never zeros or the data of a mapping made later.
+                        if let Err(e) = pager.seal_region() {
+                            eprintln!("rmem: cannot make the lost region inaccessible: {e}");
+                        }
                     }
                 }
             })
@@ -286,8 +300,19 @@ impl Runtime {
             stats,
             mailbox,
             pager: Mutex::new(Some(handle)),
-            alloc: Mutex::new(Allocator::new(ps, len / ps, capacity_bytes / ps)),
+            // Overcommit: only the region bounds allocations; the servers' capacity is taken
+            // page by page as pages are written back (RemoteStore::place).
+            alloc: Mutex::new(Allocator::new(
+                ps,
+                len / ps,
+                if config.overcommit {
+                    u64::MAX
+                } else {
+                    capacity_bytes / ps
+                },
+            )),
             capacity_bytes,
+            overcommit: config.overcommit,
             mode,
             kernel_faults,
             by_signal,
@@ -299,7 +324,8 @@ impl Runtime {
     }
 
     /// Allocate `size` zeroed bytes in remote memory. Sizes of a quarter page or more are
-    /// page-aligned. `None` when the servers' capacity or the region is exhausted.
+    /// page-aligned. `None` when the region is exhausted, or without overcommit the servers'
+    /// capacity.
     pub fn alloc(&self, size: usize) -> Option<*mut u8> {
         let (off, reused) = self.alloc.lock().unwrap().alloc(size as u64)?;
         let p = (self.base + off) as *mut u8;
@@ -313,7 +339,7 @@ impl Runtime {
 
     /// Allocate `size` zeroed bytes in remote memory aligned to `align` (a power of two; more
     /// than a page: smaller alignments are what [`Runtime::alloc`] of `size.max(align)` gives).
-    /// `None` when the servers' capacity or the region is exhausted.
+    /// `None` as for [`Runtime::alloc`].
     pub fn alloc_aligned(&self, size: usize, align: usize) -> Option<*mut u8> {
         assert!(align.is_power_of_two());
         let align_pages = (align as u64 / self.page_size).max(1);
@@ -590,6 +616,16 @@ impl Runtime {
 
     pub fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    /// Whether allocations may exceed the servers' capacity (`RMEM_OVERCOMMIT`, on by default).
+    pub fn overcommit(&self) -> bool {
+        self.overcommit
+    }
+
+    /// Bytes of the region (where every remote allocation lies).
+    pub fn region_bytes(&self) -> u64 {
+        self.len
     }
 
     pub fn uffd_mode(&self) -> OpenMode {

@@ -10,13 +10,13 @@
 //! them (`rmem status`), [`metrics`] counts requests and serves both to Prometheus. Logs go
 //! through the `log` facade (the `rmem server` binary prints them on stderr, by level). Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
-//!
-//! Not yet: JumboMem locks server memory so it is never swapped out; a `--lock` flag
-//! (mlockall) belongs here once a server's memory can be sized up front.
+//! Pages are stored compactly in slabs ([`slab`]); `rmem server --lock` locks the server's
+//! memory (mlockall, in rmem-cli: this crate has no unsafe code).
 #![forbid(unsafe_code)]
 
 pub mod metrics;
 pub mod session;
+pub mod slab;
 
 use metrics::Metrics;
 use rmem_proto::{
@@ -528,7 +528,7 @@ impl Connection<'_> {
                     return Err(Close::Bad(format!("read of {count} pages")));
                 }
                 let keys = (0..count as u64).map(|i| key.0.wrapping_add(i));
-                if let Some(k) = keys.clone().find(|k| !pages.map.contains_key(k)) {
+                if let Some(k) = keys.clone().find(|k| !pages.slots.contains(*k)) {
                     Self::not_found(k, out, tag);
                     return Ok(());
                 }
@@ -541,7 +541,7 @@ impl Connection<'_> {
                 }
                 .encode(tag, out);
                 for k in keys {
-                    out.extend_from_slice(&pages.map[&k]);
+                    out.extend_from_slice(pages.slots.get(k).expect("checked above"));
                 }
                 rmem_proto::patch_len(out, start);
             }
@@ -565,7 +565,7 @@ impl Connection<'_> {
                     self.full(data.len() as u64, out, tag);
                     return Ok(());
                 }
-                match pages.map.get(&read_key.0) {
+                match pages.slots.get(read_key.0) {
                     Some(p) => Response::SwapOk { read_key, data: p }.encode(tag, out),
                     None => Self::not_found(read_key.0, out, tag),
                 }

@@ -11,6 +11,7 @@
 //!
 //! Lock order: the table, then a session. Capacity is one counter for the whole server.
 
+use crate::slab::PageSlots;
 use rmem_proto::SessionId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 /// One session's pages and lease.
 #[derive(Debug)]
 pub struct Pages {
-    pub map: HashMap<u64, Box<[u8]>>,
+    pub slots: PageSlots,
     pub page_size: usize,
     /// Last renewal of the lease.
     renewed: Instant,
@@ -75,7 +76,7 @@ impl Attachment {
     pub fn detach(self) -> (usize, usize) {
         let mut p = lock(&self.session.pages);
         p.connections -= 1;
-        (p.map.len(), p.pages_max)
+        (p.slots.len(), p.pages_max)
     }
 }
 
@@ -129,7 +130,7 @@ impl Sessions {
                 Arc::new(Session {
                     id,
                     pages: Mutex::new(Pages {
-                        map: HashMap::new(),
+                        slots: PageSlots::new(page_size),
                         page_size,
                         renewed: Instant::now(),
                         lease,
@@ -155,7 +156,7 @@ impl Sessions {
         p.renewed = Instant::now();
         p.lease = lease;
         let epoch = p.epoch;
-        let session_bytes = (p.map.len() * p.page_size) as u64;
+        let session_bytes = (p.slots.len() * p.page_size) as u64;
         drop(p);
         Ok(Attached {
             attachment: Attachment { session, epoch },
@@ -177,8 +178,8 @@ impl Sessions {
     }
 
     fn forget(&self, p: &mut Pages) -> u64 {
-        let bytes = (p.map.len() * p.page_size) as u64;
-        p.map = HashMap::new();
+        let bytes = (p.slots.len() * p.page_size) as u64;
+        p.slots = PageSlots::new(p.page_size);
         p.gone = true;
         self.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
         bytes
@@ -208,7 +209,7 @@ impl Sessions {
                 let p = lock(&s.pages);
                 SessionInfo {
                     id: s.id,
-                    used_bytes: (p.map.len() * p.page_size) as u64,
+                    used_bytes: (p.slots.len() * p.page_size) as u64,
                     lease_age: now.saturating_duration_since(p.renewed),
                     lease: p.lease,
                     connections: p.connections,
@@ -239,30 +240,21 @@ impl Pages {
     pub fn store(&mut self, sessions: &Sessions, capacity: u64, key: u64, data: &[u8]) -> bool {
         let ps = self.page_size;
         let new = (0..(data.len() / ps) as u64)
-            .filter(|i| !self.map.contains_key(&key.wrapping_add(*i)))
+            .filter(|i| !self.slots.contains(key.wrapping_add(*i)))
             .count();
         if !sessions.reserve((new * ps) as u64, capacity) {
             return false;
         }
         for (i, chunk) in data.chunks(ps).enumerate() {
-            let k = key.wrapping_add(i as u64);
-            match self.map.get_mut(&k) {
-                Some(p) => p.copy_from_slice(chunk),
-                None => {
-                    self.map.insert(k, chunk.into());
-                }
-            }
+            self.slots.put(key.wrapping_add(i as u64), chunk);
         }
-        self.pages_max = self.pages_max.max(self.map.len());
+        self.pages_max = self.pages_max.max(self.slots.len());
         true
     }
 
     /// Forget these pages: how many were held.
     pub fn free(&mut self, sessions: &Sessions, keys: &[rmem_proto::PageKey]) -> usize {
-        let removed = keys
-            .iter()
-            .filter(|k| self.map.remove(&k.0).is_some())
-            .count();
+        let removed = keys.iter().filter(|k| self.slots.remove(k.0)).count();
         sessions.release((removed * self.page_size) as u64);
         removed
     }
@@ -288,7 +280,7 @@ mod tests {
         assert!(b.existed && b.session_bytes == 4096);
         assert!(s.attach(SessionId(1), 8192, lease, false).is_err());
         // Both see the page; an exclusive attach fences both.
-        assert!(b.attachment.lock().unwrap().map.contains_key(&5));
+        assert!(b.attachment.lock().unwrap().slots.contains(5));
         let c = s.attach(SessionId(1), 4096, lease, true).unwrap();
         assert!(matches!(a.attachment.lock(), Err(Refusal::Fenced(_))));
         assert!(matches!(b.attachment.lock(), Err(Refusal::Fenced(_))));

@@ -55,8 +55,8 @@ impl PageStore for MemStore {
             && (pages.len() as u64 + 1) * self.page_size as u64 > self.capacity_bytes
         {
             return Err(StoreError::AllFull {
-                capacity: self.capacity_bytes,
                 page: page.0,
+                servers: format!("in-process store (capacity {} bytes)", self.capacity_bytes),
             });
         }
         pages.insert(page.0, data.into());

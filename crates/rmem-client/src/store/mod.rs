@@ -55,9 +55,12 @@ pub enum StoreError {
         message: String,
     },
     #[error(
-        "all memory servers are full ({capacity} bytes in all): cannot write back page {page}"
+        "every memory server is full, so page {page} cannot be written back: {servers}. The \
+         program's allocations take the servers' capacity only as their pages are written \
+         (overcommit); give the servers more (--server-capacity or the hosts file), or run \
+         with --no-overcommit so that allocations beyond it fail instead"
     )]
-    AllFull { capacity: u64, page: u64 },
+    AllFull { page: u64, servers: String },
     #[error("i/o error with memory server {server}")]
     Io {
         server: String,

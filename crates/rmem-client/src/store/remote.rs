@@ -127,6 +127,21 @@ impl Outbox {
     }
 }
 
+/// A write the server answered `Full`: the store places the page elsewhere (a swap's fetch is
+/// sent again on its own).
+#[derive(Debug)]
+enum Rejected {
+    Store {
+        page: PageIndex,
+        data: Vec<u8>,
+    },
+    Swap {
+        victim: PageIndex,
+        page: PageIndex,
+        data: Vec<u8>,
+    },
+}
+
 /// One server: its session, its link (when up), and every unanswered request.
 pub struct Conn {
     name: String,
@@ -156,6 +171,13 @@ pub struct Conn {
     capacity_bytes: u64,
     /// Bytes this client has placed there.
     used_bytes: u64,
+    /// The server's whole capacity, for messages.
+    server_capacity_bytes: u64,
+    /// It answered `Full`: new pages go elsewhere until this client frees a page there or a
+    /// ping shows room.
+    full: bool,
+    /// Writes answered `Full`, for the store to place again.
+    rejected: Vec<Rejected>,
 }
 
 fn io_err(server: &str, e: io::Error) -> StoreError {
@@ -317,6 +339,9 @@ impl Conn {
                 .capacity_bytes
                 .saturating_sub(link.welcome.used_bytes),
             used_bytes: 0,
+            server_capacity_bytes: link.welcome.capacity_bytes,
+            full: false,
+            rejected: Vec::new(),
         })
     }
 
@@ -602,7 +627,34 @@ impl Conn {
                         f(Completion::Stored { page: victim });
                         f(Completion::Fetched { page, data });
                     }
-                    (Kind::Free, Response::FreeOk { .. }) | (Kind::Ping, Response::Pong { .. }) => {
+                    (Kind::Free, Response::FreeOk { .. }) => {}
+                    (
+                        Kind::Ping,
+                        Response::Pong {
+                            used_bytes,
+                            capacity_bytes,
+                        },
+                    ) => {
+                        if used_bytes + page_size as u64 <= capacity_bytes {
+                            self.full = false;
+                        }
+                    }
+                    (
+                        kind @ (Kind::Store(_) | Kind::Swap { .. }),
+                        Response::Error {
+                            code: rmem_proto::ErrorCode::Full,
+                            ..
+                        },
+                    ) => {
+                        // Overcommit: the page goes to another server (RemoteStore::poll).
+                        self.full = true;
+                        let at = self.out.acked;
+                        let data = written_page(&self.out.buf[at..at + pending.len]);
+                        self.rejected.push(match kind {
+                            Kind::Swap { victim, page } => Rejected::Swap { victim, page, data },
+                            Kind::Store(page) => Rejected::Store { page, data },
+                            _ => unreachable!(),
+                        });
                     }
                     (_, Response::Error { code, message }) => {
                         let server = self.name.clone();
@@ -755,6 +807,17 @@ fn describe_request(kind: Kind, page_size: usize) -> String {
         ),
         Kind::Free => "a free".into(),
         Kind::Ping => "a ping".into(),
+    }
+}
+
+/// The page a Write or Swap frame of ours carries.
+fn written_page(frame: &[u8]) -> Vec<u8> {
+    let h = parse_header(frame, u32::MAX)
+        .expect("a frame we encoded")
+        .expect("whole");
+    match Request::decode(h.op, &frame[HEADER_LEN..]).expect("a frame we encoded") {
+        Request::Write { data, .. } | Request::Swap { data, .. } => data.to_vec(),
+        other => unreachable!("{:?} carries no page", other.op()),
     }
 }
 
@@ -959,6 +1022,8 @@ pub struct RemoteStore {
     placement: Placement,
     locations: Locations,
     session: SessionId,
+    /// Pages whose write some servers answered `Full`, and those servers, until it is stored.
+    refusals: std::collections::HashMap<u64, Vec<usize>>,
 }
 
 /// Most servers one client can address (the per-page slot is 16 bits).
@@ -982,6 +1047,7 @@ impl RemoteStore {
             placement,
             locations: Locations::default(),
             session,
+            refusals: Default::default(),
         };
         for s in servers {
             store
@@ -1011,15 +1077,25 @@ impl RemoteStore {
             Placement::Priority => 0,
             Placement::Stripe => (page.0 % n as u64) as usize,
         };
-        let ps = self.page_size as u64;
-        let s = (0..n)
-            .map(|i| (start + i) % n)
-            .find(|&s| self.conns[s].used_bytes + ps <= self.conns[s].capacity_bytes)
-            .ok_or(StoreError::AllFull {
-                capacity: self.capacity_bytes(),
+        // Capacity is taken when a page is written (overcommit): the first server not known
+        // to be full; else any that has not refused this page yet (another client may have
+        // freed room there); only when every server refused it is the store full.
+        let refused = self.refusals.get(&page.0).map_or(&[][..], |r| r.as_slice());
+        let order = (0..n).map(|i| (start + i) % n);
+        let s = order
+            .clone()
+            .find(|&s| !self.conns[s].full && !refused.contains(&s))
+            .or_else(|| order.clone().find(|s| !refused.contains(s)))
+            .ok_or_else(|| StoreError::AllFull {
                 page: page.0,
+                servers: self
+                    .conns
+                    .iter()
+                    .map(|c| format!("{} (capacity {} bytes)", c.name, c.server_capacity_bytes))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })?;
-        self.conns[s].used_bytes += ps;
+        self.conns[s].used_bytes += self.page_size as u64;
         self.locations.set(page, Some(s));
         Ok(s)
     }
@@ -1036,6 +1112,37 @@ impl RemoteStore {
     /// The server holding `page`, if any (for messages and tests).
     pub fn server_of(&self, page: PageIndex) -> Option<&str> {
         self.locations.get(page).map(|s| self.conns[s].name())
+    }
+
+    /// Writes a server answered `Full`: forget that placement and place the page again (its
+    /// fetch, for a swap, goes again to where the page is).
+    fn place_again(&mut self, server: usize, rejected: Rejected) -> Result<(), StoreError> {
+        let (victim, data, fetch) = match rejected {
+            Rejected::Store { page, data } => (page, data, None),
+            Rejected::Swap { victim, page, data } => (victim, data, Some(page)),
+        };
+        self.locations.set(victim, None);
+        self.conns[server].used_bytes -= self.page_size as u64;
+        self.refusals.entry(victim.0).or_default().push(server);
+        let s = self.place(victim)?;
+        self.conns[s].submit(
+            Request::Write {
+                key: PageKey(victim.0),
+                count: 1,
+                data: &data,
+            },
+            Kind::Store(victim),
+        );
+        if let Some(page) = fetch {
+            self.conns[server].submit(
+                Request::Read {
+                    key: PageKey(page.0),
+                    count: 1,
+                },
+                Kind::Fetch(page),
+            );
+        }
+        Ok(())
     }
 
     /// Bytes placed on each server by this client.
@@ -1115,6 +1222,7 @@ impl PageStore for RemoteStore {
             self.locations.set(page, None);
             let c = &mut self.conns[s];
             c.used_bytes -= self.page_size as u64;
+            c.full = false;
             c.frees.push(PageKey(page.0));
         }
         Ok(())
@@ -1128,10 +1236,27 @@ impl PageStore for RemoteStore {
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
         let mut n = 0;
         let now = Instant::now();
+        let refusals = &mut self.refusals;
+        let mut f = |c: Completion<'_>| {
+            if let (Completion::Stored { page }, false) = (&c, refusals.is_empty()) {
+                refusals.remove(&page.0);
+            }
+            f(c)
+        };
+        let mut spilled = false;
         for c in &mut self.conns {
             if !c.pending.is_empty() {
-                n += c.poll(f, now)?;
+                n += c.poll(&mut f, now)?;
+                spilled |= !c.rejected.is_empty();
             }
+        }
+        if spilled {
+            for s in 0..self.conns.len() {
+                for r in std::mem::take(&mut self.conns[s].rejected) {
+                    self.place_again(s, r)?;
+                }
+            }
+            self.flush()?;
         }
         Ok(n)
     }

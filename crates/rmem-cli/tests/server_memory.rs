@@ -1,0 +1,68 @@
+//! `rmem server --lock`: the server's memory is locked (mlockall), and a RLIMIT_MEMLOCK too
+//! small for its capacity is refused at start with the limit named. (The memory per stored
+//! page is counted exactly by rmem-server's slab.rs test.) Every wait is bounded.
+
+mod common;
+use common::*;
+use std::process::Command;
+use std::time::Duration;
+
+const TOKEN: &str = "server-memory-token";
+
+/// Kilobytes of the process's locked memory (VmLck).
+fn locked_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmLck in {status}"))
+}
+
+#[test]
+fn lock_refuses_a_memlock_limit_below_the_capacity_and_names_it() {
+    // As root, the limit is lowered for `nobody`, who lacks CAP_IPC_LOCK.
+    let script = format!(
+        "ulimit -l 64 && exec {} server --lock --capacity 1G",
+        rmem().display()
+    );
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--", "sh", "-c", &script]);
+        c
+    } else {
+        let mut c = Command::new("sh");
+        c.args(["-c", &script]);
+        c
+    };
+    let out = run_bounded(cmd.env("RMEM_TOKEN", TOKEN), Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1), "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("--lock: RLIMIT_MEMLOCK is 65536 bytes")
+            && out.stderr.contains("ulimit -l unlimited"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stdout.contains("listening"), "{}", out.stdout);
+}
+
+#[test]
+fn a_locked_server_locks_its_memory_and_serves() {
+    if !is_root() {
+        // Unprivileged, only a limit raised by an administrator would let it start.
+        eprintln!("not root: --lock needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK; checked the refusal only");
+        return;
+    }
+    let server = ServerProcess::start(TOKEN, &["--lock", "--capacity", "64M"]);
+    assert!(
+        server
+            .wait_for("memory locked", Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        server.log()
+    );
+    // Everything it maps is locked: at least its binary and its threads' stacks.
+    assert!(locked_kib(server.child.id()) > 1024);
+    let st = status_json(&server.addr, TOKEN);
+    assert_eq!(st["capacity_bytes"], 64u64 << 20, "{st}");
+}

@@ -1,0 +1,466 @@
+//! The one owner of every page's state in the client.
+//!
+//! A page's state is its byte in the [`PageTable`] and, for the states that carry more,
+//! one entry in a side collection: the fill of a fetch in flight, the staging slot of a
+//! write-back in flight, a release that waits for either to land, a place in the reinstall
+//! queue, a pin. The replacement policy holds exactly the mapped pages that are not pinned.
+//! Every transition is one method here that changes the byte and whatever goes with it, so the
+//! collections cannot disagree with the table and a new state (stored on k of n servers,
+//! migrating, filled for a buffer) is one change in one place. The pager does the memory side
+//! of each transition (map, move out, drop, write-protect) and asks this type what it means.
+//!
+//! Agreement is checked, not hoped for: [`PageStates::check`] asserts (in release builds too)
+//! that the policy holds as many pages as were admitted and not taken back, and every victim
+//! the policy offers is asserted to be mapped.
+
+use crate::pages::{PageState, PageTable};
+use crate::PageIndex;
+use rmem_policy::{Admission, Policy};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+/// A fetch in flight, or a fault waiting for a page's write-back to land.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fill {
+    pub write: bool,
+    pub t0: Instant,
+    /// Fetched ahead by the prefetcher, and no thread has touched it yet.
+    pub prefetched: bool,
+}
+
+/// A write-back in flight: the staging slot that holds the page, and the fault that wants it
+/// back meanwhile.
+#[derive(Clone, Copy, Debug)]
+struct Leave {
+    slot: u32,
+    wanted: Option<Fill>,
+}
+
+/// What the end of a fetch or a write-back means for the page.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Landed {
+    /// The program freed the page meanwhile: it is untouched now; forget the server copy, free
+    /// the staging slot if any, and wake the threads that wait on it.
+    Released { slot: Option<u32> },
+    /// Map the page (from the data that arrived, or from `slot`), writable if `write`; then
+    /// free the slot if any.
+    Map {
+        write: bool,
+        fill: Fill,
+        slot: Option<u32>,
+    },
+    /// Written back and not wanted: it is remote now; free its slot.
+    Remote { slot: u32 },
+    /// Written back and wanted: it waits in the reinstall queue.
+    Queued,
+}
+
+/// What the program's release of a page needs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Freed {
+    /// Nothing anywhere.
+    Nothing,
+    /// Its server copy is to be forgotten.
+    Remote,
+    /// A fetch or write-back is in flight: finished when it lands ([`Landed::Released`]).
+    Later,
+}
+
+pub struct PageStates {
+    table: PageTable,
+    policy: Box<dyn Policy>,
+    /// Pages admitted to the policy and not taken back: what `policy.len()` must be.
+    in_policy: u64,
+    filling: HashMap<PageIndex, Fill>,
+    leaving: HashMap<PageIndex, Leave>,
+    /// Pages the program freed while an operation on them was in flight.
+    released: HashSet<PageIndex>,
+    /// Written-back pages the program wanted meanwhile, to be reinstalled from their slots.
+    reinstall: VecDeque<PageIndex>,
+    /// Pages the program pinned (mlock): never in the policy, so never evicted once mapped.
+    locked: HashSet<PageIndex>,
+    /// Most pages pinned at once.
+    locked_max: u64,
+}
+
+impl PageStates {
+    pub fn new(policy: Box<dyn Policy>, locked_max: u64) -> PageStates {
+        PageStates {
+            table: PageTable::new(),
+            policy,
+            in_policy: 0,
+            filling: HashMap::new(),
+            leaving: HashMap::new(),
+            released: HashSet::new(),
+            reinstall: VecDeque::new(),
+            locked: HashSet::new(),
+            locked_max,
+        }
+    }
+
+    pub fn get(&self, page: PageIndex) -> PageState {
+        self.table.get(page)
+    }
+
+    /// Pages holding local memory: mapped, being filled, or staged.
+    pub fn local(&self) -> u64 {
+        self.table.local_pages()
+    }
+
+    /// Pages mapped or being filled.
+    pub fn resident(&self) -> u64 {
+        self.local() - self.leaving.len() as u64
+    }
+
+    /// A one-line account, for error reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "local {} pages, policy holds {}, filling {}, leaving {}, reinstall {}, pinned {}",
+            self.local(),
+            self.policy.len(),
+            self.filling.len(),
+            self.leaving.len(),
+            self.reinstall.len(),
+            self.locked.len()
+        )
+    }
+
+    /// Written-back pages wait to be reinstalled.
+    pub fn reinstall_waiting(&self) -> bool {
+        !self.reinstall.is_empty()
+    }
+
+    /// The policy's count agrees with what was admitted to it.
+    pub fn check(&self) {
+        assert_eq!(
+            self.policy.len() as u64,
+            self.in_policy,
+            "the policy disagrees with the mapped pages: {}",
+            self.describe()
+        );
+    }
+
+    /// The program missed on `page` (a fault on an untouched or remote page).
+    pub fn missed(&mut self, page: PageIndex) {
+        self.policy.on_miss(page);
+    }
+
+    /// An untouched page is zero-filled: mapped as zero, writable if the fault was a write or
+    /// the page is pinned. Returns whether it is mapped writable.
+    pub fn zero_fill(&mut self, page: PageIndex, write: bool) -> bool {
+        let write = write || self.locked.contains(&page);
+        let to = if write {
+            PageState::Dirty
+        } else {
+            PageState::ZeroClean
+        };
+        self.table.transition(page, to);
+        self.admit(page, Admission::ZeroFilled, write);
+        write
+    }
+
+    /// A fetch of a remote page starts.
+    pub fn begin_fill(&mut self, page: PageIndex, fill: Fill) {
+        self.table.transition(page, PageState::Filling);
+        self.filling.insert(page, fill);
+    }
+
+    /// The fill of a page being fetched (a fault on it joins the fetch).
+    pub fn fill_mut(&mut self, page: PageIndex) -> &mut Fill {
+        self.filling
+            .get_mut(&page)
+            .expect("filling page has a fill")
+    }
+
+    /// A fetched page arrived: map it, or it was freed meanwhile.
+    pub fn fetched(&mut self, page: PageIndex) -> Landed {
+        let fill = self
+            .filling
+            .remove(&page)
+            .expect("fetched page was being filled");
+        if self.released.remove(&page) {
+            self.table.transition(page, PageState::Untouched);
+            return Landed::Released { slot: None };
+        }
+        self.mapped(page, fill, None, Admission::Fetched)
+    }
+
+    /// A page is mapped from a fetch or a staging slot: Clean or Dirty, admitted to the policy.
+    fn mapped(&mut self, page: PageIndex, fill: Fill, slot: Option<u32>, how: Admission) -> Landed {
+        let write = fill.write || self.locked.contains(&page);
+        let to = if write {
+            PageState::Dirty
+        } else {
+            PageState::Clean
+        };
+        self.table.transition(page, to);
+        self.admit(page, how, write);
+        Landed::Map { write, fill, slot }
+    }
+
+    /// A page just mapped may be evicted from now on, unless the program pinned it.
+    fn admit(&mut self, page: PageIndex, how: Admission, write: bool) {
+        if !self.locked.contains(&page) {
+            self.policy.insert(page, how);
+            self.in_policy += 1;
+            if write {
+                self.policy.on_write(page);
+            }
+        }
+    }
+
+    /// A clean or zero page is written (a write-protect fault, or a piece the program zeroed).
+    pub fn dirty(&mut self, page: PageIndex) {
+        self.table.transition(page, PageState::Dirty);
+        if !self.locked.contains(&page) {
+            self.policy.on_write(page);
+        }
+    }
+
+    /// A victim to evict now, taken out of the policy; None if every candidate is busy
+    /// (`slot_free`: whether a dirty victim could be staged).
+    pub fn take_victim(&mut self, slot_free: bool) -> Option<PageIndex> {
+        let v = self.policy.select_victim()?;
+        self.in_policy -= 1;
+        let s = self.get(v);
+        assert!(
+            s.is_mapped(),
+            "the policy chose page {} in state {s:?}",
+            v.0
+        );
+        if s == PageState::Dirty && !slot_free {
+            // Every write-back slot is busy: keep the page and wait for an acknowledgement.
+            self.policy.insert(v, Admission::Declined);
+            self.in_policy += 1;
+            return None;
+        }
+        Some(v)
+    }
+
+    /// A clean victim was dropped from the region: remote again, or untouched if it was zero.
+    pub fn dropped(&mut self, v: PageIndex) {
+        let to = match self.get(v) {
+            PageState::Clean => PageState::Remote,
+            PageState::ZeroClean => PageState::Untouched,
+            s => unreachable!("drop of page {} in state {s:?}", v.0),
+        };
+        self.table.transition(v, to);
+    }
+
+    /// A dirty victim was moved out into staging `slot`; its write-back starts.
+    pub fn begin_leave(&mut self, v: PageIndex, slot: u32) {
+        self.table.transition(v, PageState::Leaving);
+        self.leaving.insert(v, Leave { slot, wanted: None });
+    }
+
+    /// The program faulted on a page whose write-back is in flight.
+    pub fn want(&mut self, page: PageIndex, fill: Fill) {
+        let l = self
+            .leaving
+            .get_mut(&page)
+            .expect("leaving page has a slot");
+        match &mut l.wanted {
+            Some(w) => w.write |= fill.write,
+            None => {
+                l.wanted = Some(fill);
+                self.table.transition(page, PageState::LeavingWanted);
+            }
+        }
+    }
+
+    /// The staging slot of a page being written back (its contents until the write lands).
+    pub fn slot_of(&self, page: PageIndex) -> u32 {
+        self.leaving[&page].slot
+    }
+
+    /// A page's write-back landed.
+    pub fn stored(&mut self, page: PageIndex) -> Landed {
+        let leave = *self.leaving.get(&page).expect("stored page was leaving");
+        if self.released.remove(&page) {
+            self.leaving.remove(&page);
+            self.table.transition(page, PageState::Untouched);
+            Landed::Released {
+                slot: Some(leave.slot),
+            }
+        } else if leave.wanted.is_some() {
+            self.reinstall.push_back(page);
+            Landed::Queued
+        } else {
+            self.leaving.remove(&page);
+            self.table.transition(page, PageState::Remote);
+            Landed::Remote { slot: leave.slot }
+        }
+    }
+
+    /// The next written-back page that was wanted: map it from its slot (or it was freed).
+    pub fn next_reinstall(&mut self) -> Option<(PageIndex, Landed)> {
+        let page = self.reinstall.pop_front()?;
+        let leave = self
+            .leaving
+            .remove(&page)
+            .expect("reinstalled page was leaving");
+        if self.released.remove(&page) {
+            self.table.transition(page, PageState::Untouched);
+            return Some((
+                page,
+                Landed::Released {
+                    slot: Some(leave.slot),
+                },
+            ));
+        }
+        let want = leave.wanted.expect("reinstalled page was wanted");
+        Some((
+            page,
+            self.mapped(page, want, Some(leave.slot), Admission::Fetched),
+        ))
+    }
+
+    /// The program freed `page`: it becomes untouched, now or when its operation lands. Freed
+    /// memory is unpinned, as munmap(2) unlocks.
+    pub fn free(&mut self, page: PageIndex) -> Freed {
+        let pinned = self.locked.remove(&page);
+        match self.get(page) {
+            PageState::Untouched => Freed::Nothing,
+            PageState::Remote => {
+                self.table.transition(page, PageState::Untouched);
+                Freed::Remote
+            }
+            PageState::ZeroClean | PageState::Clean | PageState::Dirty => {
+                if !pinned {
+                    self.policy.remove(page);
+                    self.in_policy -= 1;
+                }
+                self.table.transition(page, PageState::Untouched);
+                Freed::Remote
+            }
+            PageState::Filling | PageState::Leaving | PageState::LeavingWanted => {
+                self.released.insert(page);
+                Freed::Later
+            }
+        }
+    }
+
+    /// Pin `pages` (mlock): out of the policy. Returns the pinned pages that are mapped
+    /// write-protected and must become writable (the kernel may write a pinned page on its
+    /// own), now Dirty; None (nothing pinned) when the pins would exceed their bound.
+    pub fn lock(
+        &mut self,
+        pages: impl Iterator<Item = PageIndex> + Clone,
+    ) -> Option<Vec<PageIndex>> {
+        let new = pages.clone().filter(|p| !self.locked.contains(p)).count() as u64;
+        if self.locked.len() as u64 + new > self.locked_max {
+            return None;
+        }
+        let mut writable = Vec::new();
+        for p in pages {
+            if !self.locked.insert(p) {
+                continue;
+            }
+            let s = self.get(p);
+            if s.is_mapped() {
+                self.policy.remove(p);
+                self.in_policy -= 1;
+            }
+            if matches!(s, PageState::ZeroClean | PageState::Clean) {
+                self.table.transition(p, PageState::Dirty);
+                writable.push(p);
+            }
+        }
+        Some(writable)
+    }
+
+    /// Unpin `pages` (munlock): mapped ones go back to the policy.
+    pub fn unlock(&mut self, pages: impl Iterator<Item = PageIndex>) {
+        for p in pages {
+            if self.locked.remove(&p) && self.get(p).is_mapped() {
+                self.policy.insert(p, Admission::Fetched);
+                self.in_policy += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn states() -> PageStates {
+        PageStates::new(rmem_policy::by_name("fifo").expect("fifo"), 4)
+    }
+
+    fn fill(write: bool) -> Fill {
+        Fill {
+            write,
+            t0: Instant::now(),
+            prefetched: false,
+        }
+    }
+
+    #[test]
+    fn a_page_released_in_flight_lands_untouched() {
+        let mut s = states();
+        let p = PageIndex(3);
+        assert!(!s.zero_fill(p, false));
+        assert_eq!(s.take_victim(true), Some(p));
+        s.dropped(p);
+        assert_eq!(s.get(p), PageState::Untouched);
+        s.zero_fill(p, true);
+        assert_eq!(s.take_victim(true), Some(p));
+        s.begin_leave(p, 7);
+        s.want(p, fill(false));
+        assert_eq!(s.free(p), Freed::Later);
+        assert_eq!(s.stored(p), Landed::Released { slot: Some(7) });
+        assert_eq!(s.get(p), PageState::Untouched);
+        assert_eq!(s.local(), 0);
+        s.check();
+    }
+
+    #[test]
+    fn pinned_pages_stay_out_of_the_policy() {
+        let mut s = states();
+        let (a, b) = (PageIndex(1), PageIndex(2));
+        s.zero_fill(a, false);
+        s.zero_fill(b, false);
+        assert_eq!(s.lock([a].into_iter()), Some(vec![a]));
+        assert_eq!(s.get(a), PageState::Dirty);
+        s.check();
+        assert_eq!(s.take_victim(true), Some(b));
+        assert_eq!(s.take_victim(true), None);
+        s.unlock([a].into_iter());
+        assert_eq!(s.take_victim(true), Some(a));
+        assert!(
+            s.lock((10..20).map(PageIndex)).is_none(),
+            "beyond the bound"
+        );
+        s.check();
+    }
+
+    #[test]
+    fn a_wanted_write_back_is_reinstalled_from_its_slot() {
+        let mut s = states();
+        let p = PageIndex(9);
+        s.zero_fill(p, true);
+        assert_eq!(s.take_victim(true), Some(p));
+        s.begin_leave(p, 1);
+        assert_eq!(s.stored(p), Landed::Remote { slot: 1 });
+        s.begin_fill(p, fill(false));
+        assert!(matches!(s.fetched(p), Landed::Map { write: false, .. }));
+        s.dirty(p);
+        assert_eq!(s.take_victim(true), Some(p));
+        s.begin_leave(p, 2);
+        s.want(p, fill(true));
+        assert_eq!(s.stored(p), Landed::Queued);
+        let (q, l) = s.next_reinstall().expect("queued");
+        assert_eq!(q, p);
+        assert!(matches!(
+            l,
+            Landed::Map {
+                write: true,
+                slot: Some(2),
+                ..
+            }
+        ));
+        assert_eq!(s.get(p), PageState::Dirty);
+        s.check();
+    }
+}

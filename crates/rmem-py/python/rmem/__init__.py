@@ -1,0 +1,254 @@
+"""rmem: numpy arrays whose data lives in remote memory (the RAM of memory servers).
+
+Arrays made by :func:`empty`, :func:`zeros`, :func:`full`, :func:`array` and
+:func:`fromfile` are ordinary :class:`numpy.ndarray` objects; only their data is in rmem's
+region, paged in and out by rmem's pager within a local memory budget. Every numpy
+operation works on them. Results of operations (``a + b``, ``a.sum(axis=0)``) are ordinary
+local arrays: pass ``out=`` an rmem array to keep a large result remote. Freeing the last
+array that uses a block of remote memory gives its pages back to the servers.
+
+Usage::
+
+    import numpy as np, rmem
+
+    with rmem.connect(local="1G"):          # starts two local memory servers
+        a = rmem.zeros((1 << 28,), np.float64)   # 2 GiB, twice the budget
+        a[:] = 1.0
+        print(a.sum(), rmem.stats()["swap_ins"])
+
+The first allocation connects with the defaults when :func:`connect` was not called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _rmem
+from ._rmem import RmemError, ServerLost
+
+__all__ = [
+    "RmemError",
+    "ServerLost",
+    "Connection",
+    "connect",
+    "close",
+    "connected",
+    "empty",
+    "zeros",
+    "full",
+    "array",
+    "fromfile",
+    "stats",
+    "is_remote",
+]
+
+Size = Union[int, str]
+Shape = Union[int, Sequence[int]]
+
+_lock = threading.Lock()
+
+
+class Connection:
+    """The connection :func:`connect` opened; leaving a ``with`` block closes it."""
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        close()
+
+    def close(self) -> None:
+        """Same as :func:`rmem.close`."""
+        close()
+
+    def __repr__(self) -> str:
+        if not _rmem._connected():
+            return "<rmem.Connection closed>"
+        i = _rmem._info()
+        return (
+            f"<rmem.Connection servers={i['servers']!r} local={i['local_bytes']} "
+            f"page_size={i['page_size']}>"
+        )
+
+
+def connect(
+    servers: Optional[Union[str, Iterable[str]]] = None,
+    local: Optional[Size] = None,
+    page_size: Optional[Size] = None,
+    hostfile: Optional[Union[str, "os.PathLike[str]"]] = None,
+    manager: Optional[str] = None,
+    redundancy: Optional[int] = None,
+) -> Connection:
+    """Start rmem in this process.
+
+    Where the memory servers come from, first match wins:
+
+    * ``servers``: running servers, ``"host:port,host:port"`` or a list of ``"host:port"``;
+      the token comes from ``RMEM_TOKEN`` or ``RMEM_TOKEN_FILE``;
+    * ``hostfile``: a DLM hosts file; its servers are started (``rmem launch``) and finalized
+      when this connection ends;
+    * the environment ``rmem run`` sets (``rmem run -- python3 script.py``);
+    * otherwise servers started here, finalized with the connection: those of the hosts file
+      ``RMEM_HOSTFILE`` or ``./dlm_hosts`` names, else two on 127.0.0.1. The ``rmem`` binary
+      is ``RMEM_BIN``, else ``rmem`` on the ``PATH``.
+
+    ``local`` is the local memory budget (bytes of remote arrays resident at once) and
+    ``page_size`` the unit of paging, as ints or strings such as ``"1G"``, ``"64K"``. Left
+    out, they are ``RMEM_LOCAL`` / ``RMEM_PAGE_SIZE`` when set (``rmem run --local`` sets
+    the first), else the hosts file's budget, else 1G and 64K. Every other setting comes from
+    the ``RMEM_*`` environment (docs/configuration.md).
+
+    ``manager`` and ``redundancy`` are accepted for the API to come (a pool manager,
+    replicated pages); this build has neither and raises :class:`RmemError` if they are given.
+
+    Raises :class:`RmemError` when already connected, or when no servers can be started or
+    reached. The connection is a context manager; :func:`close` ends it.
+    """
+    if manager is not None or redundancy is not None:
+        raise RmemError(
+            "manager= and redundancy= need a memory pool manager and page replication, "
+            "which this build of rmem does not have"
+        )
+    if isinstance(servers, str):
+        servers = [s for s in servers.split(",") if s.strip()]
+    elif servers is not None:
+        servers = [str(s) for s in servers]
+    with _lock:
+        _rmem._connect(
+            servers=servers,
+            local=local,
+            page_size=page_size,
+            hostfile=None if hostfile is None else os.fspath(hostfile),
+        )
+    return Connection()
+
+
+def close() -> None:
+    """End the connection. Arrays still alive keep working: the runtime (and the servers it
+    started) stop when the last of them is freed. A later :func:`connect` starts a new one.
+    Does nothing when not connected."""
+    with _lock:
+        _rmem._close()
+
+
+def connected() -> bool:
+    """Whether :func:`connect` was called (explicitly or by a first allocation) and not
+    closed."""
+    return _rmem._connected()
+
+
+def _ensure() -> None:
+    if not _rmem._connected():
+        with _lock:
+            if not _rmem._connected():
+                _rmem._connect()
+
+
+def _shape(shape: Shape) -> Tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"negative dimensions are not allowed: {shape}")
+    return shape
+
+
+def _alloc_array(shape: Shape, dtype: Any, order: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError(
+            "rmem arrays hold plain data; dtype=object (references to Python objects) is not "
+            "supported"
+        )
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', not {order!r}")
+    shp = _shape(shape)
+    nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+    _ensure()
+    block = _rmem._alloc(nbytes)
+    # The uint8 view's base is the block, and the array's base that view: the block is freed
+    # when the last array or view of it goes.
+    raw = np.asarray(block)
+    return np.ndarray(shp, dtype=dt, buffer=raw, order=order)
+
+
+def empty(shape: Shape, dtype: Any = float, order: str = "C") -> np.ndarray:
+    """A new array in remote memory, as :func:`numpy.empty`. Its contents are zero (fresh
+    remote memory reads as zero and costs nothing until written)."""
+    return _alloc_array(shape, dtype, order)
+
+
+def zeros(shape: Shape, dtype: Any = float, order: str = "C") -> np.ndarray:
+    """A new array of zeros in remote memory, as :func:`numpy.zeros`."""
+    return _alloc_array(shape, dtype, order)
+
+
+def full(shape: Shape, fill_value: Any, dtype: Any = None, order: str = "C") -> np.ndarray:
+    """A new array in remote memory filled with ``fill_value``, as :func:`numpy.full`."""
+    if dtype is None:
+        dtype = np.array(fill_value).dtype
+    a = _alloc_array(shape, dtype, order)
+    a.fill(fill_value)
+    return a
+
+
+def array(obj: Any, dtype: Any = None, order: str = "C") -> np.ndarray:
+    """A copy of ``obj`` (an array or anything :func:`numpy.asarray` takes) in remote
+    memory."""
+    src = np.asarray(obj, dtype=dtype)
+    dst = _alloc_array(src.shape, src.dtype, order)
+    np.copyto(dst, src)
+    return dst
+
+
+def fromfile(
+    path: Union[str, "os.PathLike[str]"],
+    dtype: Any = float,
+    count: int = -1,
+    offset: int = 0,
+) -> np.ndarray:
+    """Read a binary file into a new 1-D remote array, as :func:`numpy.fromfile` (without
+    ``sep``): ``count`` items (-1: up to the end of the file) of ``dtype`` from byte
+    ``offset``. The file may be far larger than the local budget. Raises :class:`OSError`
+    when the file cannot be read, :class:`ValueError` when it is shorter than ``count``
+    items."""
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError("rmem.fromfile reads plain data; dtype=object is not supported")
+    path = os.fspath(path)
+    available = max(os.path.getsize(path) - offset, 0) // dt.itemsize
+    n = available if count < 0 else int(count)
+    if n > available:
+        raise ValueError(f"{path}: {available} items of {dt} from byte {offset}, not {n}")
+    _ensure()
+    block = _rmem._alloc(n * dt.itemsize)
+    got = _rmem._read_into(path, block, offset, n * dt.itemsize)
+    if got != n * dt.itemsize:
+        raise OSError(f"{path}: read {got} of {n * dt.itemsize} bytes (file truncated?)")
+    return np.ndarray((n,), dtype=dt, buffer=np.asarray(block))
+
+
+def stats() -> Dict[str, Any]:
+    """The runtime's statistics: the fields of ``rmem run``'s JSON report (``swap_ins``,
+    ``swap_outs``, ``faults``, ``bytes_fetched``, ...) and ``servers``, ``page_size``,
+    ``local_bytes``, ``capacity_bytes``, ``allocated_bytes`` (remote memory held by live
+    arrays), ``live_arrays`` and ``userfaultfd`` (the mode). Raises :class:`RmemError` when
+    not connected, :class:`ServerLost` after a lost server."""
+    d: Dict[str, Any] = json.loads(_rmem._stats_json())
+    d.update(_rmem._info())
+    return d
+
+
+def is_remote(a: np.ndarray) -> bool:
+    """Whether the data of ``a`` (an array or a view) lives in an rmem block."""
+    base: Any = a
+    while base is not None:
+        if isinstance(base, _rmem.Block):
+            return True
+        base = getattr(base, "base", None)
+    return False
