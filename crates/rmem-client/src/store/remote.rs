@@ -635,7 +635,8 @@ impl Conn {
                             capacity_bytes,
                         },
                     ) => {
-                        if used_bytes + page_size as u64 <= capacity_bytes {
+                        // The server's numbers: a lying one must not overflow them.
+                        if capacity_bytes.saturating_sub(used_bytes) >= page_size as u64 {
                             self.full = false;
                         }
                     }
@@ -1156,7 +1157,10 @@ impl RemoteStore {
 
 impl PageStore for RemoteStore {
     fn capacity_bytes(&self) -> u64 {
-        self.conns.iter().map(|c| c.capacity_bytes).sum()
+        // What the servers said (saturating: a lying one may say u64::MAX).
+        self.conns
+            .iter()
+            .fold(0u64, |sum, c| sum.saturating_add(c.capacity_bytes))
     }
 
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
