@@ -25,8 +25,11 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The targets, by the name of their corpus folder and of their file in fuzz_targets/.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+/// A target: the name of its corpus folder and of its file in fuzz_targets/, and its function.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// The targets.
+pub const TARGETS: [Target; 5] = [
     ("proto_request", proto_request),
     ("proto_response", proto_response),
     ("server_session", server_session),
