@@ -373,14 +373,13 @@ impl Connection<'_> {
             let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
             return refuse(ErrorCode::VersionMismatch, h.tag, msg, &mut writer);
         }
-        if !page_size.is_power_of_two()
-            || !(rmem_proto::PAGE_SIZE_MIN..=rmem_proto::PAGE_SIZE_MAX).contains(&page_size)
+        if !rmem_proto::unit_len_ok(page_size)
             || page_size as u64 + 64 > self.config.frame_len_max as u64
         {
             return refuse(
                 ErrorCode::BadRequest,
                 h.tag,
-                format!("unsupported page size {page_size}"),
+                format!("unsupported unit size {page_size}"),
                 &mut writer,
             );
         }

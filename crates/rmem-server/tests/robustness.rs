@@ -443,7 +443,9 @@ fn wrong_token_version_or_page_size_are_refused() {
     for (version, page_size, token) in [
         (rmem_proto::VERSION, PS as u32, &b"wrong"[..]),
         (rmem_proto::VERSION + 1, PS as u32, TOKEN),
-        (rmem_proto::VERSION, 3000, TOKEN),
+        // Units are a multiple of 8 bytes from 64 to a largest page and its seal.
+        (rmem_proto::VERSION, 3001, TOKEN),
+        (rmem_proto::VERSION, 32, TOKEN),
         (rmem_proto::VERSION, 8 << 20, TOKEN),
     ] {
         let mut c = Client {

@@ -5,10 +5,14 @@
 //! Operations are submitted and complete later through [`PageStore::poll`], so many may be in
 //! flight at once; a store decides placement (and later replication) itself.
 
+pub mod cluster;
+pub mod codec;
 pub mod mem;
 pub mod remote;
 
 use crate::PageIndex;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A finished operation. Page data borrows the store's receive buffer until the callback
@@ -61,11 +65,33 @@ pub enum StoreError {
          with --no-overcommit so that allocations beyond it fail instead"
     )]
     AllFull { page: u64, servers: String },
+    #[error("memory servers lost: {servers}; {detail}")]
+    Lost { servers: String, detail: String },
+    #[error("{0}")]
+    Layout(String),
     #[error("i/o error with memory server {server}")]
     Io {
         server: String,
         source: std::io::Error,
     },
+}
+
+/// What a store counts that the pager does not see: servers lost, pages rebuilt, pieces that
+/// failed their check.
+#[derive(Debug, Default)]
+pub struct StoreCounters {
+    /// How pages are kept: `ec:4+1, encrypted`.
+    pub layout: String,
+    /// Servers given up while the program ran (with redundancy it goes on).
+    pub servers_lost: AtomicU64,
+    /// Pages whose lost pieces were rebuilt on other servers.
+    pub pages_repaired: AtomicU64,
+    /// Time spent with a repair running, in microseconds.
+    pub repair_us: AtomicU64,
+    /// Pieces that came back altered, stale, another page's, or not at all.
+    pub pieces_bad: AtomicU64,
+    /// Reads asked of another server after a piece failed or its server was lost.
+    pub failovers: AtomicU64,
 }
 
 /// A place pages live when they are not resident.
@@ -98,6 +124,10 @@ pub trait PageStore: Send {
     }
     /// Requests in flight.
     fn in_flight(&self) -> usize;
+    /// The store's own counters, if it keeps any.
+    fn counters(&self) -> Option<Arc<StoreCounters>> {
+        None
+    }
     /// One line naming the servers, for logs.
     fn describe(&self) -> String;
 }

@@ -19,9 +19,7 @@
 //! cannot be trusted with the program's pages, and it stops the program at once, naming the
 //! server (ARCHITECTURE.md, "A hostile or broken server").
 
-use super::{Completion, PageStore, StoreError};
-use crate::config::Placement;
-use crate::PageIndex;
+use super::StoreError;
 use rmem_proto::{auth, parse_header, PageKey, Request, Response, SessionId, HEADER_LEN};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -54,17 +52,65 @@ impl Timing {
     }
 }
 
+/// What a request was for: the store's operation and which piece of the page it carries.
 #[derive(Clone, Copy, Debug)]
-enum Kind {
-    Fetch(PageIndex),
-    Store(PageIndex),
-    Swap { victim: PageIndex, page: PageIndex },
+pub(crate) enum Kind {
+    Read {
+        op: u64,
+        piece: u8,
+        key: u64,
+    },
+    Write {
+        op: u64,
+        piece: u8,
+        key: u64,
+    },
+    /// Write `wkey` (piece 0 of `wop`) and read `rkey` (piece 0 of `rop`) in one round trip.
+    Swap {
+        wop: u64,
+        wkey: u64,
+        rop: u64,
+        rkey: u64,
+    },
     Free,
     Ping,
 }
 
+/// One server's answer to one piece of a store operation.
 #[derive(Debug)]
-struct Pending {
+pub(crate) enum Answer<'a> {
+    Read {
+        op: u64,
+        piece: u8,
+        data: &'a [u8],
+    },
+    Written {
+        op: u64,
+        piece: u8,
+    },
+    /// The server does not have the piece (it lost it, or never had it).
+    Missing {
+        op: u64,
+        piece: u8,
+    },
+    /// The server is full: the piece (`unit`) must go elsewhere (overcommit).
+    Full {
+        op: u64,
+        piece: u8,
+        unit: Vec<u8>,
+    },
+}
+
+/// A request a dead server will never answer, for the store to send elsewhere (a write
+/// with its piece).
+#[derive(Debug)]
+pub(crate) struct Orphan {
+    pub kind: Kind,
+    pub unit: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pending {
     tag: u64,
     kind: Kind,
     sent: Instant,
@@ -95,14 +141,14 @@ const OUT_COMPACT: usize = 1 << 20;
 /// `[acked..pos)` sent and unanswered, `[pos..)` unsent. Kept so that a new link can re-send
 /// them.
 #[derive(Default)]
-struct Outbox {
+pub(crate) struct Outbox {
     buf: Vec<u8>,
     acked: usize,
     pos: usize,
 }
 
 impl Outbox {
-    fn unsent(&self) -> &[u8] {
+    pub(crate) fn unsent(&self) -> &[u8] {
         &self.buf[self.pos..]
     }
 
@@ -127,36 +173,21 @@ impl Outbox {
     }
 }
 
-/// A write the server answered `Full`: the store places the page elsewhere (a swap's fetch is
-/// sent again on its own).
-#[derive(Debug)]
-enum Rejected {
-    Store {
-        page: PageIndex,
-        data: Vec<u8>,
-    },
-    Swap {
-        victim: PageIndex,
-        page: PageIndex,
-        data: Vec<u8>,
-    },
-}
-
 /// One server: its session, its link (when up), and every unanswered request.
-pub struct Conn {
-    name: String,
+pub(crate) struct Conn {
+    pub(crate) name: String,
     token: Vec<u8>,
     session: SessionId,
     page_size: usize,
     timing: Timing,
-    sock: Option<TcpStream>,
-    out: Outbox,
+    pub(crate) sock: Option<TcpStream>,
+    pub(crate) out: Outbox,
     inbuf: Vec<u8>,
     in_start: usize,
     in_end: usize,
-    pending: VecDeque<Pending>,
+    pub(crate) pending: VecDeque<Pending>,
     next_tag: u64,
-    frees: Vec<PageKey>,
+    pub(crate) frees: Vec<PageKey>,
     last_activity: Instant,
     frame_len_max: u32,
     /// The lease the server granted.
@@ -166,18 +197,18 @@ pub struct Conn {
     /// again continues it (and its deadline) rather than starting a new one.
     relinked: Option<Lost>,
     /// Links re-established.
-    reconnects: u64,
+    pub(crate) reconnects: u64,
     /// Bytes this client may use on the server (its capacity less what others used at connect).
-    capacity_bytes: u64,
+    pub(crate) capacity_bytes: u64,
     /// Bytes this client has placed there.
-    used_bytes: u64,
+    pub(crate) used_bytes: u64,
     /// The server's whole capacity, for messages.
-    server_capacity_bytes: u64,
+    pub(crate) server_capacity_bytes: u64,
     /// It answered `Full`: new pages go elsewhere until this client frees a page there or a
     /// ping shows room.
-    full: bool,
-    /// Writes answered `Full`, for the store to place again.
-    rejected: Vec<Rejected>,
+    pub(crate) full: bool,
+    /// Reads to send again (a swap whose write was refused).
+    resend: Vec<Kind>,
 }
 
 fn io_err(server: &str, e: io::Error) -> StoreError {
@@ -302,7 +333,7 @@ fn open(
 
 impl Conn {
     /// Connect, authenticate, learn the server's limits and open `session` there.
-    pub fn connect(
+    pub(crate) fn connect(
         server: &str,
         token: &[u8],
         page_size: usize,
@@ -341,19 +372,19 @@ impl Conn {
             used_bytes: 0,
             server_capacity_bytes: link.welcome.capacity_bytes,
             full: false,
-            rejected: Vec::new(),
+            resend: Vec::new(),
         })
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    fn heartbeat(&self) -> Duration {
+    pub(crate) fn heartbeat(&self) -> Duration {
         self.timing.heartbeat.min(self.lease / 3)
     }
 
-    fn submit(&mut self, req: Request<'_>, kind: Kind) {
+    pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
         let tag = self.next_tag;
         self.next_tag += 1;
         let start = self.out.buf.len();
@@ -469,6 +500,22 @@ impl Conn {
                 }
                 self.flush(now)
             }
+            // Nothing listens there any more: the server process is gone, and with it the
+            // session; waiting out the window would only stall the program.
+            Err(StoreError::Connect { source, .. })
+                if source.kind() == io::ErrorKind::ConnectionRefused =>
+            {
+                let secs = spent.as_secs_f64();
+                let gone = StoreError::Closed {
+                    server: self.name.clone(),
+                    detail: " (given up)".into(),
+                };
+                Err(StoreError::GaveUp {
+                    cause: Box::new(std::mem::replace(&mut lost.cause, gone)),
+                    secs,
+                    last: format!("connection refused: {source}"),
+                })
+            }
             Err(e) if link_failure(&e) => {
                 lost.last_try = Some(e.to_string());
                 lost.next_try = now + lost.backoff;
@@ -479,7 +526,7 @@ impl Conn {
         }
     }
 
-    fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
+    pub(crate) fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
         if !self.frees.is_empty() {
             let keys = std::mem::take(&mut self.frees);
             for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
@@ -516,36 +563,84 @@ impl Conn {
     fn describe_inflight(&self) -> String {
         match self.pending.front() {
             Some(Pending {
-                kind: Kind::Fetch(p),
+                kind: Kind::Read { key, .. },
                 ..
-            }) => format!(" while page {} was being fetched", p.0),
+            }) => format!(" while page {key} was being fetched"),
             Some(Pending {
-                kind: Kind::Store(p),
+                kind: Kind::Write { key, .. },
                 ..
-            }) => format!(" while page {} was being written back", p.0),
+            }) => format!(" while page {key} was being written back"),
             Some(Pending {
-                kind: Kind::Swap { victim, page },
+                kind: Kind::Swap { wkey, rkey, .. },
                 ..
-            }) => {
-                format!(
-                    " while page {} was being written back and page {} fetched",
-                    victim.0, page.0
-                )
-            }
+            }) => format!(" while page {wkey} was being written back and page {rkey} fetched"),
             Some(_) => format!(" with {} requests in flight", self.pending.len()),
             None => String::new(),
         }
     }
 
+    /// What to wait for on this link when the pager sleeps (none while it is lost: its
+    /// reconnection runs from tick).
+    pub(crate) fn pollfd(&self) -> Option<libc::pollfd> {
+        let sock = self.sock.as_ref()?;
+        let mut events = libc::POLLIN;
+        if !self.out.unsent().is_empty() {
+            events |= libc::POLLOUT;
+        }
+        Some(libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events,
+            revents: 0,
+        })
+    }
+
+    /// Use `timing` from now on (a link opened with a short connect timeout).
+    pub(crate) fn set_timing(&mut self, timing: Timing) {
+        self.timing = timing;
+    }
+
+    /// Every unanswered request, for a store that gives this server up: writes with their
+    /// piece. The link is dropped and nothing more is sent.
+    pub(crate) fn take_orphans(&mut self) -> Vec<Orphan> {
+        let mut at = self.out.acked;
+        let mut orphans = Vec::with_capacity(self.pending.len());
+        for p in self.pending.drain(..) {
+            let frame = &self.out.buf[at..at + p.len];
+            at += p.len;
+            let unit = match p.kind {
+                Kind::Write { .. } | Kind::Swap { .. } => Some(written_page(frame)),
+                _ => None,
+            };
+            orphans.push(Orphan { kind: p.kind, unit });
+        }
+        self.out = Outbox::default();
+        self.sock = None;
+        self.frees.clear();
+        self.resend.clear();
+        orphans
+    }
+
     /// Read what is available and hand complete responses to `f`. A broken link is lost
     /// (see [`Conn::lose`]), not an error.
-    fn poll(
+    pub(crate) fn poll(
         &mut self,
-        f: &mut dyn FnMut(Completion<'_>),
+        f: &mut dyn FnMut(Answer<'_>),
         now: Instant,
     ) -> Result<usize, StoreError> {
         let mut done = 0;
-        match self.receive(f, &mut done) {
+        let r = self.receive(f, &mut done);
+        for kind in std::mem::take(&mut self.resend) {
+            if let Kind::Read { key, .. } = kind {
+                self.submit(
+                    Request::Read {
+                        key: PageKey(key),
+                        count: 1,
+                    },
+                    kind,
+                );
+            }
+        }
+        match r {
             Ok(()) => Ok(done),
             Err(e) => self.lose(e, now).map(|()| done),
         }
@@ -553,10 +648,10 @@ impl Conn {
 
     fn receive(
         &mut self,
-        f: &mut dyn FnMut(Completion<'_>),
+        f: &mut dyn FnMut(Answer<'_>),
         done: &mut usize,
     ) -> Result<(), StoreError> {
-        let page_size = self.page_size;
+        let unit = self.page_size;
         let Some(mut sock) = self.sock.as_ref() else {
             return Ok(());
         };
@@ -609,23 +704,27 @@ impl Conn {
                 *done += 1;
                 match (pending.kind, resp) {
                     (
-                        Kind::Fetch(page),
+                        Kind::Read { op, piece, key },
                         Response::ReadOk {
-                            key,
+                            key: k,
                             count: 1,
                             data,
                         },
-                    ) if key.0 == page.0 && data.len() == page_size => {
-                        f(Completion::Fetched { page, data })
-                    }
-                    (Kind::Store(page), Response::WriteOk { key, count: 1 }) if key.0 == page.0 => {
-                        f(Completion::Stored { page })
-                    }
-                    (Kind::Swap { victim, page }, Response::SwapOk { read_key, data })
-                        if read_key.0 == page.0 && data.len() == page_size =>
+                    ) if k.0 == key && data.len() == unit => f(Answer::Read { op, piece, data }),
+                    (Kind::Write { op, piece, key }, Response::WriteOk { key: k, count: 1 })
+                        if k.0 == key =>
                     {
-                        f(Completion::Stored { page: victim });
-                        f(Completion::Fetched { page, data });
+                        f(Answer::Written { op, piece })
+                    }
+                    (Kind::Swap { wop, rop, rkey, .. }, Response::SwapOk { read_key, data })
+                        if read_key.0 == rkey && data.len() == unit =>
+                    {
+                        f(Answer::Written { op: wop, piece: 0 });
+                        f(Answer::Read {
+                            op: rop,
+                            piece: 0,
+                            data,
+                        });
                     }
                     (Kind::Free, Response::FreeOk { .. }) => {}
                     (
@@ -636,26 +735,42 @@ impl Conn {
                         },
                     ) => {
                         // The server's numbers: a lying one must not overflow them.
-                        if capacity_bytes.saturating_sub(used_bytes) >= page_size as u64 {
+                        if capacity_bytes.saturating_sub(used_bytes) >= unit as u64 {
                             self.full = false;
                         }
                     }
                     (
-                        kind @ (Kind::Store(_) | Kind::Swap { .. }),
+                        Kind::Read { op, piece, .. },
+                        Response::Error {
+                            code: rmem_proto::ErrorCode::NotFound,
+                            ..
+                        },
+                    ) => f(Answer::Missing { op, piece }),
+                    (
+                        kind @ (Kind::Write { .. } | Kind::Swap { .. }),
                         Response::Error {
                             code: rmem_proto::ErrorCode::Full,
                             ..
                         },
                     ) => {
-                        // Overcommit: the page goes to another server (RemoteStore::poll).
+                        // Overcommit: the piece goes to another server; a swap's read is
+                        // sent again on its own.
                         self.full = true;
                         let at = self.out.acked;
-                        let data = written_page(&self.out.buf[at..at + pending.len]);
-                        self.rejected.push(match kind {
-                            Kind::Swap { victim, page } => Rejected::Swap { victim, page, data },
-                            Kind::Store(page) => Rejected::Store { page, data },
+                        let unit = written_page(&self.out.buf[at..at + pending.len]);
+                        let (op, piece) = match kind {
+                            Kind::Write { op, piece, .. } => (op, piece),
+                            Kind::Swap { wop, rop, rkey, .. } => {
+                                self.resend.push(Kind::Read {
+                                    op: rop,
+                                    piece: 0,
+                                    key: rkey,
+                                });
+                                (wop, 0)
+                            }
                             _ => unreachable!(),
-                        });
+                        };
+                        f(Answer::Full { op, piece, unit });
                     }
                     (_, Response::Error { code, message }) => {
                         let server = self.name.clone();
@@ -676,7 +791,7 @@ impl Conn {
                         return Err(proto(format!(
                             "{} does not answer {}",
                             describe_answer(&resp),
-                            describe_request(kind, page_size)
+                            describe_request(kind, self.page_size)
                         )))
                     }
                 }
@@ -718,7 +833,7 @@ impl Conn {
 
     /// Periodic upkeep: reconnect when lost, lose a link whose oldest request waited past
     /// the timeout, ping an idle one.
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
+    pub(crate) fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         if self.lost.is_some() {
             return self.reconnect(now);
         }
@@ -751,7 +866,7 @@ impl Conn {
     /// the lease runs out. Best effort, bounded by the connect timeout: waits for the
     /// answer, since closing a socket with unread answers resets it and the server could
     /// drop the request.
-    fn end_session(&mut self) {
+    pub(crate) fn end_session(&mut self) {
         let deadline = Instant::now() + self.timing.connect.min(Duration::from_secs(1));
         while !self.pending.is_empty() && self.sock.is_some() && Instant::now() < deadline {
             let now = Instant::now();
@@ -798,14 +913,15 @@ fn describe_answer(resp: &Response<'_>) -> String {
 }
 
 /// A request, for the same message.
-fn describe_request(kind: Kind, page_size: usize) -> String {
+fn describe_request(kind: Kind, unit: usize) -> String {
     match kind {
-        Kind::Fetch(p) => format!("a read of page {} ({page_size} bytes)", p.0),
-        Kind::Store(p) => format!("a write of page {}", p.0),
-        Kind::Swap { victim, page } => format!(
-            "a swap writing page {} and reading page {} ({page_size} bytes)",
-            victim.0, page.0
-        ),
+        Kind::Read { key, piece, .. } => {
+            format!("a read of page {key} piece {piece} ({unit} bytes)")
+        }
+        Kind::Write { key, piece, .. } => format!("a write of page {key} piece {piece}"),
+        Kind::Swap { wkey, rkey, .. } => {
+            format!("a swap writing page {wkey} and reading page {rkey} ({unit} bytes)")
+        }
         Kind::Free => "a free".into(),
         Kind::Ping => "a ping".into(),
     }
@@ -984,327 +1100,4 @@ pub fn handshake(
     }
 }
 
-/// Per-page server slot: 0 = no remote copy, i + 1 = on server i. Chunked like the page table.
-#[derive(Default)]
-struct Locations {
-    chunks: Vec<Option<Box<[u16]>>>,
-}
-
-const LOC_CHUNK: usize = 1 << 16;
-
-impl Locations {
-    fn get(&self, page: PageIndex) -> Option<usize> {
-        let c = page.0 as usize / LOC_CHUNK;
-        match self.chunks.get(c) {
-            Some(Some(ch)) => ch[page.0 as usize % LOC_CHUNK]
-                .checked_sub(1)
-                .map(usize::from),
-            _ => None,
-        }
-    }
-
-    fn set(&mut self, page: PageIndex, server: Option<usize>) {
-        let c = page.0 as usize / LOC_CHUNK;
-        if c >= self.chunks.len() {
-            if server.is_none() {
-                return;
-            }
-            self.chunks.resize_with(c + 1, || None);
-        }
-        let ch = self.chunks[c].get_or_insert_with(|| vec![0u16; LOC_CHUNK].into_boxed_slice());
-        ch[page.0 as usize % LOC_CHUNK] = server.map_or(0, |s| s as u16 + 1);
-    }
-}
-
-/// Pages on a set of memory servers.
-pub struct RemoteStore {
-    conns: Vec<Conn>,
-    page_size: usize,
-    placement: Placement,
-    locations: Locations,
-    session: SessionId,
-    /// Pages whose write some servers answered `Full`, and those servers, until it is stored.
-    refusals: std::collections::HashMap<u64, Vec<usize>>,
-}
-
-/// Most servers one client can address (the per-page slot is 16 bits).
-pub const SERVERS_MAX: usize = u16::MAX as usize - 1;
-
-impl RemoteStore {
-    /// Connect to every server, in order, and open one new session (a random id) on each.
-    /// The first failure is returned; sessions already opened are ended.
-    pub fn connect(
-        servers: &[String],
-        token: &[u8],
-        page_size: usize,
-        placement: Placement,
-        timing: Timing,
-    ) -> Result<RemoteStore, StoreError> {
-        assert!(servers.len() <= SERVERS_MAX, "too many servers");
-        let session = SessionId::random().map_err(|e| io_err("(none)", e))?;
-        let mut store = RemoteStore {
-            conns: Vec::with_capacity(servers.len()),
-            page_size,
-            placement,
-            locations: Locations::default(),
-            session,
-            refusals: Default::default(),
-        };
-        for s in servers {
-            store
-                .conns
-                .push(Conn::connect(s, token, page_size, session, timing)?);
-        }
-        Ok(store)
-    }
-
-    /// This client's session id (the same on every server).
-    pub fn session(&self) -> SessionId {
-        self.session
-    }
-
-    /// Links re-established so far, over all servers.
-    pub fn reconnects(&self) -> u64 {
-        self.conns.iter().map(|c| c.reconnects).sum()
-    }
-
-    /// Where `page` goes (and stays): its current server, or a new placement.
-    fn place(&mut self, page: PageIndex) -> Result<usize, StoreError> {
-        if let Some(s) = self.locations.get(page) {
-            return Ok(s);
-        }
-        let n = self.conns.len();
-        let start = match self.placement {
-            Placement::Priority => 0,
-            Placement::Stripe => (page.0 % n as u64) as usize,
-        };
-        // Capacity is taken when a page is written (overcommit): the first server not known
-        // to be full; else any that has not refused this page yet (another client may have
-        // freed room there); only when every server refused it is the store full.
-        let refused = self.refusals.get(&page.0).map_or(&[][..], |r| r.as_slice());
-        let order = (0..n).map(|i| (start + i) % n);
-        let s = order
-            .clone()
-            .find(|&s| !self.conns[s].full && !refused.contains(&s))
-            .or_else(|| order.clone().find(|s| !refused.contains(s)))
-            .ok_or_else(|| StoreError::AllFull {
-                page: page.0,
-                servers: self
-                    .conns
-                    .iter()
-                    .map(|c| format!("{} (capacity {} bytes)", c.name, c.server_capacity_bytes))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        self.conns[s].used_bytes += self.page_size as u64;
-        self.locations.set(page, Some(s));
-        Ok(s)
-    }
-
-    fn located(&self, page: PageIndex) -> Result<usize, StoreError> {
-        self.locations
-            .get(page)
-            .ok_or_else(|| StoreError::Protocol {
-                server: "(none)".into(),
-                what: format!("page {} has no remote copy to fetch", page.0),
-            })
-    }
-
-    /// The server holding `page`, if any (for messages and tests).
-    pub fn server_of(&self, page: PageIndex) -> Option<&str> {
-        self.locations.get(page).map(|s| self.conns[s].name())
-    }
-
-    /// Writes a server answered `Full`: forget that placement and place the page again (its
-    /// fetch, for a swap, goes again to where the page is).
-    fn place_again(&mut self, server: usize, rejected: Rejected) -> Result<(), StoreError> {
-        let (victim, data, fetch) = match rejected {
-            Rejected::Store { page, data } => (page, data, None),
-            Rejected::Swap { victim, page, data } => (victim, data, Some(page)),
-        };
-        self.locations.set(victim, None);
-        self.conns[server].used_bytes -= self.page_size as u64;
-        self.refusals.entry(victim.0).or_default().push(server);
-        let s = self.place(victim)?;
-        self.conns[s].submit(
-            Request::Write {
-                key: PageKey(victim.0),
-                count: 1,
-                data: &data,
-            },
-            Kind::Store(victim),
-        );
-        if let Some(page) = fetch {
-            self.conns[server].submit(
-                Request::Read {
-                    key: PageKey(page.0),
-                    count: 1,
-                },
-                Kind::Fetch(page),
-            );
-        }
-        Ok(())
-    }
-
-    /// Bytes placed on each server by this client.
-    pub fn used_per_server(&self) -> Vec<(String, u64)> {
-        self.conns
-            .iter()
-            .map(|c| (c.name.clone(), c.used_bytes))
-            .collect()
-    }
-}
-
-impl PageStore for RemoteStore {
-    fn capacity_bytes(&self) -> u64 {
-        // What the servers said (saturating: a lying one may say u64::MAX).
-        self.conns
-            .iter()
-            .fold(0u64, |sum, c| sum.saturating_add(c.capacity_bytes))
-    }
-
-    fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
-        let s = self.located(page)?;
-        self.conns[s].submit(
-            Request::Read {
-                key: PageKey(page.0),
-                count: 1,
-            },
-            Kind::Fetch(page),
-        );
-        self.conns[s].flush(Instant::now())
-    }
-
-    fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
-        debug_assert_eq!(data.len(), self.page_size);
-        let s = self.place(page)?;
-        self.conns[s].submit(
-            Request::Write {
-                key: PageKey(page.0),
-                count: 1,
-                data,
-            },
-            Kind::Store(page),
-        );
-        Ok(())
-    }
-
-    fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
-        let v = self.place(victim)?;
-        let p = self.located(page)?;
-        if v == p {
-            let req = Request::Swap {
-                write_key: PageKey(victim.0),
-                read_key: PageKey(page.0),
-                data,
-            };
-            self.conns[v].submit(req, Kind::Swap { victim, page });
-            self.conns[v].flush(Instant::now())
-        } else {
-            self.conns[p].submit(
-                Request::Read {
-                    key: PageKey(page.0),
-                    count: 1,
-                },
-                Kind::Fetch(page),
-            );
-            self.conns[p].flush(Instant::now())?;
-            self.conns[v].submit(
-                Request::Write {
-                    key: PageKey(victim.0),
-                    count: 1,
-                    data,
-                },
-                Kind::Store(victim),
-            );
-            Ok(())
-        }
-    }
-
-    fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {
-        if let Some(s) = self.locations.get(page) {
-            self.locations.set(page, None);
-            let c = &mut self.conns[s];
-            c.used_bytes -= self.page_size as u64;
-            c.full = false;
-            c.frees.push(PageKey(page.0));
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<(), StoreError> {
-        let now = Instant::now();
-        self.conns.iter_mut().try_for_each(|c| c.flush(now))
-    }
-
-    fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
-        let mut n = 0;
-        let now = Instant::now();
-        let refusals = &mut self.refusals;
-        let mut f = |c: Completion<'_>| {
-            if let (Completion::Stored { page }, false) = (&c, refusals.is_empty()) {
-                refusals.remove(&page.0);
-            }
-            f(c)
-        };
-        let mut spilled = false;
-        for c in &mut self.conns {
-            if !c.pending.is_empty() {
-                n += c.poll(&mut f, now)?;
-                spilled |= !c.rejected.is_empty();
-            }
-        }
-        if spilled {
-            for s in 0..self.conns.len() {
-                for r in std::mem::take(&mut self.conns[s].rejected) {
-                    self.place_again(s, r)?;
-                }
-            }
-            self.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) {
-        for c in &self.conns {
-            // A lost link has no descriptor: its reconnection runs from tick().
-            let Some(sock) = &c.sock else { continue };
-            let mut events = libc::POLLIN;
-            if !c.out.unsent().is_empty() {
-                events |= libc::POLLOUT;
-            }
-            out.push(libc::pollfd {
-                fd: sock.as_raw_fd(),
-                events,
-                revents: 0,
-            });
-        }
-    }
-
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
-        self.conns.iter_mut().try_for_each(|c| c.tick(now))
-    }
-
-    fn heartbeat(&self) -> Option<Duration> {
-        self.conns.iter().map(Conn::heartbeat).min()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.conns.iter().map(|c| c.pending.len()).sum()
-    }
-
-    fn describe(&self) -> String {
-        self.conns
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-}
-
-impl Drop for RemoteStore {
-    /// A clean exit ends the sessions, so servers free the pages now.
-    fn drop(&mut self) {
-        self.conns.iter_mut().for_each(Conn::end_session);
-    }
-}
+pub use super::cluster::{RemoteStore, SERVERS_MAX};
