@@ -147,6 +147,11 @@ impl Plan {
     }
 
     /// `(host, bytes)` of the smallest server, to check against the page size.
+    /// How many memory servers the plan starts or names.
+    pub fn server_count(&self) -> usize {
+        self.servers.len()
+    }
+
     pub fn smallest_server(&self) -> (&str, u64) {
         let s = self
             .servers

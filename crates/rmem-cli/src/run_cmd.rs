@@ -53,6 +53,19 @@ pub struct RunArgs {
     /// back (overcommit, the default).
     #[arg(long)]
     pub no_overcommit: bool,
+    /// How each page is kept: none (one server), replicas:N (N servers), ec:K+M (K data and M
+    /// parity fragments on K+M servers), or auto: ec:K+1 with K = servers - 1 up to 4 when
+    /// there are 3 servers or more, else none (docs/configuration.md).
+    #[arg(long, default_value = "auto")]
+    pub redundancy: String,
+    /// Encrypt and authenticate pages with a key made in the program and never sent
+    /// (default: whenever a server is not on loopback).
+    #[arg(long, conflicts_with = "no_encrypt")]
+    pub encrypt: bool,
+    /// Do not encrypt pages, even to servers off loopback (pages are still checked when kept
+    /// on more than one server).
+    #[arg(long)]
+    pub no_encrypt: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -93,6 +106,17 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
         "stripe" | "round-robin" => Placement::Stripe,
         p => return Err(format!("--placement {p}: expected priority or stripe")),
     };
+    if args.redundancy != "auto" {
+        let r = rmem_client::store::codec::Redundancy::parse(&args.redundancy)
+            .map_err(|e| format!("--redundancy {e}"))?;
+        if r.width() > plan.server_count() {
+            return Err(format!(
+                "--redundancy {r} puts each page on {} servers; there are {} (--servers N)",
+                r.width(),
+                plan.server_count()
+            ));
+        }
+    }
     if rmem_policy::by_name(&args.policy).is_none() {
         return Err(format!(
             "--policy {}: known policies are {}",
@@ -201,6 +225,15 @@ pub fn run(args: RunArgs) -> i32 {
         .env(
             "RMEM_OVERCOMMIT",
             if args.no_overcommit { "0" } else { "1" },
+        )
+        .env("RMEM_REDUNDANCY", &args.redundancy)
+        .env(
+            "RMEM_ENCRYPT",
+            match (args.encrypt, args.no_encrypt) {
+                (true, _) => "1",
+                (_, true) => "0",
+                _ => "auto",
+            },
         );
     match &preload {
         None => {

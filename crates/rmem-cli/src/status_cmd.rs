@@ -1,12 +1,13 @@
 //! `rmem status HOST:PORT [--json]`: a memory server's capacity, use and sessions, asked over
 //! the protocol (`Status`, after the same challenge and response as any client).
 
-use rmem_client::store::remote::handshake;
+use rmem_client::store::remote::{handshake, read_frame};
+use rmem_client::store::StoreError;
 use rmem_proto::size::format_size;
-use rmem_proto::{parse_header, Request, Response, ServerStatus, HEADER_LEN};
-use std::io::{Read, Write};
+use rmem_proto::{Request, Response, ServerStatus};
+use std::io::Write;
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
@@ -53,24 +54,21 @@ fn status(a: &StatusArgs) -> Result<ServerStatus, String> {
         .map_err(|e| format!("{}: {e}", a.server))?
         .next()
         .ok_or_else(|| format!("{}: no address", a.server))?;
+    // The whole exchange, however slowly a server answers.
+    let deadline = Instant::now() + timeout;
     let mut sock = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("cannot connect to memory server {}: {e}", a.server))?;
     let failed = |e: std::io::Error| format!("memory server {}: {e}", a.server);
-    sock.set_read_timeout(Some(timeout)).map_err(failed)?;
     sock.set_write_timeout(Some(timeout)).map_err(failed)?;
     // Any valid page size will do: status touches no pages.
-    handshake(&mut sock, &a.server, token.as_bytes(), 4096)
-        .map_err(|e| rmem_client::error_chain(&e))?;
+    let chain = |e: StoreError| rmem_client::error_chain(&e);
+    handshake(&mut sock, &a.server, token.as_bytes(), 4096, deadline).map_err(chain)?;
     let mut frame = Vec::new();
     Request::Status.encode(1, &mut frame);
     sock.write_all(&frame).map_err(failed)?;
-    let mut hdr = [0u8; HEADER_LEN];
-    sock.read_exact(&mut hdr).map_err(failed)?;
-    let h = parse_header(&hdr, rmem_proto::FRAME_LEN_MAX_DEFAULT)
-        .map_err(|e| format!("memory server {}: {e}", a.server))?
-        .expect("a whole header");
-    let mut body = vec![0u8; h.len as usize];
-    sock.read_exact(&mut body).map_err(failed)?;
+    let mut body = Vec::new();
+    let max = rmem_proto::FRAME_LEN_MAX_DEFAULT;
+    let h = read_frame(&mut sock, &a.server, "status", &mut body, max, deadline).map_err(chain)?;
     match Response::decode(h.op, &body).map_err(|e| format!("memory server {}: {e}", a.server))? {
         Response::StatusOk(st) => Ok(st),
         Response::Error { code, message } => Err(format!(

@@ -67,6 +67,10 @@ pub struct Config {
     /// Linux's overcommit); off (`RMEM_OVERCOMMIT=0`), an allocation beyond the servers'
     /// capacity fails.
     pub overcommit: bool,
+    /// How pages are kept on the servers; `None`: chosen by [`Config::layout`] (auto).
+    pub redundancy: Option<crate::store::codec::Redundancy>,
+    /// Encrypt pages; `None`: whenever a server is not on loopback.
+    pub encrypt: Option<bool>,
     /// Faults reach the pager by SIGBUS to the faulting thread instead of a userfaultfd
     /// message it sleeps on (`RMEM_FAULT_DELIVERY=signal`; see rmem-uffd's signal.rs).
     pub fault_by_signal: bool,
@@ -94,6 +98,8 @@ impl Default for Config {
             trace: None,
             prefetch: true,
             overcommit: true,
+            redundancy: None,
+            encrypt: None,
             fault_by_signal: false,
         }
     }
@@ -300,9 +306,45 @@ impl Config {
             },
             prefetch: on_off_var("RMEM_PREFETCH", d.prefetch)?,
             overcommit: on_off_var("RMEM_OVERCOMMIT", d.overcommit)?,
+            redundancy: match var("RMEM_REDUNDANCY").as_deref() {
+                None | Some("auto") => None,
+                Some(v) => Some(crate::store::codec::Redundancy::parse(v).map_err(|reason| {
+                    ConfigError::Invalid {
+                        var: "RMEM_REDUNDANCY",
+                        value: v.into(),
+                        reason,
+                    }
+                })?),
+            },
+            encrypt: match var("RMEM_ENCRYPT").as_deref() {
+                None | Some("auto") => None,
+                Some(_) => Some(on_off_var("RMEM_ENCRYPT", false)?),
+            },
         };
         c.validate()?;
         Ok(c)
+    }
+
+    /// The redundancy and encryption to use over `servers`: as configured, else the
+    /// defaults. With three servers or more, each page survives losing one: K data fragments
+    /// and one parity fragment, K = servers - 1 up to 4 (1.25x the memory at 5 servers and
+    /// more; replicas would take 2x; docs/benchmarks.md). Pages are encrypted whenever a server
+    /// is not on this host's loopback.
+    pub fn layout(&self) -> (crate::store::codec::Redundancy, bool) {
+        use crate::store::codec::Redundancy;
+        let n = self.servers.len();
+        let redundancy = self.redundancy.unwrap_or(if n >= 3 {
+            Redundancy::Ec {
+                k: (n - 1).min(4) as u8,
+                m: 1,
+            }
+        } else {
+            Redundancy::None
+        });
+        let encrypt = self
+            .encrypt
+            .unwrap_or_else(|| !self.servers.iter().all(|s| on_loopback(s)));
+        (redundancy, encrypt)
     }
 
     /// Check the limits every runtime relies on.
@@ -390,6 +432,15 @@ pub fn budget_for_resident(resident_pages: u64, writeback_max: usize) -> u64 {
         b += 1;
     }
     b
+}
+
+/// Whether `server` (`host:port`) names this host's loopback.
+fn on_loopback(server: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    match server.to_socket_addrs() {
+        Ok(mut a) => a.all(|a| a.ip().is_loopback()),
+        Err(_) => false,
+    }
 }
 
 #[cfg(test)]

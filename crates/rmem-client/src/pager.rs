@@ -654,7 +654,7 @@ impl Pager {
     pub fn into_child(self, snapshot: Snapshot, mailbox: Arc<Mailbox>) -> Result<Pager, UffdError> {
         let Pager {
             mut core,
-            store,
+            mut store,
             mailbox: parents,
             spin,
             heartbeat,

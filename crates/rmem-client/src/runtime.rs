@@ -5,6 +5,7 @@ use crate::config::{Config, ConfigError};
 use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, Park, Parked, TraceOut};
 use crate::region::{Mapping, Staging, REGION_AT};
 use crate::stats::{Stats, StatsSnapshot};
+use crate::store::cluster::Layout;
 use crate::store::mem::MemStore;
 use crate::store::remote::{RemoteStore, Timing};
 use crate::store::{PageStore, StoreError};
@@ -176,11 +177,17 @@ impl Runtime {
     /// Python bindings raise an exception instead of ending the process).
     pub fn connect_with(config: &Config, on_fatal: FatalHandler) -> Result<Runtime, RuntimeError> {
         config.validate()?;
-        let store = RemoteStore::connect(
+        let (redundancy, encrypt) = config.layout();
+        let layout = Layout {
+            placement: config.placement,
+            redundancy,
+            encrypt,
+        };
+        let store = RemoteStore::connect_with(
             &config.servers,
             &config.token,
             config.page_size,
-            config.placement,
+            layout,
             Timing::of(config),
         )?;
         Runtime::start(config, Box::new(store), on_fatal)
@@ -235,6 +242,10 @@ impl Runtime {
         let capacity_bytes = store.capacity_bytes();
         let servers = store.describe();
         let stats = Arc::new(Stats::default());
+        if let Some(c) = store.counters() {
+            let layout = c.layout.clone();
+            let _ = stats.store.set((c, layout));
+        }
         let mailbox = Arc::new(Mailbox::new().map_err(RuntimeError::Thread)?);
         let mode = uffd.mode();
         let pager = Pager::new(PagerSetup {

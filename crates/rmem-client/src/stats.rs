@@ -32,6 +32,8 @@ pub struct Stats {
     /// page's contents. Always 0 unless something maps memory in the region behind rmem.
     pub pieces_replaced: AtomicU64,
     latency: [AtomicU64; BUCKETS],
+    /// The page store's own counters and its layout (`ec:4+1, encrypted`), once it starts.
+    pub store: std::sync::OnceLock<(std::sync::Arc<crate::store::StoreCounters>, String)>,
 }
 
 impl Default for Stats {
@@ -54,6 +56,7 @@ impl Default for Stats {
             pieces_zeroed: AtomicU64::new(0),
             pieces_replaced: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
+            store: std::sync::OnceLock::new(),
         }
     }
 }
@@ -120,7 +123,19 @@ impl Stats {
 
     pub fn snapshot(&self, page_size: usize, policy: &str) -> StatsSnapshot {
         let counts: Vec<u64> = self.latency.iter().map(|a| a.load(Relaxed)).collect();
+        let (c, layout) = match self.store.get() {
+            Some((c, l)) => (Some(c), l.clone()),
+            None => (None, String::new()),
+        };
+        let store =
+            |f: fn(&crate::store::StoreCounters) -> &AtomicU64| c.map_or(0, |c| f(c).load(Relaxed));
         StatsSnapshot {
+            layout,
+            servers_lost: store(|c| &c.servers_lost),
+            pages_repaired: store(|c| &c.pages_repaired),
+            repair_s: store(|c| &c.repair_us) as f64 / 1e6,
+            pieces_bad: store(|c| &c.pieces_bad),
+            failovers: store(|c| &c.failovers),
             swap_ins: self.swap_ins.load(Relaxed),
             swap_outs: self.swap_outs.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
@@ -169,6 +184,15 @@ pub struct StatsSnapshot {
     pub prefetch_hits: u64,
     pub pieces_zeroed: u64,
     pub pieces_replaced: u64,
+    /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
+    pub layout: String,
+    /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
+    /// pieces that came back wrong, reads sent to another server after one failed.
+    pub servers_lost: u64,
+    pub pages_repaired: u64,
+    pub repair_s: f64,
+    pub pieces_bad: u64,
+    pub failovers: u64,
 }
 
 impl StatsSnapshot {
@@ -190,6 +214,10 @@ impl StatsSnapshot {
             ("prefetch_hits", self.prefetch_hits),
             ("pieces_zeroed", self.pieces_zeroed),
             ("pieces_replaced", self.pieces_replaced),
+            ("servers_lost", self.servers_lost),
+            ("pages_repaired", self.pages_repaired),
+            ("pieces_bad", self.pieces_bad),
+            ("failovers", self.failovers),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");
@@ -199,6 +227,7 @@ impl StatsSnapshot {
             ("fault_us_p99", self.fault_us_p99),
             ("select_us_total", self.select_us_total),
             ("select_us_max", self.select_us_max),
+            ("repair_s", self.repair_s),
         ] {
             let _ = writeln!(s, "  \"{k}\": {v:.3},");
         }
@@ -207,6 +236,12 @@ impl StatsSnapshot {
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
             .collect();
+        let layout: String = self
+            .layout
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || ":+, ".contains(*c))
+            .collect();
+        let _ = writeln!(s, "  \"layout\": \"{layout}\",");
         let _ = writeln!(s, "  \"policy\": \"{policy}\"");
         s.push_str("}\n");
         s
@@ -214,6 +249,19 @@ impl StatsSnapshot {
 
     /// A short human summary, one line per group.
     pub fn summary(&self) -> String {
+        let lost = if self.servers_lost > 0 || self.pieces_bad > 0 {
+            format!(
+                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over ({})",
+                self.servers_lost,
+                self.pages_repaired,
+                self.repair_s,
+                self.pieces_bad,
+                self.failovers,
+                self.layout
+            )
+        } else {
+            String::new()
+        };
         format!(
             "rmem: {} faults ({} zero-fill, {} swap-in), {} swap-out, {} evictions, {} write-protect faults\n\
              rmem: fetched {} B, wrote back {} B, local max {} B, page {} B, policy {}\n\
@@ -231,7 +279,7 @@ impl StatsSnapshot {
             self.policy,
             self.fault_us_p50,
             self.fault_us_p99
-        )
+        ) + &lost
     }
 }
 

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! All integers are little-endian. A connection opens with a challenge and response that
-//! never sends the shared token ([`auth`]): `Hello` (magic, protocol version, page size, the
+//! never sends the shared token ([`auth`]): `Hello` (magic, protocol version, unit size, the
 //! client's nonce) is answered by `Challenge` (the server's nonce), `Auth` (the client's
 //! proof) by `Welcome` (the server's limits and proof) or `Error`. After that the client may
 //! attaches a session (`Attach`: a 128-bit id of its choosing and a lease; pages belong to the
@@ -39,8 +39,9 @@ use std::fmt;
 pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
-/// Protocol version spoken by this build. Bumped on any incompatible change (4: snapshots).
-pub const VERSION: u16 = 4;
+/// Protocol version spoken by this build. Bumped on any incompatible change (4: units of any
+/// size; 5: snapshots).
+pub const VERSION: u16 = 5;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -48,6 +49,17 @@ pub const FRAME_LEN_MAX_DEFAULT: u32 = 16 * 1024 * 1024 + 64;
 /// Smallest and largest page sizes the protocol accepts (the DLM page size range).
 pub const PAGE_SIZE_MIN: u32 = 4096;
 pub const PAGE_SIZE_MAX: u32 = 4 * 1024 * 1024;
+/// What a server stores per key is a unit of the size the client names in `Hello`: a whole
+/// page, a page and its seal, or one erasure-coded fragment of one. Units are a multiple of
+/// [`UNIT_ALIGN`] bytes, from [`UNIT_LEN_MIN`] up to a largest page with room for a seal.
+pub const UNIT_ALIGN: u32 = 8;
+pub const UNIT_LEN_MIN: u32 = 64;
+pub const UNIT_LEN_MAX: u32 = PAGE_SIZE_MAX + 4096;
+
+/// Whether a server stores units of `len` bytes.
+pub fn unit_len_ok(len: u32) -> bool {
+    len.is_multiple_of(UNIT_ALIGN) && (UNIT_LEN_MIN..=UNIT_LEN_MAX).contains(&len)
+}
 /// Most keys one `Free` request may carry.
 pub const FREE_KEYS_MAX: usize = 65536;
 /// Most sessions one `StatusOk` lists (the largest first); `sessions_total` counts them all.
@@ -319,7 +331,8 @@ impl<'a> Cursor<'a> {
 /// A request from a client. Page payloads borrow from the receive buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// Opens a connection: the client's protocol version, page size and nonce.
+    /// Opens a connection: the client's protocol version, the size of what it stores per key
+    /// (`page_size`: a page, a sealed page or a fragment; see [`unit_len_ok`]) and nonce.
     Hello {
         version: u16,
         page_size: u32,

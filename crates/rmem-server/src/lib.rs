@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 /// Most connections served at once; more are refused (each costs a thread).
 pub const CONNECTIONS_MAX: usize = 1024;
-/// A client must say hello within this long.
+/// A client must finish the handshake (hello and auth) within this long, however slowly its
+/// bytes come.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_BUFFER: usize = 256 * 1024;
 /// The lease of a session when `--lease` is not given.
@@ -274,6 +275,30 @@ fn is_disconnect(e: &io::Error) -> bool {
     )
 }
 
+/// The socket, read with a deadline while there is one: a socket's read timeout bounds one
+/// read, so a client sending a byte at a time could otherwise hold a connection (and its
+/// thread, of [`CONNECTIONS_MAX`]) in the handshake for as long as it likes.
+struct Deadlined {
+    sock: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "handshake not finished in time",
+                ));
+            }
+            self.sock.set_read_timeout(Some(left))?;
+        }
+        self.sock.read(buf)
+    }
+}
+
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
 fn read_frame<R: Read>(
     r: &mut R,
@@ -310,8 +335,11 @@ fn read_frame<R: Read>(
 impl Connection<'_> {
     fn serve(&mut self, sock: TcpStream) -> Result<(), Close> {
         sock.set_nodelay(true)?;
-        sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let mut reader = BufReader::with_capacity(IO_BUFFER, sock.try_clone()?);
+        let handshake = Deadlined {
+            sock: sock.try_clone()?,
+            deadline: Some(Instant::now() + HANDSHAKE_TIMEOUT),
+        };
+        let mut reader = BufReader::with_capacity(IO_BUFFER, handshake);
         let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
         let mut body = Vec::new();
         let mut out = Vec::new();
@@ -345,14 +373,13 @@ impl Connection<'_> {
             let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
             return refuse(ErrorCode::VersionMismatch, h.tag, msg, &mut writer);
         }
-        if !page_size.is_power_of_two()
-            || !(rmem_proto::PAGE_SIZE_MIN..=rmem_proto::PAGE_SIZE_MAX).contains(&page_size)
+        if !rmem_proto::unit_len_ok(page_size)
             || page_size as u64 + 64 > self.config.frame_len_max as u64
         {
             return refuse(
                 ErrorCode::BadRequest,
                 h.tag,
-                format!("unsupported page size {page_size}"),
+                format!("unsupported unit size {page_size}"),
                 &mut writer,
             );
         }
@@ -393,6 +420,7 @@ impl Connection<'_> {
         .encode(h.tag, &mut out);
         writer.write_all(&out)?;
         writer.flush()?;
+        reader.get_mut().deadline = None;
         sock.set_read_timeout(None)?;
         // Requests, answered in order; flush only when no further request is buffered.
         loop {

@@ -443,7 +443,9 @@ fn wrong_token_version_or_page_size_are_refused() {
     for (version, page_size, token) in [
         (rmem_proto::VERSION, PS as u32, &b"wrong"[..]),
         (rmem_proto::VERSION + 1, PS as u32, TOKEN),
-        (rmem_proto::VERSION, 3000, TOKEN),
+        // Units are a multiple of 8 bytes from 64 to a largest page and its seal.
+        (rmem_proto::VERSION, 3001, TOKEN),
+        (rmem_proto::VERSION, 32, TOKEN),
         (rmem_proto::VERSION, 8 << 20, TOKEN),
     ] {
         let mut c = Client {
@@ -657,4 +659,42 @@ fn a_recorded_handshake_replayed_is_refused() {
         reserved: 0,
     };
     assert_eq!(c.call(attach).0, Op::Attached);
+}
+
+/// A client that sends its hello a byte every 300 ms (each read well within a per-read
+/// timeout) is closed when the handshake's deadline passes, not held for as long as it
+/// trickles; other clients are served meanwhile.
+#[test]
+fn a_handshake_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let (addr, _) = server(64);
+    let mut hello = Vec::new();
+    Request::Hello {
+        version: rmem_proto::VERSION,
+        page_size: PS as u32,
+        nonce: [3; auth::NONCE_LEN],
+    }
+    .encode(1, &mut hello);
+    let mut slow = Client::raw(addr);
+    slow.set_read_timeout(Some(rmem_server::HANDSHAKE_TIMEOUT * 3))
+        .unwrap();
+    let mut writer = slow.try_clone().unwrap();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        for b in hello {
+            std::thread::sleep(Duration::from_millis(300));
+            if writer.write_all(&[b]).is_err() {
+                return;
+            }
+        }
+    });
+    assert_serves(addr);
+    let mut buf = [0u8; 64];
+    let got = slow.read(&mut buf);
+    let took = started.elapsed();
+    assert!(matches!(got, Ok(0) | Err(_)), "{got:?}");
+    assert!(
+        took >= rmem_server::HANDSHAKE_TIMEOUT - Duration::from_millis(100)
+            && took < rmem_server::HANDSHAKE_TIMEOUT + Duration::from_secs(2),
+        "closed after {took:?}"
+    );
 }

@@ -117,7 +117,7 @@ impl PageStore for MemStore {
     }
 
     /// The child's own copy of the pages (its parent's later stores stay in the parent).
-    fn forked(&self, _snapshot: Snapshot) -> Box<dyn PageStore> {
+    fn forked(&mut self, _snapshot: Snapshot) -> Box<dyn PageStore> {
         let pages = self.pages.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Box::new(MemStore {
             pages: Arc::new(Mutex::new(pages)),

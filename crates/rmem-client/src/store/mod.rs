@@ -5,10 +5,14 @@
 //! Operations are submitted and complete later through [`PageStore::poll`], so many may be in
 //! flight at once; a store decides placement (and later replication) itself.
 
+pub mod cluster;
+pub mod codec;
 pub mod mem;
 pub mod remote;
 
 use crate::PageIndex;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A copy-on-write snapshot of a store's pages: what a fork() child reads (on the memory
@@ -66,11 +70,33 @@ pub enum StoreError {
          with --no-overcommit so that allocations beyond it fail instead"
     )]
     AllFull { page: u64, servers: String },
+    #[error("memory servers lost: {servers}; {detail}")]
+    Lost { servers: String, detail: String },
+    #[error("{0}")]
+    Layout(String),
     #[error("i/o error with memory server {server}")]
     Io {
         server: String,
         source: std::io::Error,
     },
+}
+
+/// What a store counts that the pager does not see: servers lost, pages rebuilt, pieces that
+/// failed their check.
+#[derive(Debug, Default)]
+pub struct StoreCounters {
+    /// How pages are kept: `ec:4+1, encrypted`.
+    pub layout: String,
+    /// Servers given up while the program ran (with redundancy it goes on).
+    pub servers_lost: AtomicU64,
+    /// Pages whose lost pieces were rebuilt on other servers.
+    pub pages_repaired: AtomicU64,
+    /// Time spent with a repair running, in microseconds.
+    pub repair_us: AtomicU64,
+    /// Pieces that came back altered, stale, another page's, or not at all.
+    pub pieces_bad: AtomicU64,
+    /// Reads asked of another server after a piece failed or its server was lost.
+    pub failovers: AtomicU64,
 }
 
 /// A place pages live when they are not resident.
@@ -110,12 +136,17 @@ pub trait PageStore: Send {
     fn snapshot(&mut self) -> Result<Snapshot, StoreError>;
     /// In a fork() child, called on its copy of its parent's store (taken while the parent's
     /// pager was parked, after [`PageStore::snapshot`]): the store the child goes on with,
-    /// whose pages are `snapshot`. No I/O: a remote store connects at its first request, so a
-    /// child that execs at once costs the servers nothing. The copy is then forgotten, never
-    /// dropped: its descriptors belong to the parent's pager.
-    fn forked(&self, snapshot: Snapshot) -> Box<dyn PageStore>;
+    /// whose pages are `snapshot`. It may take what it needs out of the copy (the child's
+    /// own memory), which is then forgotten, never dropped: its descriptors belong to the
+    /// parent's pager. No I/O: a remote store connects at its first request, so a child that
+    /// execs at once costs the servers nothing.
+    fn forked(&mut self, snapshot: Snapshot) -> Box<dyn PageStore>;
     /// The fork() child that read `snapshot` exited or exec'd: free it.
     fn end_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StoreError>;
+    /// The store's own counters, if it keeps any.
+    fn counters(&self) -> Option<Arc<StoreCounters>> {
+        None
+    }
     /// One line naming the servers, for logs.
     fn describe(&self) -> String;
 }

@@ -11,14 +11,20 @@
 //! sets a page, a free removes it, a read changes nothing), so a request applied before the
 //! drop and again after leaves the same pages. The pager sees only requests that take longer.
 //!
-//! A fork() child's store ([`PageStore::forked`]) reads a snapshot its parent's connections
-//! asked for at the fork; its connections open at its first request (most children exec at
-//! once and need none), attach the snapshot without ever creating it, and wait for it if the
+//! An outage ends when the server answers again, not when a new link is up: a server that
+//! accepts, authenticates and then never answers (or closes every link) is given up on once
+//! the reconnection window has passed since the first loss. A frame that breaks the protocol
+//! (garbage, a length past the limit, an answer with another request's tag or another page's
+//! key, a page of the wrong size) is never retried: it is not a broken link but a server that
+//! cannot be trusted with the program's pages, and it stops the program at once, naming the
+//! server (ARCHITECTURE.md, "A hostile or broken server").
+//!
+//! A fork() child's connection ([`Conn::forked`]) reads a snapshot its parent's connection
+//! asked for at the fork; it opens its link at its first request (most children exec at once
+//! and need none), attaches the snapshot without ever creating it, and waits for it if the
 //! parent's request is still on its way.
 
-use super::{Completion, PageStore, Snapshot, StoreError};
-use crate::config::Placement;
-use crate::PageIndex;
+use super::StoreError;
 use rmem_proto::{auth, parse_header, PageKey, Request, Response, SessionId, HEADER_LEN};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -51,19 +57,68 @@ impl Timing {
     }
 }
 
+/// What a request was for: the store's operation and which piece of the page it carries.
 #[derive(Clone, Copy, Debug)]
-enum Kind {
-    Fetch(PageIndex),
-    Store(PageIndex),
-    Swap { victim: PageIndex, page: PageIndex },
+pub(crate) enum Kind {
+    Read {
+        op: u64,
+        piece: u8,
+        key: u64,
+    },
+    Write {
+        op: u64,
+        piece: u8,
+        key: u64,
+    },
+    /// Write `wkey` (piece 0 of `wop`) and read `rkey` (piece 0 of `rop`) in one round trip.
+    Swap {
+        wop: u64,
+        wkey: u64,
+        rop: u64,
+        rkey: u64,
+    },
     Free,
     Ping,
+    /// A snapshot of the session for a fork() child, or its end.
     Snapshot,
     EndSnapshot,
 }
 
+/// One server's answer to one piece of a store operation.
 #[derive(Debug)]
-struct Pending {
+pub(crate) enum Answer<'a> {
+    Read {
+        op: u64,
+        piece: u8,
+        data: &'a [u8],
+    },
+    Written {
+        op: u64,
+        piece: u8,
+    },
+    /// The server does not have the piece (it lost it, or never had it).
+    Missing {
+        op: u64,
+        piece: u8,
+    },
+    /// The server is full: the piece (`unit`) must go elsewhere (overcommit).
+    Full {
+        op: u64,
+        piece: u8,
+        unit: Vec<u8>,
+    },
+}
+
+/// A request a dead server will never answer, for the store to send elsewhere (a write
+/// with its piece).
+#[derive(Debug)]
+pub(crate) struct Orphan {
+    pub kind: Kind,
+    pub unit: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pending {
     tag: u64,
     kind: Kind,
     sent: Instant,
@@ -71,7 +126,8 @@ struct Pending {
     len: usize,
 }
 
-/// A lost link: since when, why, and when to try again.
+/// An outage: since when, why, and when to try again. It lasts from the first lost link
+/// until the server answers a request, across any links re-established meanwhile.
 #[derive(Debug)]
 struct Lost {
     since: Instant,
@@ -79,6 +135,8 @@ struct Lost {
     next_try: Instant,
     backoff: Duration,
     last_try: Option<String>,
+    /// Links re-established during this outage that were lost again before any answer.
+    relinks: u32,
 }
 
 /// Shortest and longest waits between two reconnection attempts.
@@ -91,14 +149,14 @@ const OUT_COMPACT: usize = 1 << 20;
 /// `[acked..pos)` sent and unanswered, `[pos..)` unsent. Kept so that a new link can re-send
 /// them.
 #[derive(Default)]
-struct Outbox {
+pub(crate) struct Outbox {
     buf: Vec<u8>,
     acked: usize,
     pos: usize,
 }
 
 impl Outbox {
-    fn unsent(&self) -> &[u8] {
+    pub(crate) fn unsent(&self) -> &[u8] {
         &self.buf[self.pos..]
     }
 
@@ -123,21 +181,6 @@ impl Outbox {
     }
 }
 
-/// A write the server answered `Full`: the store places the page elsewhere (a swap's fetch is
-/// sent again on its own).
-#[derive(Debug)]
-enum Rejected {
-    Store {
-        page: PageIndex,
-        data: Vec<u8>,
-    },
-    Swap {
-        victim: PageIndex,
-        page: PageIndex,
-        data: Vec<u8>,
-    },
-}
-
 /// What a server told a connection about its limits.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
@@ -151,38 +194,41 @@ struct Limits {
 }
 
 /// One server: its session, its link (when up), and every unanswered request.
-pub struct Conn {
-    name: String,
+pub(crate) struct Conn {
+    pub(crate) name: String,
     token: Vec<u8>,
     session: SessionId,
     page_size: usize,
     timing: Timing,
-    sock: Option<TcpStream>,
-    out: Outbox,
+    pub(crate) sock: Option<TcpStream>,
+    pub(crate) out: Outbox,
     inbuf: Vec<u8>,
     in_start: usize,
     in_end: usize,
-    pending: VecDeque<Pending>,
+    pub(crate) pending: VecDeque<Pending>,
     next_tag: u64,
-    frees: Vec<PageKey>,
+    pub(crate) frees: Vec<PageKey>,
     last_activity: Instant,
     frame_len_max: u32,
     /// The lease the server granted.
     lease: Duration,
     lost: Option<Lost>,
+    /// An outage whose new link has not been answered on yet: kept so that losing the link
+    /// again continues it (and its deadline) rather than starting a new one.
+    relinked: Option<Lost>,
     /// Links re-established.
-    reconnects: u64,
+    pub(crate) reconnects: u64,
     /// Bytes this client may use on the server (its capacity less what others used at connect).
-    capacity_bytes: u64,
+    pub(crate) capacity_bytes: u64,
     /// Bytes this client has placed there.
-    used_bytes: u64,
+    pub(crate) used_bytes: u64,
     /// The server's whole capacity, for messages.
-    server_capacity_bytes: u64,
+    pub(crate) server_capacity_bytes: u64,
     /// It answered `Full`: new pages go elsewhere until this client frees a page there or a
     /// ping shows room.
-    full: bool,
-    /// Writes answered `Full`, for the store to place again.
-    rejected: Vec<Rejected>,
+    pub(crate) full: bool,
+    /// Reads to send again (a swap whose write was refused).
+    resend: Vec<Kind>,
     /// The session is a snapshot its parent's connection creates: attach it with
     /// `ATTACH_SNAPSHOT` (wait for it, never create it).
     snapshot: bool,
@@ -237,6 +283,8 @@ fn open(
         server: server.into(),
         source,
     };
+    // Connecting, the handshake and the attach all together, however slowly bytes come.
+    let deadline = Instant::now() + timeout;
     let addrs: Vec<_> = server.to_socket_addrs().map_err(connect_err)?.collect();
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
     let mut sock = None;
@@ -253,7 +301,7 @@ fn open(
     sock.set_nodelay(true).map_err(connect_err)?;
     sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
     sock.set_write_timeout(Some(timeout)).map_err(connect_err)?;
-    let welcome = handshake(&mut sock, server, token, page_size)?;
+    let welcome = handshake(&mut sock, server, token, page_size, deadline)?;
     let proto = |what: String| StoreError::Protocol {
         server: server.into(),
         what,
@@ -266,12 +314,11 @@ fn open(
     }
     let mut frame = Vec::new();
     let mut flags = rmem_proto::ATTACH_EXCLUSIVE;
+    let mut deadline = deadline;
     if snapshot {
         flags |= rmem_proto::ATTACH_SNAPSHOT;
         // The server may wait for the snapshot this long before it answers.
-        let wait = Duration::from_millis(rmem_proto::SNAPSHOT_WAIT_MS);
-        sock.set_read_timeout(Some(timeout + wait))
-            .map_err(connect_err)?;
+        deadline += Duration::from_millis(rmem_proto::SNAPSHOT_WAIT_MS);
     }
     Request::Attach {
         session,
@@ -281,7 +328,14 @@ fn open(
     }
     .encode(0, &mut frame);
     sock.write_all(&frame).map_err(|e| io_err(server, e))?;
-    let h = read_frame(&mut sock, server, "attached", &mut frame)?;
+    let h = read_frame(
+        &mut sock,
+        server,
+        "attach answer",
+        &mut frame,
+        SETUP_FRAME_MAX,
+        deadline,
+    )?;
     let (lease, existed) = match Response::decode(h.op, &frame).map_err(|e| proto(e.to_string()))? {
         Response::Attached {
             lease_ms, flags, ..
@@ -310,7 +364,7 @@ fn open(
 
 impl Conn {
     /// Connect, authenticate, learn the server's limits and open `session` there.
-    pub fn connect(
+    pub(crate) fn connect(
         server: &str,
         token: &[u8],
         page_size: usize,
@@ -361,20 +415,21 @@ impl Conn {
             frame_len_max: limits.frame_len_max,
             lease: limits.lease,
             lost: None,
+            relinked: None,
             reconnects: 0,
             capacity_bytes: limits.capacity_bytes,
             used_bytes: 0,
             server_capacity_bytes: limits.server_capacity_bytes,
             full: false,
-            rejected: Vec::new(),
+            resend: Vec::new(),
             snapshot: false,
         }
     }
 
     /// In a fork() child, from its copy of its parent's connection: the same server, the
     /// child's snapshot `session`, no link yet (opened at the first request, or to keep the
-    /// snapshot's lease once a heartbeat has passed).
-    fn forked(&self, session: SessionId) -> Conn {
+    /// snapshot's lease once a heartbeat has passed), nothing of the parent's in flight.
+    pub(crate) fn forked(&self, session: SessionId) -> Conn {
         let limits = Limits {
             frame_len_max: self.frame_len_max,
             lease: self.lease,
@@ -430,7 +485,6 @@ impl Conn {
         self.sock = Some(link.sock);
         self.lease = link.lease;
         self.frame_len_max = link.welcome.frame_len_max;
-        self.lost = None;
         self.in_start = 0;
         self.in_end = 0;
         self.out.rewind();
@@ -440,15 +494,15 @@ impl Conn {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    fn heartbeat(&self) -> Duration {
+    pub(crate) fn heartbeat(&self) -> Duration {
         self.timing.heartbeat.min(self.lease / 3)
     }
 
-    fn submit(&mut self, req: Request<'_>, kind: Kind) {
+    pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
         let tag = self.next_tag;
         self.next_tag += 1;
         let start = self.out.buf.len();
@@ -469,12 +523,31 @@ impl Conn {
         }
         self.sock = None;
         if self.lost.is_none() {
-            self.lost = Some(Lost {
-                since: now,
-                cause: e,
-                next_try: now,
-                backoff: BACKOFF_MIN,
-                last_try: None,
+            self.lost = Some(match self.relinked.take() {
+                Some(mut outage) => {
+                    outage.relinks += 1;
+                    outage.next_try = now + outage.backoff;
+                    outage.backoff = (outage.backoff * 2).min(BACKOFF_MAX);
+                    let (cause, again) = (outage.cause.to_string(), e.to_string());
+                    let how = if again == cause {
+                        String::new()
+                    } else {
+                        format!(" ({again})")
+                    };
+                    outage.last_try = Some(format!(
+                        "connected again {} times, but it answered no request{how}",
+                        outage.relinks
+                    ));
+                    outage
+                }
+                None => Lost {
+                    since: now,
+                    cause: e,
+                    next_try: now,
+                    backoff: BACKOFF_MIN,
+                    last_try: None,
+                    relinks: 0,
+                },
             });
         }
         Ok(())
@@ -530,9 +603,26 @@ impl Conn {
                         ),
                     });
                 }
+                self.relinked = self.lost.take();
                 self.take_link(link, now);
                 self.reconnects += 1;
                 self.flush(now)
+            }
+            // Nothing listens there any more: the server process is gone, and with it the
+            // session; waiting out the window would only stall the program.
+            Err(StoreError::Connect { source, .. })
+                if source.kind() == io::ErrorKind::ConnectionRefused =>
+            {
+                let secs = spent.as_secs_f64();
+                let gone = StoreError::Closed {
+                    server: self.name.clone(),
+                    detail: " (given up)".into(),
+                };
+                Err(StoreError::GaveUp {
+                    cause: Box::new(std::mem::replace(&mut lost.cause, gone)),
+                    secs,
+                    last: format!("connection refused: {source}"),
+                })
             }
             Err(e) if link_failure(&e) => {
                 lost.last_try = Some(e.to_string());
@@ -544,7 +634,7 @@ impl Conn {
         }
     }
 
-    fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
+    pub(crate) fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
         if !self.frees.is_empty() {
             let keys = std::mem::take(&mut self.frees);
             for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
@@ -588,36 +678,84 @@ impl Conn {
     fn describe_inflight(&self) -> String {
         match self.pending.front() {
             Some(Pending {
-                kind: Kind::Fetch(p),
+                kind: Kind::Read { key, .. },
                 ..
-            }) => format!(" while page {} was being fetched", p.0),
+            }) => format!(" while page {key} was being fetched"),
             Some(Pending {
-                kind: Kind::Store(p),
+                kind: Kind::Write { key, .. },
                 ..
-            }) => format!(" while page {} was being written back", p.0),
+            }) => format!(" while page {key} was being written back"),
             Some(Pending {
-                kind: Kind::Swap { victim, page },
+                kind: Kind::Swap { wkey, rkey, .. },
                 ..
-            }) => {
-                format!(
-                    " while page {} was being written back and page {} fetched",
-                    victim.0, page.0
-                )
-            }
+            }) => format!(" while page {wkey} was being written back and page {rkey} fetched"),
             Some(_) => format!(" with {} requests in flight", self.pending.len()),
             None => String::new(),
         }
     }
 
+    /// What to wait for on this link when the pager sleeps (none while it is lost: its
+    /// reconnection runs from tick).
+    pub(crate) fn pollfd(&self) -> Option<libc::pollfd> {
+        let sock = self.sock.as_ref()?;
+        let mut events = libc::POLLIN;
+        if !self.out.unsent().is_empty() {
+            events |= libc::POLLOUT;
+        }
+        Some(libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events,
+            revents: 0,
+        })
+    }
+
+    /// Use `timing` from now on (a link opened with a short connect timeout).
+    pub(crate) fn set_timing(&mut self, timing: Timing) {
+        self.timing = timing;
+    }
+
+    /// Every unanswered request, for a store that gives this server up: writes with their
+    /// piece. The link is dropped and nothing more is sent.
+    pub(crate) fn take_orphans(&mut self) -> Vec<Orphan> {
+        let mut at = self.out.acked;
+        let mut orphans = Vec::with_capacity(self.pending.len());
+        for p in self.pending.drain(..) {
+            let frame = &self.out.buf[at..at + p.len];
+            at += p.len;
+            let unit = match p.kind {
+                Kind::Write { .. } | Kind::Swap { .. } => Some(written_page(frame)),
+                _ => None,
+            };
+            orphans.push(Orphan { kind: p.kind, unit });
+        }
+        self.out = Outbox::default();
+        self.sock = None;
+        self.frees.clear();
+        self.resend.clear();
+        orphans
+    }
+
     /// Read what is available and hand complete responses to `f`. A broken link is lost
     /// (see [`Conn::lose`]), not an error.
-    fn poll(
+    pub(crate) fn poll(
         &mut self,
-        f: &mut dyn FnMut(Completion<'_>),
+        f: &mut dyn FnMut(Answer<'_>),
         now: Instant,
     ) -> Result<usize, StoreError> {
         let mut done = 0;
-        match self.receive(f, &mut done) {
+        let r = self.receive(f, &mut done);
+        for kind in std::mem::take(&mut self.resend) {
+            if let Kind::Read { key, .. } = kind {
+                self.submit(
+                    Request::Read {
+                        key: PageKey(key),
+                        count: 1,
+                    },
+                    kind,
+                );
+            }
+        }
+        match r {
             Ok(()) => Ok(done),
             Err(e) => self.lose(e, now).map(|()| done),
         }
@@ -625,10 +763,10 @@ impl Conn {
 
     fn receive(
         &mut self,
-        f: &mut dyn FnMut(Completion<'_>),
+        f: &mut dyn FnMut(Answer<'_>),
         done: &mut usize,
     ) -> Result<(), StoreError> {
-        let page_size = self.page_size;
+        let unit = self.page_size;
         let Some(mut sock) = self.sock.as_ref() else {
             return Ok(());
         };
@@ -678,32 +816,37 @@ impl Conn {
                 }
                 let body = &self.inbuf[body_start..body_start + h.len as usize];
                 let resp = Response::decode(h.op, body).map_err(|e| proto(e.to_string()))?;
-                // Only a page's completion counts: it is what the pager's loop waits for.
+                // Only a page's answer counts: it is what the pager's loop waits for (an
+                // answer to a ping, a free or a snapshot made a fork child's pager spin).
                 if matches!(
                     pending.kind,
-                    Kind::Fetch(_) | Kind::Store(_) | Kind::Swap { .. }
+                    Kind::Read { .. } | Kind::Write { .. } | Kind::Swap { .. }
                 ) {
                     *done += 1;
                 }
                 match (pending.kind, resp) {
                     (
-                        Kind::Fetch(page),
+                        Kind::Read { op, piece, key },
                         Response::ReadOk {
-                            key,
+                            key: k,
                             count: 1,
                             data,
                         },
-                    ) if key.0 == page.0 && data.len() == page_size => {
-                        f(Completion::Fetched { page, data })
-                    }
-                    (Kind::Store(page), Response::WriteOk { key, count: 1 }) if key.0 == page.0 => {
-                        f(Completion::Stored { page })
-                    }
-                    (Kind::Swap { victim, page }, Response::SwapOk { read_key, data })
-                        if read_key.0 == page.0 && data.len() == page_size =>
+                    ) if k.0 == key && data.len() == unit => f(Answer::Read { op, piece, data }),
+                    (Kind::Write { op, piece, key }, Response::WriteOk { key: k, count: 1 })
+                        if k.0 == key =>
                     {
-                        f(Completion::Stored { page: victim });
-                        f(Completion::Fetched { page, data });
+                        f(Answer::Written { op, piece })
+                    }
+                    (Kind::Swap { wop, rop, rkey, .. }, Response::SwapOk { read_key, data })
+                        if read_key.0 == rkey && data.len() == unit =>
+                    {
+                        f(Answer::Written { op: wop, piece: 0 });
+                        f(Answer::Read {
+                            op: rop,
+                            piece: 0,
+                            data,
+                        });
                     }
                     (Kind::Free, Response::FreeOk { .. })
                     | (Kind::Snapshot, Response::SnapshotOk { .. })
@@ -715,26 +858,43 @@ impl Conn {
                             capacity_bytes,
                         },
                     ) => {
-                        if used_bytes + page_size as u64 <= capacity_bytes {
+                        // The server's numbers: a lying one must not overflow them.
+                        if capacity_bytes.saturating_sub(used_bytes) >= unit as u64 {
                             self.full = false;
                         }
                     }
                     (
-                        kind @ (Kind::Store(_) | Kind::Swap { .. }),
+                        Kind::Read { op, piece, .. },
+                        Response::Error {
+                            code: rmem_proto::ErrorCode::NotFound,
+                            ..
+                        },
+                    ) => f(Answer::Missing { op, piece }),
+                    (
+                        kind @ (Kind::Write { .. } | Kind::Swap { .. }),
                         Response::Error {
                             code: rmem_proto::ErrorCode::Full,
                             ..
                         },
                     ) => {
-                        // Overcommit: the page goes to another server (RemoteStore::poll).
+                        // Overcommit: the piece goes to another server; a swap's read is
+                        // sent again on its own.
                         self.full = true;
                         let at = self.out.acked;
-                        let data = written_page(&self.out.buf[at..at + pending.len]);
-                        self.rejected.push(match kind {
-                            Kind::Swap { victim, page } => Rejected::Swap { victim, page, data },
-                            Kind::Store(page) => Rejected::Store { page, data },
+                        let unit = written_page(&self.out.buf[at..at + pending.len]);
+                        let (op, piece) = match kind {
+                            Kind::Write { op, piece, .. } => (op, piece),
+                            Kind::Swap { wop, rop, rkey, .. } => {
+                                self.resend.push(Kind::Read {
+                                    op: rop,
+                                    piece: 0,
+                                    key: rkey,
+                                });
+                                (wop, 0)
+                            }
                             _ => unreachable!(),
-                        });
+                        };
+                        f(Answer::Full { op, piece, unit });
                     }
                     (_, Response::Error { code, message }) => {
                         let server = self.name.clone();
@@ -752,10 +912,16 @@ impl Conn {
                         });
                     }
                     (kind, resp) => {
-                        return Err(proto(format!("{:?} does not answer {kind:?}", resp.op())))
+                        return Err(proto(format!(
+                            "{} does not answer {}",
+                            describe_answer(&resp),
+                            describe_request(kind, self.page_size)
+                        )))
                     }
                 }
                 self.out.answered(pending.len);
+                // An answer: whatever outage there was is over.
+                self.relinked = None;
             }
             if self.in_start == self.in_end {
                 self.in_start = 0;
@@ -791,12 +957,12 @@ impl Conn {
 
     /// Periodic upkeep: reconnect when lost, lose a link whose oldest request waited past
     /// the timeout, ping an idle one.
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
+    pub(crate) fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         if self.lost.is_some() {
             return self.reconnect(now);
         }
         if self.never_linked() {
-            // A fork child that has not needed its servers yet: from a heartbeat on, a ping
+            // A fork child that has not needed this server yet: from a heartbeat on, a ping
             // opens the link and keeps the snapshot's lease (it would expire otherwise).
             if now.saturating_duration_since(self.last_activity) > self.heartbeat() {
                 self.submit(Request::Ping, Kind::Ping);
@@ -833,7 +999,7 @@ impl Conn {
     /// the lease runs out. Best effort, bounded by the connect timeout: waits for the
     /// answer, since closing a socket with unread answers resets it and the server could
     /// drop the request.
-    fn end_session(&mut self) {
+    pub(crate) fn end_session(&mut self) {
         let deadline = Instant::now() + self.timing.connect.min(Duration::from_secs(1));
         while !self.pending.is_empty() && self.sock.is_some() && Instant::now() < deadline {
             let now = Instant::now();
@@ -848,18 +1014,51 @@ impl Conn {
         let (Some(sock), None, true) = (&mut self.sock, &self.lost, self.pending.is_empty()) else {
             return;
         };
-        let timeout = Some(self.timing.connect.min(Duration::from_secs(1)));
-        if sock.set_nonblocking(false).is_err()
-            || sock.set_read_timeout(timeout).is_err()
-            || sock.set_write_timeout(timeout).is_err()
-        {
+        let timeout = self.timing.connect.min(Duration::from_secs(1));
+        if sock.set_nonblocking(false).is_err() || sock.set_write_timeout(Some(timeout)).is_err() {
             return;
         }
         let mut frame = Vec::new();
         Request::EndSession.encode(0, &mut frame);
         if sock.write_all(&frame).is_ok() {
-            let _ = read_frame(sock, &self.name, "session end", &mut frame);
+            let deadline = Instant::now() + timeout;
+            let _ = read_frame(sock, &self.name, "session end", &mut frame, 64, deadline);
         }
+    }
+}
+
+/// An answer, for the message when it does not fit its request.
+fn describe_answer(resp: &Response<'_>) -> String {
+    match resp {
+        Response::ReadOk { key, count, data } => {
+            format!(
+                "ReadOk of {count} page(s) at {} with {} bytes",
+                key.0,
+                data.len()
+            )
+        }
+        Response::SwapOk { read_key, data } => {
+            format!("SwapOk of page {} with {} bytes", read_key.0, data.len())
+        }
+        Response::WriteOk { key, count } => format!("WriteOk of {count} page(s) at {}", key.0),
+        other => format!("{:?}", other.op()),
+    }
+}
+
+/// A request, for the same message.
+fn describe_request(kind: Kind, unit: usize) -> String {
+    match kind {
+        Kind::Read { key, piece, .. } => {
+            format!("a read of page {key} piece {piece} ({unit} bytes)")
+        }
+        Kind::Write { key, piece, .. } => format!("a write of page {key} piece {piece}"),
+        Kind::Swap { wkey, rkey, .. } => {
+            format!("a swap writing page {wkey} and reading page {rkey} ({unit} bytes)")
+        }
+        Kind::Free => "a free".into(),
+        Kind::Ping => "a ping".into(),
+        Kind::Snapshot => "a snapshot".into(),
+        Kind::EndSnapshot => "the end of a snapshot".into(),
     }
 }
 
@@ -882,38 +1081,78 @@ pub struct Welcome {
     pub used_bytes: u64,
 }
 
-/// Read one whole frame (blocking, under the socket's read timeout); `what` names the frame
-/// expected, for the message when none comes.
-fn read_frame(
+/// Largest frame the handshake, the attach and a status answer may be.
+const SETUP_FRAME_MAX: u32 = rmem_proto::FRAME_LEN_MAX_DEFAULT;
+
+/// `read_exact` that gives up at `deadline` however slowly the bytes come: a socket's read
+/// timeout bounds one read, and a server that sends a byte at a time would otherwise hold a
+/// handshake for as long as it likes.
+fn read_exact_by(sock: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        sock.set_read_timeout(Some(left))?;
+        match sock.read(&mut buf[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Read one whole frame of at most `max` bytes on a blocking socket by `deadline`; `what`
+/// names the frame expected, for the message when none comes. Running out of time is a
+/// [`StoreError::Timeout`] (a link failure: retried while reconnecting).
+pub fn read_frame(
     sock: &mut TcpStream,
     server: &str,
     what: &str,
     body: &mut Vec<u8>,
+    max: u32,
+    deadline: Instant,
 ) -> Result<rmem_proto::Header, StoreError> {
+    let started = Instant::now();
+    let failed = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => StoreError::Timeout {
+            server: server.into(),
+            secs: started.elapsed().as_secs_f64(),
+            detail: format!(" (waiting for its {what})"),
+        },
+        _ => io_err(server, e),
+    };
     let mut hdr = [0u8; HEADER_LEN];
-    sock.read_exact(&mut hdr).map_err(|e| StoreError::Refused {
-        server: server.into(),
-        message: format!("no {what} ({e}); is it an rmem server of this version?"),
+    read_exact_by(sock, &mut hdr, deadline).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => failed(e),
+        _ => StoreError::Refused {
+            server: server.into(),
+            message: format!("no {what} ({e}); is it an rmem server of this version?"),
+        },
     })?;
-    let h = parse_header(&hdr, 64 * 1024)
+    let h = parse_header(&hdr, max)
         .map_err(|e| StoreError::Protocol {
             server: server.into(),
-            what: e.to_string(),
+            what: format!("{e} (waiting for its {what})"),
         })?
         .expect("full header");
     body.resize(h.len as usize, 0);
-    sock.read_exact(body).map_err(|e| io_err(server, e))?;
+    read_exact_by(sock, body, deadline).map_err(failed)?;
     Ok(h)
 }
 
 /// The client's side of the challenge and response (`rmem_proto::auth`) on a connected,
-/// blocking socket: both sides prove they know `token` without sending it. On success the
-/// socket is ready for requests.
+/// blocking socket, all of it by `deadline`: both sides prove they know `token` without
+/// sending it. On success the socket is ready for requests.
 pub fn handshake(
     sock: &mut TcpStream,
     server: &str,
     token: &[u8],
     page_size: usize,
+    deadline: Instant,
 ) -> Result<Welcome, StoreError> {
     let proto = |what: String| StoreError::Protocol {
         server: server.into(),
@@ -943,7 +1182,14 @@ pub fn handshake(
         },
     )?;
     let mut body = Vec::new();
-    let h = read_frame(sock, server, "challenge", &mut body)?;
+    let h = read_frame(
+        sock,
+        server,
+        "challenge",
+        &mut body,
+        SETUP_FRAME_MAX,
+        deadline,
+    )?;
     match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
         Response::Challenge { nonce } => transcript.server_nonce = nonce,
         Response::Error { code, message } => return Err(refused(code, message)),
@@ -951,7 +1197,14 @@ pub fn handshake(
     }
     let proof = transcript.proof(token, auth::Role::Client);
     send(sock, Request::Auth { proof })?;
-    let h = read_frame(sock, server, "welcome", &mut body)?;
+    let h = read_frame(
+        sock,
+        server,
+        "welcome",
+        &mut body,
+        SETUP_FRAME_MAX,
+        deadline,
+    )?;
     match Response::decode(h.op, &body).map_err(|e| proto(e.to_string()))? {
         Response::Welcome {
             version,
@@ -982,355 +1235,4 @@ pub fn handshake(
     }
 }
 
-/// Per-page server slot: 0 = no remote copy, i + 1 = on server i. Chunked like the page table.
-#[derive(Clone, Default)]
-struct Locations {
-    chunks: Vec<Option<Box<[u16]>>>,
-}
-
-const LOC_CHUNK: usize = 1 << 16;
-
-impl Locations {
-    fn get(&self, page: PageIndex) -> Option<usize> {
-        let c = page.0 as usize / LOC_CHUNK;
-        match self.chunks.get(c) {
-            Some(Some(ch)) => ch[page.0 as usize % LOC_CHUNK]
-                .checked_sub(1)
-                .map(usize::from),
-            _ => None,
-        }
-    }
-
-    fn set(&mut self, page: PageIndex, server: Option<usize>) {
-        let c = page.0 as usize / LOC_CHUNK;
-        if c >= self.chunks.len() {
-            if server.is_none() {
-                return;
-            }
-            self.chunks.resize_with(c + 1, || None);
-        }
-        let ch = self.chunks[c].get_or_insert_with(|| vec![0u16; LOC_CHUNK].into_boxed_slice());
-        ch[page.0 as usize % LOC_CHUNK] = server.map_or(0, |s| s as u16 + 1);
-    }
-}
-
-/// Pages on a set of memory servers.
-pub struct RemoteStore {
-    conns: Vec<Conn>,
-    page_size: usize,
-    placement: Placement,
-    locations: Locations,
-    session: SessionId,
-    /// Pages whose write some servers answered `Full`, and those servers, until it is stored.
-    refusals: std::collections::HashMap<u64, Vec<usize>>,
-}
-
-/// Most servers one client can address (the per-page slot is 16 bits).
-pub const SERVERS_MAX: usize = u16::MAX as usize - 1;
-
-impl RemoteStore {
-    /// Connect to every server, in order, and open one new session (a random id) on each.
-    /// The first failure is returned; sessions already opened are ended.
-    pub fn connect(
-        servers: &[String],
-        token: &[u8],
-        page_size: usize,
-        placement: Placement,
-        timing: Timing,
-    ) -> Result<RemoteStore, StoreError> {
-        assert!(servers.len() <= SERVERS_MAX, "too many servers");
-        let session = SessionId::random().map_err(|e| io_err("(none)", e))?;
-        let mut store = RemoteStore {
-            conns: Vec::with_capacity(servers.len()),
-            page_size,
-            placement,
-            locations: Locations::default(),
-            session,
-            refusals: Default::default(),
-        };
-        for s in servers {
-            store
-                .conns
-                .push(Conn::connect(s, token, page_size, session, timing)?);
-        }
-        Ok(store)
-    }
-
-    /// This client's session id (the same on every server).
-    pub fn session(&self) -> SessionId {
-        self.session
-    }
-
-    /// Links re-established so far, over all servers.
-    pub fn reconnects(&self) -> u64 {
-        self.conns.iter().map(|c| c.reconnects).sum()
-    }
-
-    /// Where `page` goes (and stays): its current server, or a new placement.
-    fn place(&mut self, page: PageIndex) -> Result<usize, StoreError> {
-        if let Some(s) = self.locations.get(page) {
-            return Ok(s);
-        }
-        let n = self.conns.len();
-        let start = match self.placement {
-            Placement::Priority => 0,
-            Placement::Stripe => (page.0 % n as u64) as usize,
-        };
-        // Capacity is taken when a page is written (overcommit): the first server not known
-        // to be full; else any that has not refused this page yet (another client may have
-        // freed room there); only when every server refused it is the store full.
-        let refused = self.refusals.get(&page.0).map_or(&[][..], |r| r.as_slice());
-        let order = (0..n).map(|i| (start + i) % n);
-        let s = order
-            .clone()
-            .find(|&s| !self.conns[s].full && !refused.contains(&s))
-            .or_else(|| order.clone().find(|s| !refused.contains(s)))
-            .ok_or_else(|| StoreError::AllFull {
-                page: page.0,
-                servers: self
-                    .conns
-                    .iter()
-                    .map(|c| format!("{} (capacity {} bytes)", c.name, c.server_capacity_bytes))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        self.conns[s].used_bytes += self.page_size as u64;
-        self.locations.set(page, Some(s));
-        Ok(s)
-    }
-
-    fn located(&self, page: PageIndex) -> Result<usize, StoreError> {
-        self.locations
-            .get(page)
-            .ok_or_else(|| StoreError::Protocol {
-                server: "(none)".into(),
-                what: format!("page {} has no remote copy to fetch", page.0),
-            })
-    }
-
-    /// The server holding `page`, if any (for messages and tests).
-    pub fn server_of(&self, page: PageIndex) -> Option<&str> {
-        self.locations.get(page).map(|s| self.conns[s].name())
-    }
-
-    /// Writes a server answered `Full`: forget that placement and place the page again (its
-    /// fetch, for a swap, goes again to where the page is).
-    fn place_again(&mut self, server: usize, rejected: Rejected) -> Result<(), StoreError> {
-        let (victim, data, fetch) = match rejected {
-            Rejected::Store { page, data } => (page, data, None),
-            Rejected::Swap { victim, page, data } => (victim, data, Some(page)),
-        };
-        self.locations.set(victim, None);
-        self.conns[server].used_bytes -= self.page_size as u64;
-        self.refusals.entry(victim.0).or_default().push(server);
-        let s = self.place(victim)?;
-        self.conns[s].submit(
-            Request::Write {
-                key: PageKey(victim.0),
-                count: 1,
-                data: &data,
-            },
-            Kind::Store(victim),
-        );
-        if let Some(page) = fetch {
-            self.conns[server].submit(
-                Request::Read {
-                    key: PageKey(page.0),
-                    count: 1,
-                },
-                Kind::Fetch(page),
-            );
-        }
-        Ok(())
-    }
-
-    /// Bytes placed on each server by this client.
-    pub fn used_per_server(&self) -> Vec<(String, u64)> {
-        self.conns
-            .iter()
-            .map(|c| (c.name.clone(), c.used_bytes))
-            .collect()
-    }
-}
-
-impl PageStore for RemoteStore {
-    fn capacity_bytes(&self) -> u64 {
-        self.conns.iter().map(|c| c.capacity_bytes).sum()
-    }
-
-    fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
-        let s = self.located(page)?;
-        self.conns[s].submit(
-            Request::Read {
-                key: PageKey(page.0),
-                count: 1,
-            },
-            Kind::Fetch(page),
-        );
-        self.conns[s].flush(Instant::now())
-    }
-
-    fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
-        debug_assert_eq!(data.len(), self.page_size);
-        let s = self.place(page)?;
-        self.conns[s].submit(
-            Request::Write {
-                key: PageKey(page.0),
-                count: 1,
-                data,
-            },
-            Kind::Store(page),
-        );
-        Ok(())
-    }
-
-    fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
-        let v = self.place(victim)?;
-        let p = self.located(page)?;
-        if v == p {
-            let req = Request::Swap {
-                write_key: PageKey(victim.0),
-                read_key: PageKey(page.0),
-                data,
-            };
-            self.conns[v].submit(req, Kind::Swap { victim, page });
-            self.conns[v].flush(Instant::now())
-        } else {
-            self.conns[p].submit(
-                Request::Read {
-                    key: PageKey(page.0),
-                    count: 1,
-                },
-                Kind::Fetch(page),
-            );
-            self.conns[p].flush(Instant::now())?;
-            self.conns[v].submit(
-                Request::Write {
-                    key: PageKey(victim.0),
-                    count: 1,
-                    data,
-                },
-                Kind::Store(victim),
-            );
-            Ok(())
-        }
-    }
-
-    fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {
-        if let Some(s) = self.locations.get(page) {
-            self.locations.set(page, None);
-            let c = &mut self.conns[s];
-            c.used_bytes -= self.page_size as u64;
-            c.full = false;
-            c.frees.push(PageKey(page.0));
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<(), StoreError> {
-        let now = Instant::now();
-        self.conns.iter_mut().try_for_each(|c| c.flush(now))
-    }
-
-    fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
-        let mut n = 0;
-        let now = Instant::now();
-        let refusals = &mut self.refusals;
-        let mut f = |c: Completion<'_>| {
-            if let (Completion::Stored { page }, false) = (&c, refusals.is_empty()) {
-                refusals.remove(&page.0);
-            }
-            f(c)
-        };
-        let mut spilled = false;
-        for c in &mut self.conns {
-            if !c.pending.is_empty() {
-                n += c.poll(&mut f, now)?;
-                spilled |= !c.rejected.is_empty();
-            }
-        }
-        if spilled {
-            for s in 0..self.conns.len() {
-                for r in std::mem::take(&mut self.conns[s].rejected) {
-                    self.place_again(s, r)?;
-                }
-            }
-            self.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) {
-        for c in &self.conns {
-            // A lost link has no descriptor: its reconnection runs from tick().
-            let Some(sock) = &c.sock else { continue };
-            let mut events = libc::POLLIN;
-            if !c.out.unsent().is_empty() {
-                events |= libc::POLLOUT;
-            }
-            out.push(libc::pollfd {
-                fd: sock.as_raw_fd(),
-                events,
-                revents: 0,
-            });
-        }
-    }
-
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
-        self.conns.iter_mut().try_for_each(|c| c.tick(now))
-    }
-
-    fn heartbeat(&self) -> Option<Duration> {
-        self.conns.iter().map(Conn::heartbeat).min()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.conns.iter().map(|c| c.pending.len()).sum()
-    }
-
-    fn describe(&self) -> String {
-        self.conns
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// A new session on every server, snapshot of this one after the requests queued so far
-    /// (each server applies a connection's requests in order). Sent with the next flush: the
-    /// fork goes on meanwhile, and the child's attach waits for it.
-    fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
-        let session = SessionId::random().map_err(|e| io_err("(none)", e))?;
-        for c in &mut self.conns {
-            c.submit(Request::Snapshot { session }, Kind::Snapshot);
-        }
-        Ok(Snapshot(session.0))
-    }
-
-    fn forked(&self, snapshot: Snapshot) -> Box<dyn PageStore> {
-        let session = SessionId(snapshot.0);
-        Box::new(RemoteStore {
-            conns: self.conns.iter().map(|c| c.forked(session)).collect(),
-            page_size: self.page_size,
-            placement: self.placement,
-            locations: self.locations.clone(),
-            session,
-            refusals: Default::default(),
-        })
-    }
-
-    fn end_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StoreError> {
-        let session = SessionId(snapshot.0);
-        for c in &mut self.conns {
-            c.submit(Request::EndSnapshot { session }, Kind::EndSnapshot);
-        }
-        self.flush()
-    }
-}
-
-impl Drop for RemoteStore {
-    /// A clean exit ends the sessions, so servers free the pages now.
-    fn drop(&mut self) {
-        self.conns.iter_mut().for_each(Conn::end_session);
-    }
-}
+pub use super::cluster::{RemoteStore, SERVERS_MAX};

@@ -1,0 +1,274 @@
+//! Surviving a memory-server loss, end to end: the 8-thread verifying stress over six real
+//! `rmem server` processes with replicas and erasure coding while servers are killed with
+//! SIGKILL at random moments (one, two at once, one during the repair of another), one more
+//! server lost than the redundancy covers (a clear error naming them, within 5 s), and the
+//! same as user `nobody`. Every wait is bounded.
+
+mod common;
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "secret-for-the-redundancy-test";
+
+struct Run {
+    servers: Vec<ServerProcess>,
+    child: std::process::Child,
+    stats: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+/// A pseudo-random delay in [lo, hi) ms: a different moment each run.
+fn random_ms(lo: u64, hi: u64) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let x = nanos.wrapping_mul(6364136223846793005).rotate_left(17);
+    Duration::from_millis(lo + x % (hi - lo))
+}
+
+/// The stress (8 threads, 32 MiB, `ops` each) at 8 MiB local over `n` servers.
+fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> Run {
+    let dir = scratch(name);
+    let servers: Vec<ServerProcess> = (0..n)
+        .map(|_| ServerProcess::start(TOKEN, &["--verbose"]))
+        .collect();
+    let hosts = dir.join("hosts");
+    let mut text = String::from("me 8M\n");
+    for s in &servers {
+        text += &format!("{} 64M\n", s.addr);
+    }
+    std::fs::write(&hosts, text).unwrap();
+    let _ = Command::new("chmod").arg("644").arg(&hosts).status();
+    let prog = build_c("tests/c/stress.c");
+    let stats = dir.join("stats.json");
+    let mut cmd = if as_nobody && is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "nobody", "--"]).arg(rmem());
+        c
+    } else {
+        Command::new(rmem())
+    };
+    cmd.args([
+        "run",
+        "--api",
+        "--launcher",
+        "none",
+        "--placement",
+        "stripe",
+    ])
+    .arg("--hostfile")
+    .arg(&hosts)
+    .args([
+        "--page-size",
+        "4K",
+        "--redundancy",
+        redundancy,
+        "--stats-json",
+    ])
+    .arg(&stats)
+    .arg("--")
+    .arg(&prog)
+    .args(["8", "32", ops])
+    .env("RMEM_TOKEN", TOKEN)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    Run {
+        servers,
+        child,
+        stats,
+        dir,
+    }
+}
+
+fn shown(out: &Output) -> String {
+    format!(
+        "{:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status, out.stdout, out.stderr
+    )
+}
+
+/// Kill `which` servers at a random moment (after the program has pages out), `during_repair`
+/// more once the runtime says it is rebuilding; the run must end as if nothing happened.
+fn survives(
+    name: &str,
+    n: usize,
+    redundancy: &str,
+    which: &[usize],
+    during_repair: &[usize],
+    as_nobody: bool,
+) {
+    let mut run = start(name, n, redundancy, "60000", as_nobody);
+    std::thread::sleep(random_ms(800, 2500));
+    for &i in which {
+        run.servers[i].child.kill().unwrap();
+    }
+    let stderr = run.child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    let mut err = String::new();
+    let t = Instant::now();
+    let mut killed_later = false;
+    let mut rest = None;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(l) => {
+                if !killed_later && !during_repair.is_empty() && l.contains("rebuilding") {
+                    for &i in during_repair {
+                        run.servers[i].child.kill().unwrap();
+                    }
+                    killed_later = true;
+                }
+                err += &l;
+                err.push('\n');
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(_) => {}
+        }
+        if let Some(st) = run.child.try_wait().unwrap() {
+            rest = Some(st);
+        }
+        if rest.is_some() && t.elapsed() > Duration::from_millis(100) {
+            // Drain what is left.
+            while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+                err += &l;
+                err.push('\n');
+            }
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "ran over 300 s:\n{err}"
+        );
+    }
+    let status = match rest {
+        Some(s) => s,
+        None => run.child.wait().unwrap(),
+    };
+    let mut stdout = String::new();
+    use std::io::Read;
+    run.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let what = format!("{redundancy}: {status:?}\nstdout:\n{stdout}\nstderr:\n{err}");
+    assert!(status.success(), "{what}");
+    assert!(
+        stdout.contains("stress: ok") && stdout.contains("mismatches=0"),
+        "{what}"
+    );
+    assert!(
+        during_repair.is_empty() || killed_later,
+        "no repair seen to kill during: {what}"
+    );
+    let v = read_json(&run.stats);
+    let lost = (which.len() + during_repair.len()) as u64;
+    assert_eq!(v["servers_lost"].as_u64(), Some(lost), "{v}\n{what}");
+    assert!(err.contains("repair done"), "{what}");
+    let width = match redundancy {
+        "replicas:2" => 2,
+        "ec:4+1" => 5,
+        _ => 6,
+    };
+    if n - which.len() - during_repair.len() >= width {
+        assert!(v["pages_repaired"].as_u64().unwrap() > 0, "{v}\n{what}");
+    } else {
+        assert!(err.contains("keep fewer pieces"), "{what}");
+    }
+    eprintln!(
+        "{redundancy}: {lost} servers killed, {} pages repaired in {} s",
+        v["pages_repaired"], v["repair_s"]
+    );
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+#[test]
+fn replicas_2_survive_a_server_killed_at_random() {
+    survives("red-replicas", 6, "replicas:2", &[2], &[], false);
+}
+
+#[test]
+fn ec_4_1_survives_a_server_killed_at_random() {
+    survives("red-ec41", 6, "ec:4+1", &[1], &[], false);
+}
+
+#[test]
+fn ec_4_2_survives_two_servers_killed_at_once() {
+    survives("red-ec42", 8, "ec:4+2", &[0, 3], &[], false);
+}
+
+/// Six servers, each page on all six: after two are killed none is left to rebuild on, and
+/// the program goes on with pages that keep four or five pieces.
+#[test]
+fn ec_4_2_on_six_servers_goes_on_degraded_after_two_are_killed() {
+    survives("red-ec42-six", 6, "ec:4+2", &[2, 5], &[], false);
+}
+
+#[test]
+fn ec_4_2_survives_a_kill_during_the_repair_of_another() {
+    survives("red-ec42-repair", 8, "ec:4+2", &[4], &[1], false);
+}
+
+#[test]
+fn replicas_2_survive_a_kill_as_nobody() {
+    survives("red-nobody", 6, "replicas:2", &[5], &[], true);
+}
+
+/// Two servers of a replicas:2 run killed at once: some pages had both copies there. The
+/// program stops within 5 s, naming both.
+#[test]
+fn one_more_server_lost_than_covered_stops_with_their_names() {
+    let mut run = start("red-toomany", 6, "replicas:2", "400000", false);
+    std::thread::sleep(Duration::from_millis(1500));
+    run.servers[0].child.kill().unwrap();
+    run.servers[1].child.kill().unwrap();
+    let killed = Instant::now();
+    let out = wait_bounded(run.child, Duration::from_secs(60), "the stress losing two");
+    let took = killed.elapsed();
+    let what = shown(&out);
+    assert_eq!(out.status.code(), Some(69), "{what}");
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped {took:?} after the kill: {what}"
+    );
+    for s in &run.servers[..2] {
+        assert!(out.stderr.contains(&s.addr), "{} not named: {what}", s.addr);
+    }
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+/// More redundancy than servers is refused before anything starts.
+#[test]
+fn a_layout_wider_than_the_servers_is_refused() {
+    let out = run_bounded(
+        Command::new(rmem()).args([
+            "run",
+            "--servers",
+            "3",
+            "--redundancy",
+            "ec:4+1",
+            "--",
+            "true",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", shown(&out));
+    assert!(
+        out.stderr.contains("on 5 servers; there are 3"),
+        "{}",
+        shown(&out)
+    );
+}

@@ -1,0 +1,1427 @@
+//! The cluster layer: pages on a set of memory servers, each page whole on one, replicated on
+//! N, or in K+M erasure-coded fragments (see [`codec`]); placement, overcommit, failover and
+//! background repair. The links themselves are [`remote::Conn`]'s.
+//!
+//! Per page the store keeps two things, in chunks allocated as pages are first written: the
+//! group of servers that holds its pieces (an index into a table of distinct server lists,
+//! two bytes) and, when pages are sealed, its version (four bytes). Piece i of a page is on
+//! member i of its group, under the page's index as key.
+//!
+//! A server given up (its link could not be re-established within the reconnect window, it
+//! lost the session, or it broke the protocol) is buried: with redundancy, its unanswered
+//! reads are asked of other members, its unanswered writes are placed on another server, and
+//! every page with a piece there is queued for repair: read from the survivors and the
+//! missing pieces written (the same version, so the same bytes) to servers outside the group,
+//! a few pages at a time, between the program's own requests. Without redundancy, or when a
+//! page is left with fewer pieces than it needs, the loss is an error naming every server
+//! lost.
+//!
+//! At a fork() ([`PageStore::snapshot`]) every live server takes a copy-on-write snapshot of
+//! this client's session, queued behind the requests already sent to it; the child's store
+//! ([`PageStore::forked`]) is this one's placement and versions (taken over, not copied: the
+//! child's copy of this process is what it reads from), the same codec and key, and one
+//! connection per server, unlinked until first used, to that server's snapshot. A buried
+//! server has no snapshot and stays buried in the child.
+//!
+//! [`codec`]: super::codec
+//! [`remote::Conn`]: super::remote::Conn
+
+use super::codec::{Codec, Redundancy};
+use super::remote::{Answer, Conn, Kind, Orphan, Timing};
+use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
+use crate::config::Placement;
+use crate::PageIndex;
+use rmem_proto::{PageKey, Request, SessionId};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How pages are laid out over the servers.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub placement: Placement,
+    pub redundancy: Redundancy,
+    /// Seal pages with AES-256-GCM under a key made in this process.
+    pub encrypt: bool,
+}
+
+/// Most servers one client can address (a group member is 16 bits).
+pub const SERVERS_MAX: usize = u16::MAX as usize - 1;
+/// Pages being repaired at once: few enough that the program's own faults keep most of the
+/// links.
+pub const REPAIR_WINDOW: usize = 32;
+/// A buried server is tried again this often, with this connect timeout, so that one that
+/// comes back takes new pages.
+const REVIVE_EVERY: Duration = Duration::from_secs(2);
+const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
+
+const CHUNK: usize = 1 << 16;
+/// A group member that is no server: a piece not stored (fewer servers left than the
+/// redundancy puts a page on); repaired when one comes back.
+const NONE: u16 = u16::MAX;
+
+/// Where each page's pieces are and which version they hold.
+#[derive(Default)]
+struct Meta {
+    /// Group index + 1; 0: nothing stored.
+    groups: Vec<Option<Box<[u16]>>>,
+    versions: Vec<Option<Box<[u32]>>>,
+}
+
+impl Meta {
+    fn group(&self, page: u64) -> Option<u16> {
+        match self.groups.get(page as usize / CHUNK) {
+            Some(Some(c)) => c[page as usize % CHUNK].checked_sub(1),
+            _ => None,
+        }
+    }
+
+    fn set_group(&mut self, page: u64, g: Option<u16>) {
+        let c = page as usize / CHUNK;
+        if c >= self.groups.len() {
+            if g.is_none() {
+                return;
+            }
+            self.groups.resize_with(c + 1, || None);
+        }
+        let ch = self.groups[c].get_or_insert_with(|| vec![0; CHUNK].into_boxed_slice());
+        ch[page as usize % CHUNK] = g.map_or(0, |g| g + 1);
+    }
+
+    fn version(&self, page: u64) -> u32 {
+        match self.versions.get(page as usize / CHUNK) {
+            Some(Some(c)) => c[page as usize % CHUNK],
+            _ => 0,
+        }
+    }
+
+    fn set_version(&mut self, page: u64, v: u32) {
+        let c = page as usize / CHUNK;
+        if c >= self.versions.len() {
+            self.versions.resize_with(c + 1, || None);
+        }
+        let ch = self.versions[c].get_or_insert_with(|| vec![0; CHUNK].into_boxed_slice());
+        ch[page as usize % CHUNK] = v;
+    }
+
+    /// Every page with a group, in order.
+    fn located(&self) -> impl Iterator<Item = (u64, u16)> + '_ {
+        self.groups.iter().enumerate().flat_map(|(c, ch)| {
+            ch.iter().flat_map(move |ch| {
+                ch.iter().enumerate().filter_map(move |(i, &g)| {
+                    g.checked_sub(1).map(|g| ((c * CHUNK + i) as u64, g))
+                })
+            })
+        })
+    }
+}
+
+/// The distinct server lists pages are placed on, interned, with how many pages use each.
+#[derive(Default)]
+struct Groups {
+    members: Vec<Box<[u16]>>,
+    index: HashMap<Box<[u16]>, u16>,
+    pages: Vec<u64>,
+}
+
+impl Groups {
+    fn intern(&mut self, m: &[u16]) -> u16 {
+        if let Some(&g) = self.index.get(m) {
+            return g;
+        }
+        let g = u16::try_from(self.members.len())
+            .ok()
+            .filter(|&g| g < u16::MAX)
+            .expect("fewer than 65535 distinct server groups");
+        self.members.push(m.into());
+        self.index.insert(m.into(), g);
+        self.pages.push(0);
+        g
+    }
+}
+
+/// A fetch: pieces asked, answered, found bad, and those in.
+struct Fetch {
+    page: u64,
+    version: u32,
+    group: u16,
+    pieces: Vec<Option<Vec<u8>>>,
+    asked: u32,
+    answered: u32,
+    bad: u32,
+    /// A seal failed with enough pieces in: ask every piece, try without each.
+    all: bool,
+    repair: bool,
+}
+
+struct Store {
+    page: u64,
+    version: u32,
+    waiting: u32,
+    repair: bool,
+}
+
+enum Op {
+    Fetch(Fetch),
+    Store(Store),
+}
+
+/// Work an answer leaves for the links.
+enum Todo {
+    Ask(u64),
+    Place {
+        op: u64,
+        piece: u8,
+        unit: Vec<u8>,
+        refused: Option<usize>,
+    },
+    /// A repair's read decoded: write the missing pieces.
+    RepairWrite {
+        page: u64,
+        version: u32,
+        data: Vec<u8>,
+    },
+    /// A repair's writes are all acknowledged.
+    Repaired,
+}
+
+#[derive(Default)]
+struct Repair {
+    queue: VecDeque<u64>,
+    waiting: Vec<u64>,
+    in_flight: usize,
+    started: Option<Instant>,
+    pages: u64,
+    /// Pages left with fewer pieces than the redundancy's, for want of servers.
+    degraded: u64,
+}
+
+/// Everything the answers change, apart from the links.
+struct Book {
+    /// Shared with fork() children (the same key: they read what this process sealed).
+    codec: Arc<Codec>,
+    meta: Meta,
+    groups: Groups,
+    ops: HashMap<u64, Op>,
+    next_op: u64,
+    /// Pages with an operation of the pager's in flight.
+    busy: HashMap<u64, u64>,
+    /// Servers given up, and why.
+    dead: Vec<Option<String>>,
+    page_buf: Vec<u8>,
+    counters: Arc<StoreCounters>,
+}
+
+/// Pages on a set of memory servers.
+pub struct RemoteStore {
+    conns: Vec<Conn>,
+    book: Book,
+    placement: Placement,
+    token: Vec<u8>,
+    timing: Timing,
+    session: SessionId,
+    units: Vec<u8>,
+    todo: Vec<Todo>,
+    /// Servers that refused a page (`Full`) until it is stored.
+    refusals: HashMap<u64, Vec<usize>>,
+    repair: Repair,
+    next_revive: Instant,
+}
+
+fn bit(piece: usize) -> u32 {
+    1 << piece
+}
+
+impl Book {
+    fn unit(&self) -> usize {
+        self.codec.unit_len()
+    }
+
+    fn alive(&self, s: u16) -> bool {
+        s != NONE && self.dead[s as usize].is_none()
+    }
+
+    fn op_id(&mut self) -> u64 {
+        self.next_op += 1;
+        self.next_op
+    }
+
+    /// An answer from server `s`.
+    fn answer(
+        &mut self,
+        s: usize,
+        a: Answer<'_>,
+        f: &mut dyn FnMut(Completion<'_>),
+        todo: &mut Vec<Todo>,
+    ) {
+        match a {
+            Answer::Read { op, piece, data } => {
+                let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
+                    return; // late: the page was read from other pieces
+                };
+                let p = piece as usize;
+                fe.answered |= bit(p);
+                if self.codec.plain() {
+                    let page = fe.page;
+                    self.ops.remove(&op);
+                    self.busy.remove(&page);
+                    f(Completion::Fetched {
+                        page: PageIndex(page),
+                        data,
+                    });
+                    return;
+                }
+                fe.pieces[p] = Some(data.to_vec());
+                self.try_decode(op, f, todo);
+            }
+            Answer::Missing { op, piece } => {
+                if let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) {
+                    fe.answered |= bit(piece as usize);
+                    fe.bad |= bit(piece as usize);
+                    self.counters.pieces_bad.fetch_add(1, Relaxed);
+                    todo.push(Todo::Ask(op));
+                }
+            }
+            Answer::Written { op, piece } => self.written(op, piece as usize, f, todo),
+            Answer::Full { op, piece, unit } => todo.push(Todo::Place {
+                op,
+                piece,
+                unit,
+                refused: Some(s),
+            }),
+        }
+    }
+
+    fn written(
+        &mut self,
+        op: u64,
+        piece: usize,
+        f: &mut dyn FnMut(Completion<'_>),
+        todo: &mut Vec<Todo>,
+    ) {
+        let Some(Op::Store(st)) = self.ops.get_mut(&op) else {
+            return;
+        };
+        st.waiting &= !bit(piece);
+        if st.waiting != 0 {
+            return;
+        }
+        let (page, repair) = (st.page, st.repair);
+        self.ops.remove(&op);
+        if repair {
+            todo.push(Todo::Repaired);
+        } else {
+            self.busy.remove(&page);
+            f(Completion::Stored {
+                page: PageIndex(page),
+            });
+        }
+    }
+
+    /// A fetch with a new piece in: decode when enough are; a bad seal asks for more.
+    fn try_decode(&mut self, op: u64, f: &mut dyn FnMut(Completion<'_>), todo: &mut Vec<Todo>) {
+        let needed = self.codec.redundancy().needed();
+        let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
+            return;
+        };
+        let have = fe.pieces.iter().filter(|p| p.is_some()).count();
+        if have < needed {
+            return;
+        }
+        let outstanding = (fe.asked & !fe.answered) != 0;
+        if fe.all && outstanding {
+            return; // every piece was asked after a bad seal: try once all are in
+        }
+        let mut out = std::mem::take(&mut self.page_buf);
+        let ok = if !fe.all {
+            let mut pieces = fe.pieces.clone();
+            self.codec
+                .decode(fe.page, fe.version, &mut pieces, &mut out)
+                .is_ok()
+        } else {
+            // Without each piece in turn, then the bad one is known.
+            let mut found = false;
+            for leave in 0..fe.pieces.len() {
+                if fe.pieces[leave].is_none() {
+                    continue;
+                }
+                let mut pieces = fe.pieces.clone();
+                pieces[leave] = None;
+                if pieces.iter().filter(|p| p.is_some()).count() < needed {
+                    continue;
+                }
+                if self
+                    .codec
+                    .decode(fe.page, fe.version, &mut pieces, &mut out)
+                    .is_ok()
+                {
+                    fe.pieces[leave] = None;
+                    fe.bad |= bit(leave);
+                    self.counters.pieces_bad.fetch_add(1, Relaxed);
+                    found = true;
+                    break;
+                }
+            }
+            found
+        };
+        if ok {
+            let (page, version, repair) = (fe.page, fe.version, fe.repair);
+            self.ops.remove(&op);
+            if repair {
+                todo.push(Todo::RepairWrite {
+                    page,
+                    version,
+                    data: out.clone(),
+                });
+            } else {
+                self.busy.remove(&page);
+                f(Completion::Fetched {
+                    page: PageIndex(page),
+                    data: &out,
+                });
+            }
+            self.page_buf = out;
+            return;
+        }
+        self.page_buf = out;
+        if self.codec.redundancy().needed() == 1 {
+            // A replica that fails its seal: it is bad; ask another.
+            for p in 0..fe.pieces.len() {
+                if fe.pieces[p].take().is_some() {
+                    fe.bad |= bit(p);
+                    self.counters.pieces_bad.fetch_add(1, Relaxed);
+                }
+            }
+        } else if !fe.all {
+            fe.all = true;
+        } else {
+            // Every subset failed: nothing here is this page.
+            for p in 0..fe.pieces.len() {
+                if fe.pieces[p].take().is_some() {
+                    fe.bad |= bit(p);
+                }
+            }
+        }
+        todo.push(Todo::Ask(op));
+    }
+}
+
+impl RemoteStore {
+    /// Connect to every server, in order, and open one new session (a random id) on each,
+    /// each page whole on one server, not sealed.
+    pub fn connect(
+        servers: &[String],
+        token: &[u8],
+        page_size: usize,
+        placement: Placement,
+        timing: Timing,
+    ) -> Result<RemoteStore, StoreError> {
+        let layout = Layout {
+            placement,
+            redundancy: Redundancy::None,
+            encrypt: false,
+        };
+        RemoteStore::connect_with(servers, token, page_size, layout, timing)
+    }
+
+    /// [`RemoteStore::connect`] with redundancy and encryption. The first failure is
+    /// returned; sessions already opened are ended.
+    pub fn connect_with(
+        servers: &[String],
+        token: &[u8],
+        page_size: usize,
+        layout: Layout,
+        timing: Timing,
+    ) -> Result<RemoteStore, StoreError> {
+        assert!(servers.len() <= SERVERS_MAX, "too many servers");
+        let w = layout.redundancy.width();
+        if servers.len() < w {
+            return Err(StoreError::Layout(format!(
+                "--redundancy {} puts each page on {w} servers; there are {}",
+                layout.redundancy,
+                servers.len()
+            )));
+        }
+        let io = |e| StoreError::Io {
+            server: "(none)".into(),
+            source: e,
+        };
+        let codec = Arc::new(Codec::new(page_size, layout.redundancy, layout.encrypt).map_err(io)?);
+        let session = SessionId::random().map_err(io)?;
+        let mut conns = Vec::with_capacity(servers.len());
+        for s in servers {
+            conns.push(Conn::connect(s, token, codec.unit_len(), session, timing)?);
+        }
+        Ok(RemoteStore {
+            book: Book {
+                page_buf: vec![0; page_size],
+                codec,
+                meta: Meta::default(),
+                groups: Groups::default(),
+                ops: HashMap::new(),
+                next_op: 0,
+                busy: HashMap::new(),
+                dead: vec![None; conns.len()],
+                counters: Arc::new(StoreCounters {
+                    layout: format!(
+                        "{}{}",
+                        layout.redundancy,
+                        if layout.encrypt { ", encrypted" } else { "" }
+                    ),
+                    ..StoreCounters::default()
+                }),
+            },
+            conns,
+            placement: layout.placement,
+            token: token.to_vec(),
+            timing,
+            session,
+            units: Vec::new(),
+            todo: Vec::new(),
+            refusals: HashMap::new(),
+            repair: Repair::default(),
+            next_revive: Instant::now(),
+        })
+    }
+
+    /// This client's session id (the same on every server it started with).
+    pub fn session(&self) -> SessionId {
+        self.session
+    }
+
+    /// Links re-established so far, over all servers.
+    pub fn reconnects(&self) -> u64 {
+        self.conns.iter().map(|c| c.reconnects).sum()
+    }
+
+    /// The server holding `page`'s first piece, if any (for messages and tests).
+    pub fn server_of(&self, page: PageIndex) -> Option<&str> {
+        let g = self.book.meta.group(page.0)?;
+        Some(self.conns[self.book.groups.members[g as usize][0] as usize].name())
+    }
+
+    /// Bytes placed on each server by this client.
+    pub fn used_per_server(&self) -> Vec<(String, u64)> {
+        self.conns
+            .iter()
+            .map(|c| (c.name.clone(), c.used_bytes))
+            .collect()
+    }
+
+    /// Bytes each server stores per page.
+    pub fn unit_len(&self) -> usize {
+        self.book.unit()
+    }
+
+    /// Servers for a page that has none: `width` distinct live servers in placement order
+    /// from the page's start, not known to be full first; else any that has not refused it.
+    fn choose(&self, page: u64, keep: &[u16]) -> Result<Vec<u16>, StoreError> {
+        let n = self.conns.len();
+        let w = self.book.codec.redundancy().width();
+        let start = match self.placement {
+            Placement::Priority => 0,
+            Placement::Stripe => (page % n as u64) as usize,
+        };
+        let refused = self.refusals.get(&page).map_or(&[][..], |r| r.as_slice());
+        let order: Vec<u16> = (0..n)
+            .map(|i| ((start + i) % n) as u16)
+            .filter(|&s| self.book.alive(s) && !refused.contains(&(s as usize)))
+            .filter(|s| !keep.contains(s))
+            .collect();
+        let mut out: Vec<u16> = keep.to_vec();
+        let roomy = order.iter().filter(|&&s| !self.conns[s as usize].full);
+        let full = order.iter().filter(|&&s| self.conns[s as usize].full);
+        for &s in roomy.chain(full) {
+            if out.len() == w {
+                break;
+            }
+            out.push(s);
+        }
+        if out.len() == w {
+            return Ok(out);
+        }
+        if self.book.dead.iter().any(Option::is_some) && refused.is_empty() {
+            // Fewer servers left than a page is spread over: store what can be, as long as
+            // it can be read back; the rest is repaired when a server comes back.
+            if out.len() >= self.book.codec.redundancy().needed() {
+                out.resize(w, NONE);
+                return Ok(out);
+            }
+            return Err(self.too_few());
+        }
+        Err(StoreError::AllFull {
+            page,
+            servers: self
+                .conns
+                .iter()
+                .map(|c| format!("{} (capacity {} bytes)", c.name, c.server_capacity_bytes))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    fn too_few(&self) -> StoreError {
+        StoreError::Lost {
+            servers: self.dead_list(),
+            detail: format!(
+                "--redundancy {} needs {} servers for a page; {} of {} are left",
+                self.book.codec.redundancy(),
+                self.book.codec.redundancy().width(),
+                self.book.dead.iter().filter(|d| d.is_none()).count(),
+                self.conns.len()
+            ),
+        }
+    }
+
+    fn dead_list(&self) -> String {
+        self.book
+            .dead
+            .iter()
+            .enumerate()
+            .filter_map(|(s, d)| d.as_ref().map(|d| format!("{} ({d})", self.conns[s].name)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Move `page` from group `old` to `new`: its servers' byte counts, the groups' page
+    /// counts, and frees on the live servers it leaves. Nothing is sent to the servers it
+    /// joins (the caller writes there).
+    fn relocate(&mut self, page: u64, old: Option<u16>, new: Option<u16>) {
+        if old == new {
+            return;
+        }
+        let unit = self.book.unit() as u64;
+        let members = |g: Option<u16>, b: &Book| {
+            g.map(|g| b.groups.members[g as usize].to_vec())
+                .unwrap_or_default()
+        };
+        let (was, now) = (members(old, &self.book), members(new, &self.book));
+        for &s in was.iter().filter(|&&s| s != NONE) {
+            let c = &mut self.conns[s as usize];
+            c.used_bytes = c.used_bytes.saturating_sub(unit);
+            if !now.contains(&s) && self.book.dead[s as usize].is_none() {
+                c.full = false;
+                c.frees.push(PageKey(page));
+            }
+        }
+        for &s in now.iter().filter(|&&s| s != NONE) {
+            self.conns[s as usize].used_bytes += unit;
+        }
+        if let Some(g) = old {
+            self.book.groups.pages[g as usize] -= 1;
+        }
+        if let Some(g) = new {
+            self.book.groups.pages[g as usize] += 1;
+        }
+        self.book.meta.set_group(page, new);
+    }
+
+    /// The group to write `page` to: its own while every member lives; else its live members
+    /// kept and the dead replaced; a new one for a page with none.
+    fn target(&mut self, page: u64) -> Result<(u16, u32), StoreError> {
+        let old = self.book.meta.group(page);
+        let members = match old {
+            Some(g) => {
+                let m = self.book.groups.members[g as usize].clone();
+                if m.iter().all(|&s| self.book.alive(s)) {
+                    return Ok((g, 0));
+                }
+                self.heal(page, &m)?
+            }
+            None => self.choose(page, &[])?,
+        };
+        let g = self.book.groups.intern(&members);
+        let changed = match old {
+            Some(o) => {
+                let om = &self.book.groups.members[o as usize];
+                (0..members.len())
+                    .filter(|&i| om[i] != members[i])
+                    .fold(0, |acc, i| acc | bit(i))
+            }
+            None => (1u32 << members.len()) - 1,
+        };
+        self.relocate(page, old, Some(g));
+        Ok((g, changed))
+    }
+
+    /// `members` with every dead one replaced by a live server outside the group.
+    fn heal(&self, page: u64, members: &[u16]) -> Result<Vec<u16>, StoreError> {
+        let keep: Vec<u16> = members
+            .iter()
+            .copied()
+            .filter(|&s| self.book.alive(s))
+            .collect();
+        let fresh = self.choose(page, &keep)?;
+        let mut extra = fresh[keep.len()..].iter();
+        Ok(members
+            .iter()
+            .map(|&s| {
+                if self.book.alive(s) {
+                    s
+                } else {
+                    *extra.next().unwrap_or(&NONE)
+                }
+            })
+            .collect())
+    }
+
+    /// Write the pieces of `page` in `mask` to their group's members.
+    fn send_pieces(&mut self, op: u64, page: u64, g: u16, mask: u32, units: &[u8]) {
+        let unit = self.book.unit();
+        let members = self.book.groups.members[g as usize].clone();
+        let replicated = !matches!(self.book.codec.redundancy(), Redundancy::Ec { .. });
+        for (i, &s) in members.iter().enumerate() {
+            if mask & bit(i) == 0 || s == NONE {
+                continue;
+            }
+            let data = if replicated {
+                &units[..unit]
+            } else {
+                &units[i * unit..(i + 1) * unit]
+            };
+            self.conns[s as usize].submit(
+                Request::Write {
+                    key: PageKey(page),
+                    count: 1,
+                    data,
+                },
+                Kind::Write {
+                    op,
+                    piece: i as u8,
+                    key: page,
+                },
+            );
+        }
+    }
+
+    /// Start writing `data` as `page`: a new version, its pieces to its group.
+    fn start_store(&mut self, page: u64, data: &[u8], repair: bool) -> Result<u64, StoreError> {
+        let (g, changed) = self.target(page)?;
+        let w = self.book.codec.redundancy().width();
+        let version = if self.book.codec.plain() {
+            0
+        } else if repair {
+            self.book.meta.version(page)
+        } else {
+            let v = self.book.meta.version(page).checked_add(1).ok_or_else(|| {
+                StoreError::Layout(format!(
+                    "page {page} was written back 2^32 times; its seal's nonce would repeat"
+                ))
+            })?;
+            self.book.meta.set_version(page, v);
+            v
+        };
+        // A repair writes only the pieces that moved, with the same version: the same bytes.
+        let real = self.book.groups.members[g as usize]
+            .iter()
+            .enumerate()
+            .filter(|&(_, &s)| s != NONE)
+            .fold(0, |m, (i, _)| m | bit(i));
+        let mask = if repair { changed } else { (1u32 << w) - 1 } & real;
+        let op = self.book.op_id();
+        let mut units = std::mem::take(&mut self.units);
+        if self.book.codec.plain() {
+            self.send_pieces(op, page, g, mask, data);
+        } else {
+            self.book.codec.encode(page, version, data, &mut units);
+            self.send_pieces(op, page, g, mask, &units);
+        }
+        self.units = units;
+        self.book.ops.insert(
+            op,
+            Op::Store(Store {
+                page,
+                version,
+                waiting: mask,
+                repair,
+            }),
+        );
+        if mask == 0 {
+            // Nothing moved (a repair raced with a write that healed the page).
+            self.todo.push(Todo::Repaired);
+            self.book.ops.remove(&op);
+        }
+        Ok(op)
+    }
+
+    /// Start reading `page` from its group: one copy, or K+1 fragments (late binding: the
+    /// first K decode it).
+    fn start_fetch(&mut self, page: u64, repair: bool) -> Result<u64, StoreError> {
+        let g = self
+            .book
+            .meta
+            .group(page)
+            .ok_or_else(|| StoreError::Protocol {
+                server: "(none)".into(),
+                what: format!("page {page} has no remote copy to fetch"),
+            })?;
+        let w = self.book.codec.redundancy().width();
+        let op = self.book.op_id();
+        self.book.ops.insert(
+            op,
+            Op::Fetch(Fetch {
+                page,
+                version: self.book.meta.version(page),
+                group: g,
+                pieces: vec![None; w],
+                asked: 0,
+                answered: 0,
+                bad: 0,
+                all: false,
+                repair,
+            }),
+        );
+        self.ask(op)?;
+        Ok(op)
+    }
+
+    /// Ask the pieces a fetch still needs from live members: up to K+1 (1 for a copy) in
+    /// flight, or every piece once a seal failed. No piece left to ask, none in flight, and
+    /// too few in: the page is lost.
+    fn ask(&mut self, op: u64) -> Result<(), StoreError> {
+        let r = self.book.codec.redundancy();
+        let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
+            return Ok(());
+        };
+        let (page, g) = (fe.page, fe.group);
+        let members = self.book.groups.members[g as usize].clone();
+        let have = fe.pieces.iter().filter(|p| p.is_some()).count();
+        let outstanding = (fe.asked & !fe.answered).count_ones() as usize;
+        let want = if fe.all {
+            usize::MAX
+        } else {
+            let spare = usize::from(r.tolerates() > 0 && r.needed() > 1);
+            (r.needed() + spare).saturating_sub(have + outstanding)
+        };
+        // Spread copies' reads over the replicas; fragments start with the data ones.
+        let start = match r {
+            Redundancy::Replicas(n) => (page % u64::from(n)) as usize,
+            _ => 0,
+        };
+        let mut asked = Vec::new();
+        for i in (0..members.len()).map(|i| (start + i) % members.len()) {
+            if asked.len() >= want {
+                break;
+            }
+            let s = members[i];
+            if fe.asked & bit(i) != 0 || !self.book.alive(s) {
+                continue;
+            }
+            asked.push(i);
+        }
+        if asked.is_empty() && outstanding == 0 {
+            return Err(StoreError::Lost {
+                servers: self.dead_list(),
+                detail: format!(
+                    "page {page}: too few of its pieces could be read back ({}, {} found bad)",
+                    r,
+                    fe.bad.count_ones()
+                ),
+            });
+        }
+        if fe.asked != 0 && !asked.is_empty() {
+            self.book.counters.failovers.fetch_add(1, Relaxed);
+        }
+        let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) else {
+            unreachable!()
+        };
+        for &i in &asked {
+            fe.asked |= bit(i);
+        }
+        for i in asked {
+            self.conns[members[i] as usize].submit(
+                Request::Read {
+                    key: PageKey(page),
+                    count: 1,
+                },
+                Kind::Read {
+                    op,
+                    piece: i as u8,
+                    key: page,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Put piece `piece` of store `op` on another server: its server refused it (`Full`) or
+    /// was buried. A page freed or written again meanwhile needs nothing.
+    fn place(
+        &mut self,
+        op: u64,
+        piece: u8,
+        unit: Vec<u8>,
+        refused: Option<usize>,
+        f: &mut dyn FnMut(Completion<'_>),
+    ) -> Result<(), StoreError> {
+        let Some(Op::Store(st)) = self.book.ops.get(&op) else {
+            return Ok(());
+        };
+        let (page, version) = (st.page, st.version);
+        let current = self.book.meta.group(page);
+        let same = current.is_some()
+            && (self.book.codec.plain() || self.book.meta.version(page) == version);
+        if !same {
+            let mut todo = std::mem::take(&mut self.todo);
+            self.book.written(op, piece as usize, f, &mut todo);
+            self.todo = todo;
+            return Ok(());
+        }
+        let g = current.expect("checked");
+        let mut members = self.book.groups.members[g as usize].to_vec();
+        let from = members[piece as usize];
+        if let Some(s) = refused {
+            self.refusals.entry(page).or_default().push(s);
+        }
+        let others: Vec<u16> = members
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(i, _)| i != piece as usize)
+            .map(|(_, s)| s)
+            .collect();
+        let others: Vec<u16> = others.into_iter().filter(|&s| s != NONE).collect();
+        let mut chosen = self.choose(page, &others)?;
+        chosen.retain(|&s| s != NONE);
+        members[piece as usize] = if chosen.len() > others.len() {
+            chosen.pop().expect("one more")
+        } else {
+            NONE
+        };
+        let ng = self.book.groups.intern(&members);
+        // The refusing or dead server holds nothing of it: no free there.
+        let unit_len = self.book.unit() as u64;
+        if from != NONE {
+            let c = &mut self.conns[from as usize];
+            c.used_bytes = c.used_bytes.saturating_sub(unit_len);
+        }
+        self.book.groups.pages[g as usize] -= 1;
+        self.book.groups.pages[ng as usize] += 1;
+        self.book.meta.set_group(page, Some(ng));
+        let to = members[piece as usize];
+        if to == NONE {
+            // Nowhere to put it: the page is stored degraded, repaired when a server returns.
+            let mut todo = std::mem::take(&mut self.todo);
+            self.book.written(op, piece as usize, f, &mut todo);
+            self.todo = todo;
+            return Ok(());
+        }
+        self.conns[to as usize].used_bytes += unit_len;
+        self.conns[to as usize].submit(
+            Request::Write {
+                key: PageKey(page),
+                count: 1,
+                data: &unit,
+            },
+            Kind::Write {
+                op,
+                piece,
+                key: page,
+            },
+        );
+        Ok(())
+    }
+
+    /// Give server `s` up. Without redundancy that is the end (the error is returned);
+    /// with it, its requests go to the others and its pages are queued for repair.
+    fn bury(&mut self, s: usize, cause: StoreError) -> Result<(), StoreError> {
+        if self.book.codec.redundancy().tolerates() == 0 {
+            return Err(cause);
+        }
+        let name = self.conns[s].name.clone();
+        self.book.dead[s] = Some(cause.to_string());
+        self.book.counters.servers_lost.fetch_add(1, Relaxed);
+        let needed = self.book.codec.redundancy().needed();
+        for (g, m) in self.book.groups.members.iter().enumerate() {
+            let alive = m.iter().filter(|&&x| self.book.alive(x)).count();
+            if self.book.groups.pages[g] > 0 && alive < needed {
+                return Err(StoreError::Lost {
+                    servers: self.dead_list(),
+                    detail: format!(
+                        "{} pages had fewer than {needed} of their pieces left (--redundancy {})",
+                        self.book.groups.pages[g],
+                        self.book.codec.redundancy()
+                    ),
+                });
+            }
+        }
+        let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
+        eprintln!(
+            "rmem: memory server {name} lost ({cause}); the program goes on (--redundancy {}), \
+             rebuilding the {queued} pages it held on the other servers",
+            self.book.codec.redundancy()
+        );
+        self.repair.started.get_or_insert_with(Instant::now);
+        for Orphan { kind, unit } in self.conns[s].take_orphans() {
+            match kind {
+                Kind::Read { op, piece, .. } => self.lost_read(op, piece),
+                Kind::Write { op, piece, .. } => self.todo.push(Todo::Place {
+                    op,
+                    piece,
+                    unit: unit.expect("a write's piece"),
+                    refused: None,
+                }),
+                Kind::Swap { wop, rop, .. } => {
+                    self.todo.push(Todo::Place {
+                        op: wop,
+                        piece: 0,
+                        unit: unit.expect("a swap's piece"),
+                        refused: None,
+                    });
+                    self.lost_read(rop, 0);
+                }
+                Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
+            }
+        }
+        self.next_revive = Instant::now() + REVIVE_EVERY;
+        Ok(())
+    }
+
+    /// Queue for repair every page whose group `hit` picks; how many. The repair clock starts.
+    fn queue_repairs(&mut self, hit: impl Fn(&Book, &[u16]) -> bool) -> usize {
+        let book = &self.book;
+        let hit: Vec<bool> = book.groups.members.iter().map(|m| hit(book, m)).collect();
+        let before = self.repair.queue.len();
+        let pages = book.meta.located().filter(|&(_, g)| hit[g as usize]);
+        self.repair.queue.extend(pages.map(|(p, _)| p));
+        let queued = self.repair.queue.len() - before;
+        if queued > 0 {
+            self.repair.started.get_or_insert_with(Instant::now);
+        }
+        queued
+    }
+
+    fn lost_read(&mut self, op: u64, piece: u8) {
+        if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) {
+            fe.answered |= bit(piece as usize);
+            self.todo.push(Todo::Ask(op));
+        }
+    }
+
+    /// Server `s`'s call returned `r`: an error buries it.
+    fn check(&mut self, s: usize, r: Result<(), StoreError>) -> Result<(), StoreError> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => self.bury(s, e),
+        }
+    }
+
+    /// Work the answers left, until none is left.
+    fn settle(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<(), StoreError> {
+        // In order: pieces refused in order are placed again in that order.
+        while !self.todo.is_empty() {
+            for t in std::mem::take(&mut self.todo) {
+                self.settle_one(t, f)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn settle_one(&mut self, t: Todo, f: &mut dyn FnMut(Completion<'_>)) -> Result<(), StoreError> {
+        {
+            match t {
+                Todo::Ask(op) => self.ask(op)?,
+                Todo::Place {
+                    op,
+                    piece,
+                    unit,
+                    refused,
+                } => self.place(op, piece, unit, refused, f)?,
+                Todo::RepairWrite {
+                    page,
+                    version,
+                    data,
+                } => {
+                    let unchanged = self.book.meta.group(page).is_some()
+                        && self.book.meta.version(page) == version
+                        && !self.book.busy.contains_key(&page);
+                    if unchanged {
+                        self.start_store(page, &data, true)?;
+                    } else {
+                        self.repair.in_flight -= 1;
+                        self.repair.queue.push_back(page);
+                    }
+                }
+                Todo::Repaired => {
+                    self.repair.in_flight -= 1;
+                    self.repair.pages += 1;
+                    self.book.counters.pages_repaired.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Start repairs up to the window; say when the last is done.
+    fn repair_step(&mut self) -> Result<(), StoreError> {
+        if self.repair.started.is_none() {
+            return Ok(());
+        }
+        let mut later = std::mem::take(&mut self.repair.waiting);
+        while self.repair.in_flight < REPAIR_WINDOW {
+            let Some(page) = self.repair.queue.pop_front() else {
+                break;
+            };
+            let Some(g) = self.book.meta.group(page) else {
+                continue;
+            };
+            let m = &self.book.groups.members[g as usize];
+            if m.iter().all(|&s| self.book.alive(s)) {
+                continue;
+            }
+            // No live server outside the group: it stays degraded until one comes back.
+            let spare = (0..self.conns.len() as u16)
+                .any(|s| self.book.alive(s) && !m.contains(&s) && !self.conns[s as usize].full);
+            if !spare {
+                self.repair.degraded += 1;
+                continue;
+            }
+            if self.book.busy.contains_key(&page) {
+                later.push(page);
+                continue;
+            }
+            self.repair.in_flight += 1;
+            self.start_fetch(page, true)?;
+        }
+        self.repair.queue.extend(later.drain(..));
+        self.repair.waiting = later;
+        if self.repair.queue.is_empty() && self.repair.in_flight == 0 {
+            let t = self.repair.started.take().expect("checked");
+            let secs = t.elapsed().as_secs_f64();
+            self.book
+                .counters
+                .repair_us
+                .fetch_add((secs * 1e6) as u64, Relaxed);
+            let short = if self.repair.degraded > 0 {
+                format!(
+                    "; {} pages keep fewer pieces than --redundancy {} until a server returns",
+                    self.repair.degraded,
+                    self.book.codec.redundancy()
+                )
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "rmem: repair done: {} pages rebuilt in {secs:.2} s{short}",
+                self.repair.pages
+            );
+            self.repair.pages = 0;
+            self.repair.degraded = 0;
+        }
+        Ok(())
+    }
+
+    /// Try buried servers again now and then: one that answers takes new pages (a fresh
+    /// session: whatever it kept of the old one is not trusted).
+    fn revive(&mut self, now: Instant) {
+        if now < self.next_revive || self.book.dead.iter().all(Option::is_none) {
+            return;
+        }
+        self.next_revive = now + REVIVE_EVERY;
+        let mut timing = self.timing;
+        timing.connect = REVIVE_TIMEOUT;
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_none() {
+                continue;
+            }
+            let Ok(session) = SessionId::random() else {
+                return;
+            };
+            let name = self.conns[s].name.clone();
+            if let Ok(c) = Conn::connect(&name, &self.token, self.book.unit(), session, timing) {
+                let mut c = c;
+                c.set_timing(self.timing);
+                eprintln!("rmem: memory server {name} is back; it takes new pages");
+                self.conns[s] = c;
+                self.book.dead[s] = None;
+                self.queue_repairs(|b, m| m.iter().any(|&x| !b.alive(x)));
+            }
+        }
+    }
+
+    fn each_live(
+        &mut self,
+        mut call: impl FnMut(&mut Conn) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_some() {
+                continue;
+            }
+            let r = call(&mut self.conns[s]);
+            self.check(s, r)?;
+        }
+        Ok(())
+    }
+
+    /// Which pages a buried server's loss left to repair, and whether one is running (for
+    /// tests and messages).
+    pub fn repairing(&self) -> usize {
+        self.repair.queue.len() + self.repair.in_flight
+    }
+}
+
+impl PageStore for RemoteStore {
+    fn capacity_bytes(&self) -> u64 {
+        let r = self.book.codec.redundancy();
+        // What the servers said (saturating: a lying one may say u64::MAX).
+        let raw = self
+            .conns
+            .iter()
+            .fold(0u64, |sum, c| sum.saturating_add(c.capacity_bytes));
+        let per_page = (r.width() * self.book.unit()) as u128;
+        (raw as u128 * self.book.codec.page_size() as u128 / per_page) as u64
+    }
+
+    fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
+        let op = self.start_fetch(page.0, false)?;
+        self.book.busy.insert(page.0, op);
+        self.flush()
+    }
+
+    fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
+        debug_assert_eq!(data.len(), self.book.codec.page_size());
+        let op = self.start_store(page.0, data, false)?;
+        self.book.busy.insert(page.0, op);
+        Ok(())
+    }
+
+    fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
+        let one = self.book.codec.plain();
+        let (Some(pg), true) = (self.book.meta.group(page.0), one) else {
+            self.store(victim, data)?;
+            return self.fetch(page);
+        };
+        let (vg, _) = self.target(victim.0)?;
+        if vg != pg {
+            // Two servers: the write goes as a write, not in the fetch's frame.
+            let wop = self.book.op_id();
+            self.send_pieces(wop, victim.0, vg, 1, data);
+            self.book.ops.insert(
+                wop,
+                Op::Store(Store {
+                    page: victim.0,
+                    version: 0,
+                    waiting: 1,
+                    repair: false,
+                }),
+            );
+            self.book.busy.insert(victim.0, wop);
+            return self.fetch(page);
+        }
+        let (wop, rop) = (self.book.op_id(), self.book.op_id());
+        self.book.ops.insert(
+            wop,
+            Op::Store(Store {
+                page: victim.0,
+                version: 0,
+                waiting: 1,
+                repair: false,
+            }),
+        );
+        self.book.ops.insert(
+            rop,
+            Op::Fetch(Fetch {
+                page: page.0,
+                version: 0,
+                group: pg,
+                pieces: vec![None],
+                asked: 1,
+                answered: 0,
+                bad: 0,
+                all: false,
+                repair: false,
+            }),
+        );
+        self.book.busy.insert(victim.0, wop);
+        self.book.busy.insert(page.0, rop);
+        let s = self.book.groups.members[pg as usize][0] as usize;
+        let req = Request::Swap {
+            write_key: PageKey(victim.0),
+            read_key: PageKey(page.0),
+            data,
+        };
+        self.conns[s].submit(
+            req,
+            Kind::Swap {
+                wop,
+                wkey: victim.0,
+                rop,
+                rkey: page.0,
+            },
+        );
+        self.flush()
+    }
+
+    fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {
+        let old = self.book.meta.group(page.0);
+        self.relocate(page.0, old, None);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StoreError> {
+        let now = Instant::now();
+        self.each_live(|c| c.flush(now))
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let now = Instant::now();
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_some() || self.conns[s].pending.is_empty() {
+                continue;
+            }
+            let (book, todo, refusals) = (&mut self.book, &mut self.todo, &mut self.refusals);
+            let r = self.conns[s].poll(
+                &mut |a| {
+                    if let (Answer::Written { op, .. }, false) = (&a, refusals.is_empty()) {
+                        if let Some(Op::Store(st)) = book.ops.get(op) {
+                            refusals.remove(&st.page);
+                        }
+                    }
+                    book.answer(s, a, f, todo)
+                },
+                now,
+            );
+            match r {
+                Ok(k) => n += k,
+                Err(e) => self.bury(s, e)?,
+            }
+        }
+        if !self.todo.is_empty() || self.repair.started.is_some() {
+            self.settle(f)?;
+            self.repair_step()?;
+            self.settle(f)?;
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn wait_fds(&self, out: &mut Vec<libc::pollfd>) {
+        for (s, c) in self.conns.iter().enumerate() {
+            if self.book.dead[s].is_none() {
+                out.extend(c.pollfd());
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
+        self.each_live(|c| c.tick(now))?;
+        self.revive(now);
+        if !self.todo.is_empty() || self.repair.started.is_some() {
+            self.settle(&mut |_| {})?;
+            self.repair_step()?;
+            self.settle(&mut |_| {})?;
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn heartbeat(&self) -> Option<Duration> {
+        let h = (0..self.conns.len())
+            .filter(|&s| self.book.dead[s].is_none())
+            .map(|s| self.conns[s].heartbeat())
+            .min();
+        // A repair or a buried server wants ticks too.
+        match (
+            self.repair.started,
+            self.book.dead.iter().any(Option::is_some),
+        ) {
+            (None, false) => h,
+            _ => Some(h.unwrap_or(REVIVE_EVERY).min(Duration::from_millis(10))),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.conns.iter().map(|c| c.pending.len()).sum()
+    }
+
+    fn describe(&self) -> String {
+        self.conns
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn counters(&self) -> Option<Arc<StoreCounters>> {
+        Some(self.book.counters.clone())
+    }
+
+    /// A new session on every live server, a snapshot of this one after the requests queued
+    /// there so far (a server applies a connection's requests in order), sent now: the fork
+    /// goes on meanwhile, and the child's attach waits for it. The pager has no page of the
+    /// child's in flight that the snapshot would need: a write-back still unanswered is
+    /// written again by the child from its own copy of the staging slot.
+    fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
+        let session = SessionId::random().map_err(|e| StoreError::Io {
+            server: "(none)".into(),
+            source: e,
+        })?;
+        let now = Instant::now();
+        self.each_live(|c| {
+            // The frees first: the snapshot need not keep those pages.
+            c.flush(now)?;
+            c.submit(Request::Snapshot { session }, Kind::Snapshot);
+            c.flush(now)
+        })?;
+        Ok(Snapshot(session.0))
+    }
+
+    fn forked(&mut self, snapshot: Snapshot) -> Box<dyn PageStore> {
+        let session = SessionId(snapshot.0);
+        let counters = Arc::new(StoreCounters {
+            layout: self.book.counters.layout.clone(),
+            ..StoreCounters::default()
+        });
+        let mut child = RemoteStore {
+            conns: self.conns.iter().map(|c| c.forked(session)).collect(),
+            book: Book {
+                codec: self.book.codec.clone(),
+                // What the parent's pages are on and at: the child's copy, taken over.
+                meta: std::mem::take(&mut self.book.meta),
+                groups: std::mem::take(&mut self.book.groups),
+                ops: HashMap::new(),
+                next_op: 0,
+                busy: HashMap::new(),
+                dead: self.book.dead.clone(),
+                page_buf: vec![0; self.book.codec.page_size()],
+                counters,
+            },
+            placement: self.placement,
+            token: self.token.clone(),
+            timing: self.timing,
+            session,
+            units: Vec::new(),
+            todo: Vec::new(),
+            refusals: HashMap::new(),
+            repair: Repair::default(),
+            next_revive: Instant::now(),
+        };
+        // A page whose group lost a server is as degraded in the snapshot as here: the child
+        // rebuilds its own copy (the parent's repairs reach only the parent's session).
+        child.queue_repairs(|b, m| m.iter().any(|&x| !b.alive(x)));
+        Box::new(child)
+    }
+
+    fn end_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StoreError> {
+        let session = SessionId(snapshot.0);
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_none() {
+                self.conns[s].submit(Request::EndSnapshot { session }, Kind::EndSnapshot);
+            }
+        }
+        self.flush()
+    }
+}
+
+impl Drop for RemoteStore {
+    /// A clean exit ends the sessions, so servers free the pages now.
+    fn drop(&mut self) {
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_none() {
+                self.conns[s].end_session();
+            }
+        }
+    }
+}

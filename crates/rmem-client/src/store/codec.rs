@@ -1,0 +1,404 @@
+//! How a page becomes what the servers store, and back: the redundancy scheme (one copy, N
+//! replicas, or K data and M parity fragments), and the seal that lets the client check what
+//! comes back (AES-256-GCM with a key made here and never sent, or a checksum where pages are
+//! not encrypted).
+//!
+//! A page written back gets a version, one more than its last. The seal covers the page's
+//! index and that version (the AEAD nonce is both, so no nonce repeats under a key), so a
+//! server that returns another page, an older copy of this one, or altered bytes fails the
+//! check. The sealed page is what is replicated, or split into fragments: a fragment is
+//! checked by the page it decodes to.
+
+use reed_solomon_erasure::galois_8::ReedSolomon;
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
+use std::fmt;
+
+/// How many servers hold each page, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redundancy {
+    /// One copy on one server: losing it loses the program.
+    None,
+    /// The same sealed page on N servers.
+    Replicas(u8),
+    /// The sealed page in K data fragments and M parity fragments on K+M servers; any K
+    /// rebuild it.
+    Ec { k: u8, m: u8 },
+}
+
+/// Most servers one page may be spread over (replicas or K+M).
+pub const WIDTH_MAX: usize = 32;
+
+impl Redundancy {
+    /// `none`, `replicas:N` or `ec:K+M`.
+    pub fn parse(s: &str) -> Result<Redundancy, String> {
+        let bad = |why: &str| format!("{s:?}: {why} (none, replicas:N or ec:K+M)");
+        if s == "none" {
+            return Ok(Redundancy::None);
+        }
+        let num = |t: &str| t.trim().parse::<u8>().map_err(|_| bad("not a number"));
+        let r = if let Some(n) = s.strip_prefix("replicas:") {
+            Redundancy::Replicas(num(n)?)
+        } else if let Some(km) = s.strip_prefix("ec:") {
+            let (k, m) = km.split_once('+').ok_or_else(|| bad("ec needs K+M"))?;
+            Redundancy::Ec {
+                k: num(k)?,
+                m: num(m)?,
+            }
+        } else {
+            return Err(bad("unknown scheme"));
+        };
+        match r {
+            Redundancy::Replicas(n) if n < 1 => Err(bad("at least one replica")),
+            Redundancy::Ec { k, m } if k < 1 || m < 1 => Err(bad("K and M are at least 1")),
+            _ if r.width() > WIDTH_MAX => Err(bad(&format!("at most {WIDTH_MAX} servers a page"))),
+            _ => Ok(r),
+        }
+    }
+
+    /// Servers that hold a piece of each page.
+    pub fn width(self) -> usize {
+        match self {
+            Redundancy::None => 1,
+            Redundancy::Replicas(n) => n as usize,
+            Redundancy::Ec { k, m } => k as usize + m as usize,
+        }
+    }
+
+    /// Pieces needed to read a page back.
+    pub fn needed(self) -> usize {
+        match self {
+            Redundancy::None | Redundancy::Replicas(_) => 1,
+            Redundancy::Ec { k, .. } => k as usize,
+        }
+    }
+
+    /// Servers a page survives losing.
+    pub fn tolerates(self) -> usize {
+        self.width() - self.needed()
+    }
+}
+
+impl fmt::Display for Redundancy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Redundancy::None => write!(f, "none"),
+            Redundancy::Replicas(n) => write!(f, "replicas:{n}"),
+            Redundancy::Ec { k, m } => write!(f, "ec:{k}+{m}"),
+        }
+    }
+}
+
+/// Bytes a seal adds to a page.
+pub const SEAL_LEN: usize = 16;
+
+enum Seal {
+    /// Nothing: the page goes as it is (one copy, not encrypted).
+    Plain,
+    /// An xxh3-128 of the page seeded with its index and version: catches a server's wrong,
+    /// stale or damaged page, not a forger.
+    Checksum,
+    /// AES-256-GCM, key made here: the server sees ciphertext and cannot forge.
+    Aead(Box<LessSafeKey>),
+}
+
+/// The seal did not match: the piece is not this page at this version.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Unsealed;
+
+/// A page's way to and from the servers.
+pub struct Codec {
+    redundancy: Redundancy,
+    page_size: usize,
+    seal: Seal,
+    rs: Option<ReedSolomon>,
+    /// Bytes each server stores per page.
+    unit_len: usize,
+}
+
+impl Codec {
+    /// `encrypt` makes a fresh key from the kernel's random source; pages are sealed whenever
+    /// they are encrypted or kept on more than one server.
+    pub fn new(page_size: usize, redundancy: Redundancy, encrypt: bool) -> std::io::Result<Codec> {
+        let seal = if encrypt {
+            let mut key = [0u8; 32];
+            getrandom::getrandom(&mut key).map_err(std::io::Error::from)?;
+            let key = UnboundKey::new(&AES_256_GCM, &key).expect("a 32-byte key");
+            Seal::Aead(Box::new(LessSafeKey::new(key)))
+        } else if redundancy == Redundancy::None {
+            Seal::Plain
+        } else {
+            Seal::Checksum
+        };
+        let sealed = page_size
+            + if matches!(seal, Seal::Plain) {
+                0
+            } else {
+                SEAL_LEN
+            };
+        let (unit_len, rs) = match redundancy {
+            Redundancy::Ec { k, m } => {
+                let per = sealed.div_ceil(k as usize);
+                let unit = per.next_multiple_of(rmem_proto::UNIT_ALIGN as usize);
+                let rs = ReedSolomon::new(k as usize, m as usize).expect("checked K and M");
+                (unit.max(rmem_proto::UNIT_LEN_MIN as usize), Some(rs))
+            }
+            _ => (sealed, None),
+        };
+        Ok(Codec {
+            redundancy,
+            page_size,
+            seal,
+            rs,
+            unit_len,
+        })
+    }
+
+    pub fn redundancy(&self) -> Redundancy {
+        self.redundancy
+    }
+
+    /// Bytes each server stores per page (what the client names in `Hello`).
+    pub fn unit_len(&self) -> usize {
+        self.unit_len
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages go as they are: no seal, one piece (the fast path).
+    pub fn plain(&self) -> bool {
+        matches!(self.seal, Seal::Plain)
+    }
+
+    pub fn encrypted(&self) -> bool {
+        matches!(self.seal, Seal::Aead(_))
+    }
+
+    fn nonce(page: u64, version: u32) -> [u8; 12] {
+        let mut n = [0u8; 12];
+        n[..8].copy_from_slice(&page.to_le_bytes());
+        n[8..].copy_from_slice(&version.to_le_bytes());
+        n
+    }
+
+    fn checksum(page: u64, version: u32, data: &[u8]) -> [u8; SEAL_LEN] {
+        let seed = page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(version);
+        xxhash_rust::xxh3::xxh3_128_with_seed(data, seed).to_le_bytes()
+    }
+
+    /// The pieces of `page` at `version`: `width` units of `unit_len` bytes, one after the
+    /// other, into `out` (replaced).
+    pub fn encode(&self, page: u64, version: u32, data: &[u8], out: &mut Vec<u8>) {
+        assert_eq!(data.len(), self.page_size);
+        let w = self.redundancy.width();
+        out.clear();
+        match self.redundancy {
+            Redundancy::Ec { .. } => out.resize(w * self.unit_len, 0),
+            _ => out.resize(self.unit_len, 0),
+        }
+        out[..data.len()].copy_from_slice(data);
+        let ps = self.page_size;
+        match &self.seal {
+            Seal::Plain => {}
+            Seal::Checksum => {
+                out[ps..ps + SEAL_LEN].copy_from_slice(&Self::checksum(page, version, data))
+            }
+            Seal::Aead(key) => {
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, version));
+                let tag = key
+                    .seal_in_place_separate_tag(nonce, Aad::from(&[]), &mut out[..ps])
+                    .expect("a page is far below AES-GCM's limit");
+                out[ps..ps + SEAL_LEN].copy_from_slice(tag.as_ref());
+            }
+        }
+        match self.redundancy {
+            Redundancy::Ec { .. } => {
+                let rs = self.rs.as_ref().expect("ec has a coder");
+                let mut shards: Vec<&mut [u8]> = out.chunks_mut(self.unit_len).collect();
+                rs.encode(&mut shards).expect("equal shards");
+            }
+            Redundancy::Replicas(n) => {
+                let unit = self.unit_len;
+                for _ in 1..n {
+                    out.extend_from_within(..unit);
+                }
+            }
+            Redundancy::None => {}
+        }
+    }
+
+    /// The page at `version` from its pieces (`pieces[i]`: piece i, `unit_len` bytes, or
+    /// `None`; at least [`Redundancy::needed`] of them), into `out` (`page_size` bytes).
+    /// `Err` when the seal does not match.
+    pub fn decode(
+        &self,
+        page: u64,
+        version: u32,
+        pieces: &mut [Option<Vec<u8>>],
+        out: &mut [u8],
+    ) -> Result<(), Unsealed> {
+        assert_eq!(out.len(), self.page_size);
+        let ps = self.page_size;
+        let mut sealed;
+        let whole: &mut [u8] = match self.redundancy {
+            Redundancy::Ec { k, .. } => {
+                let k = k as usize;
+                if pieces[..k].iter().any(Option::is_none) {
+                    let rs = self.rs.as_ref().expect("ec has a coder");
+                    rs.reconstruct_data(pieces).map_err(|_| Unsealed)?;
+                }
+                sealed = Vec::with_capacity(k * self.unit_len);
+                for p in &pieces[..k] {
+                    sealed.extend_from_slice(p.as_deref().expect("reconstructed"));
+                }
+                &mut sealed
+            }
+            _ => pieces
+                .iter_mut()
+                .find_map(Option::as_deref_mut)
+                .ok_or(Unsealed)?,
+        };
+        self.open(page, version, whole)?;
+        out.copy_from_slice(&whole[..ps]);
+        Ok(())
+    }
+
+    /// Check (and decrypt, in place) one sealed page.
+    pub fn open(&self, page: u64, version: u32, sealed: &mut [u8]) -> Result<(), Unsealed> {
+        let ps = self.page_size;
+        match &self.seal {
+            Seal::Plain => Ok(()),
+            Seal::Checksum => {
+                let sum = Self::checksum(page, version, &sealed[..ps]);
+                if sum[..] == sealed[ps..ps + SEAL_LEN] {
+                    Ok(())
+                } else {
+                    Err(Unsealed)
+                }
+            }
+            Seal::Aead(key) => {
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, version));
+                let tag: [u8; SEAL_LEN] = sealed[ps..ps + SEAL_LEN].try_into().expect("16");
+                key.open_in_place_separate_tag(
+                    nonce,
+                    Aad::from(&[]),
+                    Tag::from(tag),
+                    &mut sealed[..ps],
+                    0..,
+                )
+                .map(|_| ())
+                .map_err(|_| Unsealed)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(seed: u8) -> Vec<u8> {
+        (0..4096)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    fn pieces(c: &Codec, units: &[u8]) -> Vec<Option<Vec<u8>>> {
+        units
+            .chunks(c.unit_len())
+            .map(|u| Some(u.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_and_names_every_scheme() {
+        for s in ["none", "replicas:2", "ec:4+1", "ec:8+2"] {
+            assert_eq!(Redundancy::parse(s).unwrap().to_string(), s);
+        }
+        for s in [
+            "",
+            "replicas:0",
+            "ec:4",
+            "ec:0+1",
+            "ec:4+0",
+            "raid5",
+            "ec:30+3",
+        ] {
+            assert!(Redundancy::parse(s).is_err(), "{s}");
+        }
+        assert_eq!(Redundancy::parse("ec:4+2").unwrap().tolerates(), 2);
+    }
+
+    #[test]
+    fn every_scheme_reads_back_what_it_wrote_from_any_enough_pieces() {
+        for r in ["none", "replicas:3", "ec:4+1", "ec:4+2", "ec:8+2"] {
+            for encrypt in [false, true] {
+                let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+                let data = page(7);
+                let mut units = Vec::new();
+                c.encode(9, 3, &data, &mut units);
+                let w = c.redundancy().width();
+                assert_eq!(units.len(), w * c.unit_len());
+                if encrypt {
+                    assert_ne!(&units[..4096], &data[..], "{r}: ciphertext");
+                }
+                let lose = c.redundancy().tolerates();
+                for first in 0..w {
+                    let mut p = pieces(&c, &units);
+                    for i in 0..lose {
+                        p[(first + i) % w] = None;
+                    }
+                    let mut out = vec![0u8; 4096];
+                    c.decode(9, 3, &mut p, &mut out).unwrap();
+                    assert_eq!(
+                        out, data,
+                        "{r} encrypt={encrypt} without {lose} from {first}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn another_page_an_old_version_or_a_changed_byte_fails_the_seal() {
+        for (r, encrypt) in [
+            ("replicas:2", false),
+            ("replicas:2", true),
+            ("ec:4+1", true),
+            ("none", true),
+        ] {
+            let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+            let mut units = Vec::new();
+            c.encode(9, 3, &page(1), &mut units);
+            let mut out = vec![0u8; 4096];
+            assert_eq!(
+                c.decode(10, 3, &mut pieces(&c, &units), &mut out),
+                Err(Unsealed),
+                "{r}"
+            );
+            assert_eq!(
+                c.decode(9, 2, &mut pieces(&c, &units), &mut out),
+                Err(Unsealed),
+                "{r}"
+            );
+            let mut bad = units.clone();
+            bad[100] ^= 1;
+            assert_eq!(
+                c.decode(9, 3, &mut pieces(&c, &bad), &mut out),
+                Err(Unsealed),
+                "{r}"
+            );
+        }
+    }
+
+    #[test]
+    fn overhead_is_the_scheme_and_a_seal() {
+        let ec = Codec::new(4096, Redundancy::parse("ec:4+1").unwrap(), true).unwrap();
+        assert_eq!(ec.unit_len(), 1032); // (4096 + 16) / 4, to 8 bytes
+        assert!(rmem_proto::unit_len_ok(ec.unit_len() as u32));
+        let plain = Codec::new(65536, Redundancy::None, false).unwrap();
+        assert!(plain.plain());
+        assert_eq!(plain.unit_len(), 65536);
+    }
+}

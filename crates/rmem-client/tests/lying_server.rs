@@ -1,0 +1,205 @@
+//! A server that returns altered, stale and swapped pages (a proxy in front of a real server
+//! that rewrites its answers): with redundancy every lie is caught by the page's seal, the
+//! page is served from the other pieces, and the lies are counted. Real servers, in-process;
+//! every wait is bounded.
+
+use rmem_client::config::Placement;
+use rmem_client::store::cluster::Layout;
+use rmem_client::store::codec::Redundancy;
+use rmem_client::store::remote::{RemoteStore, Timing};
+use rmem_client::store::{Completion, PageStore};
+use rmem_client::PageIndex;
+use rmem_proto::{parse_header, Op, Response, HEADER_LEN};
+use rmem_server::{Server, ServerConfig};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PS: usize = 4096;
+const TOKEN: &[u8] = b"lying-server-token";
+
+fn server() -> String {
+    let s = Server::bind(ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        capacity_bytes: 64 << 20,
+        token: TOKEN.to_vec(),
+        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
+        lease: rmem_server::LEASE_DEFAULT,
+        verbose: false,
+    })
+    .unwrap();
+    let addr = s.local_addr().to_string();
+    s.spawn();
+    addr
+}
+
+/// A proxy to `real` that lies in every read answer it passes: in turn it flips a byte, sends
+/// the first copy it ever saw of that key (stale), or another key's data under this key
+/// (swapped). Returns its address and the count of lies told.
+fn liar(real: String) -> (String, Arc<AtomicU64>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let lies = Arc::new(AtomicU64::new(0));
+    let told = lies.clone();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let Ok(mut client) = client else { return };
+            let mut up = TcpStream::connect(&real).unwrap();
+            let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Both);
+            });
+            let told = told.clone();
+            std::thread::spawn(move || {
+                let mut first: HashMap<u64, Vec<u8>> = HashMap::new();
+                let mut last: Option<(u64, Vec<u8>)> = None;
+                let mut n = 0u64;
+                let mut hdr = [0u8; HEADER_LEN];
+                let mut body = Vec::new();
+                let mut out = Vec::new();
+                loop {
+                    if up.read_exact(&mut hdr).is_err() {
+                        break;
+                    }
+                    let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
+                    body.resize(h.len as usize, 0);
+                    if up.read_exact(&mut body).is_err() {
+                        break;
+                    }
+                    out.clear();
+                    match (h.op, Response::decode(h.op, &body)) {
+                        (Op::ReadOk, Ok(Response::ReadOk { key, count, data })) => {
+                            let mut lie = data.to_vec();
+                            let orig = first.entry(key.0).or_insert_with(|| data.to_vec());
+                            n += 1;
+                            match n % 3 {
+                                1 if *orig != data => lie.clone_from(orig),
+                                2 => match &last {
+                                    Some((k, d)) if *k != key.0 && d.len() == lie.len() => {
+                                        lie.clone_from(d)
+                                    }
+                                    _ => lie[7] ^= 0x40,
+                                },
+                                _ => lie[7] ^= 0x40,
+                            }
+                            last = Some((key.0, data.to_vec()));
+                            told.fetch_add(1, Relaxed);
+                            Response::ReadOk {
+                                key,
+                                count,
+                                data: &lie,
+                            }
+                            .encode(h.tag, &mut out);
+                        }
+                        _ => {
+                            out.extend_from_slice(&hdr);
+                            out.extend_from_slice(&body);
+                        }
+                    }
+                    if client.write_all(&out).is_err() {
+                        break;
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (addr, lies)
+}
+
+fn page(n: u64, round: u64) -> Vec<u8> {
+    (0..PS)
+        .map(|i| (n as usize * 7 + i / 8 + round as usize * 13) as u8)
+        .collect()
+}
+
+/// Write `pages` pages, read them back, write them again, read again: every read correct.
+fn check(redundancy: &str, encrypt: bool) {
+    let (lying, lies) = liar(server());
+    let servers = [lying, server(), server()];
+    let t = Duration::from_secs(5);
+    let timing = Timing {
+        connect: t,
+        request: t,
+        heartbeat: t,
+        reconnect: t,
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse(redundancy).unwrap(),
+        encrypt,
+    };
+    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let counters = s.counters().unwrap();
+    let pages = 60u64;
+    for round in 0..2 {
+        for p in 0..pages {
+            s.store(PageIndex(p), &page(p, round)).unwrap();
+        }
+        s.flush().unwrap();
+        let mut stored = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stored < pages {
+            assert!(Instant::now() < deadline, "{stored} of {pages} stored");
+            s.poll(&mut |c| {
+                if let Completion::Stored { .. } = c {
+                    stored += 1
+                }
+            })
+            .unwrap();
+        }
+        for p in 0..pages {
+            s.fetch(PageIndex(p)).unwrap();
+            let mut got = None;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while got.is_none() {
+                assert!(Instant::now() < deadline, "page {p} never came");
+                s.poll(&mut |c| {
+                    if let Completion::Fetched { page, data } = c {
+                        got = Some((page.0, data.to_vec()));
+                    }
+                })
+                .unwrap();
+                s.tick(Instant::now()).unwrap();
+            }
+            let (gp, data) = got.unwrap();
+            assert_eq!(gp, p);
+            assert!(
+                data == page(p, round),
+                "{redundancy}: page {p} round {round} wrong"
+            );
+        }
+    }
+    let told = lies.load(Relaxed);
+    let caught = counters.pieces_bad.load(Relaxed);
+    assert!(told > 10, "{redundancy}: only {told} lies told");
+    assert!(
+        caught > 0 && caught <= told,
+        "{redundancy} encrypt={encrypt}: {told} lies told, {caught} caught"
+    );
+    eprintln!("{redundancy} encrypt={encrypt}: {told} lies told, {caught} caught (the rest were answers not waited for)");
+}
+
+#[test]
+fn replicas_catch_every_lie_with_a_checksum() {
+    check("replicas:3", false);
+}
+
+#[test]
+fn replicas_catch_every_lie_encrypted() {
+    check("replicas:3", true);
+}
+
+#[test]
+fn fragments_catch_every_lie_encrypted() {
+    check("ec:2+1", true);
+}
+
+#[test]
+fn fragments_catch_every_lie_with_a_checksum() {
+    check("ec:2+1", false);
+}

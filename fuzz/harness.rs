@@ -1,0 +1,516 @@
+//! What each fuzz target does with one input: the same functions run under libFuzzer
+//! (`cargo fuzz run TARGET`, fuzz_targets/) and in the test suite, which replays the committed
+//! corpus and mutates it for a bounded time on the stable toolchain
+//! (crates/rmem-cli/tests/fuzz.rs). See docs/fuzzing.md.
+//!
+//! Every decoder of bytes from the network is covered: frames as a server reads them
+//! ([`proto_request`]) and as a client reads them ([`proto_response`], status included), the
+//! server's handshake, attach and request loop against a lying client ([`server_session`]),
+//! the client's handshake, attach and answer matching against a lying server
+//! ([`client_session`]), and the metrics endpoint's HTTP request heads ([`metrics_http`]).
+#![allow(dead_code)]
+
+use rmem_client::config::Placement;
+use rmem_client::store::remote::{RemoteStore, Timing};
+use rmem_client::store::{Completion, PageStore};
+use rmem_client::PageIndex;
+use rmem_proto::auth::{Role, Transcript, NONCE_LEN};
+use rmem_proto::{
+    parse_header, Header, Op, Request, Response, SessionId, FRAME_LEN_MAX_DEFAULT, HEADER_LEN,
+    VERSION,
+};
+use rmem_server::{Server, ServerConfig};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// A target: the name of its corpus folder and of its file in fuzz_targets/, and its function.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// The targets.
+pub const TARGETS: [Target; 5] = [
+    ("proto_request", proto_request),
+    ("proto_response", proto_response),
+    ("server_session", server_session),
+    ("client_session", client_session),
+    ("metrics_http", metrics_http),
+];
+
+pub const TOKEN: &[u8] = b"fuzz-token";
+pub const PAGE: usize = 4096;
+/// Longest any read of an answer may wait (an input never makes a peer silent: each side
+/// closes its writing half once it has sent the input).
+const WAIT: Duration = Duration::from_secs(2);
+
+/// Every whole frame at the front of `data`, in order.
+fn frames(mut data: &[u8], mut f: impl FnMut(Header, &[u8])) {
+    while let Ok(Some(h)) = parse_header(data, FRAME_LEN_MAX_DEFAULT) {
+        let end = HEADER_LEN + h.len as usize;
+        if data.len() < end {
+            return;
+        }
+        f(h, &data[HEADER_LEN..end]);
+        data = &data[end..];
+    }
+}
+
+/// Frames as a server decodes them; whatever decodes must encode back to itself.
+pub fn proto_request(data: &[u8]) {
+    frames(data, |h, body| {
+        if let Ok(req) = Request::decode(h.op, body) {
+            let mut again = Vec::new();
+            req.encode(h.tag, &mut again);
+            let h2 = parse_header(&again, u32::MAX).unwrap().unwrap();
+            assert_eq!((h2.op, h2.tag), (h.op, h.tag));
+            assert_eq!(Request::decode(h2.op, &again[HEADER_LEN..]), Ok(req));
+        }
+    });
+}
+
+/// Frames as a client decodes them (`StatusOk` is `rmem status`'s); the same round trip.
+pub fn proto_response(data: &[u8]) {
+    frames(data, |h, body| {
+        if let Ok(resp) = Response::decode(h.op, body) {
+            let mut again = Vec::new();
+            resp.encode(h.tag, &mut again);
+            let h2 = parse_header(&again, u32::MAX).unwrap().unwrap();
+            assert_eq!((h2.op, h2.tag), (h.op, h.tag));
+            assert_eq!(Response::decode(h2.op, &again[HEADER_LEN..]), Ok(resp));
+        }
+    });
+}
+
+/// One in-process server (64 pages) with its metrics endpoint, for every input.
+fn server() -> (SocketAddr, SocketAddr) {
+    static ADDRS: OnceLock<(SocketAddr, SocketAddr)> = OnceLock::new();
+    *ADDRS.get_or_init(|| {
+        let server = Server::bind(ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            capacity_bytes: 64 * PAGE as u64,
+            token: TOKEN.to_vec(),
+            frame_len_max: FRAME_LEN_MAX_DEFAULT,
+            lease: Duration::from_secs(30),
+            verbose: false,
+        })
+        .expect("bind the fuzzed server");
+        let addr = server.local_addr();
+        let metrics = server
+            .serve_metrics("127.0.0.1:0".parse().unwrap())
+            .expect("bind the metrics");
+        server.spawn();
+        (addr, metrics)
+    })
+}
+
+fn send(sock: &mut TcpStream, frame: impl FnOnce(&mut Vec<u8>)) {
+    let mut out = Vec::new();
+    frame(&mut out);
+    sock.write_all(&out).expect("send an honest frame");
+}
+
+/// One frame, blocking (the socket's read timeout bounds each read).
+fn receive(sock: &mut TcpStream, body: &mut Vec<u8>) -> Option<Header> {
+    let mut hdr = [0u8; HEADER_LEN];
+    sock.read_exact(&mut hdr).ok()?;
+    let h = parse_header(&hdr, FRAME_LEN_MAX_DEFAULT).ok()??;
+    body.resize(h.len as usize, 0);
+    sock.read_exact(body).ok()?;
+    Some(h)
+}
+
+/// Send what is left of the input, close the writing half, read until the peer closes.
+fn finish(mut sock: TcpStream, rest: &[u8]) {
+    let _ = sock.write_all(rest);
+    let _ = sock.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 16 * 1024];
+    while matches!(sock.read(&mut sink), Ok(n) if n > 0) {}
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let sock = TcpStream::connect(addr).expect("connect to the fuzzed server");
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    sock.set_write_timeout(Some(WAIT)).unwrap();
+    sock
+}
+
+/// The server against a client that is honest up to a point and then sends the input:
+/// `data[0] % 4` is how far (0: not at all, 1: hello, 2: hello and auth, 3: and an attach).
+pub fn server_session(data: &[u8]) {
+    let Some((&stage, rest)) = data.split_first() else {
+        return;
+    };
+    let mut sock = connect(server().0);
+    let mut body = Vec::new();
+    if stage % 4 >= 1 {
+        let mut t = Transcript {
+            client_nonce: [stage; NONCE_LEN],
+            server_nonce: [0; NONCE_LEN],
+            version: VERSION,
+            page_size: PAGE as u32,
+        };
+        send(&mut sock, |o| {
+            Request::Hello {
+                version: VERSION,
+                page_size: PAGE as u32,
+                nonce: t.client_nonce,
+            }
+            .encode(1, o)
+        });
+        let h = receive(&mut sock, &mut body).expect("a challenge");
+        match Response::decode(h.op, &body) {
+            Ok(Response::Challenge { nonce }) => t.server_nonce = nonce,
+            other => panic!("a hello was answered {other:?}"),
+        }
+        if stage % 4 >= 2 {
+            let proof = t.proof(TOKEN, Role::Client);
+            send(&mut sock, |o| Request::Auth { proof }.encode(2, o));
+            let h = receive(&mut sock, &mut body).expect("a welcome");
+            match Response::decode(h.op, &body) {
+                Ok(Response::Welcome { proof, .. }) => {
+                    assert!(t.verify(TOKEN, Role::Server, &proof), "the server's proof")
+                }
+                other => panic!("an auth was answered {other:?}"),
+            }
+        }
+        if stage % 4 >= 3 {
+            send(&mut sock, |o| {
+                Request::Attach {
+                    session: SessionId(0xF022),
+                    lease_ms: 0,
+                    flags: 0,
+                    reserved: 0,
+                }
+                .encode(3, o)
+            });
+            let h = receive(&mut sock, &mut body).expect("an attach answer");
+            assert_eq!(h.op, Op::Attached, "attach answered {:?}", h.op);
+        }
+    }
+    finish(sock, rest);
+}
+
+/// The server's side of an honest handshake for [`client_session`]; false if the client
+/// went away.
+fn fake_handshake(sock: &mut TcpStream, stage: u8) -> bool {
+    let mut body = Vec::new();
+    let Some(h) = receive(sock, &mut body) else {
+        return false;
+    };
+    let Ok(Request::Hello {
+        version,
+        page_size,
+        nonce,
+    }) = Request::decode(h.op, &body)
+    else {
+        panic!("the client opened with {:?}", h.op);
+    };
+    if stage == 0 {
+        return false;
+    }
+    let t = Transcript {
+        client_nonce: nonce,
+        server_nonce: [0x5E; NONCE_LEN],
+        version,
+        page_size,
+    };
+    let nonce = t.server_nonce;
+    send(sock, |o| Response::Challenge { nonce }.encode(h.tag, o));
+    let Some(h) = receive(sock, &mut body) else {
+        return false;
+    };
+    let Ok(Request::Auth { proof }) = Request::decode(h.op, &body) else {
+        panic!("the client answered the challenge with {:?}", h.op);
+    };
+    assert!(t.verify(TOKEN, Role::Client, &proof), "the client's proof");
+    if stage == 1 {
+        return false;
+    }
+    let proof = t.proof(TOKEN, Role::Server);
+    send(sock, |o| {
+        Response::Welcome {
+            version: VERSION,
+            frame_len_max: FRAME_LEN_MAX_DEFAULT,
+            capacity_bytes: 1 << 30,
+            used_bytes: 0,
+            proof,
+        }
+        .encode(h.tag, o)
+    });
+    let Some(h) = receive(sock, &mut body) else {
+        return false;
+    };
+    assert_eq!(
+        h.op,
+        Op::Attach,
+        "the client sent {:?} after the welcome",
+        h.op
+    );
+    if stage == 2 {
+        return false;
+    }
+    send(sock, |o| {
+        Response::Attached {
+            lease_ms: 30_000,
+            flags: 0,
+            session_bytes: 0,
+        }
+        .encode(h.tag, o)
+    });
+    true
+}
+
+/// The client against a server that is honest up to a point and then sends the input:
+/// `data[0] % 4` picks what the input stands in for (0: the challenge, 1: the welcome, 2: the
+/// attach answer, 3: the answers to two writes (tags 1, 2), a read of page 0 (tag 3) and a
+/// swap writing page 2 and reading page 1 (tag 4)). The client may fail, never panic, hang,
+/// or hand the pager a page it did not ask for or of the wrong size.
+pub fn client_session(data: &[u8]) {
+    let Some((&stage, rest)) = data.split_first() else {
+        return;
+    };
+    let stage = stage % 4;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let rest = rest.to_vec();
+    let fake = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().unwrap();
+        sock.set_read_timeout(Some(WAIT)).unwrap();
+        fake_handshake(&mut sock, stage);
+        finish(sock, &rest);
+    });
+    let timing = Timing {
+        connect: WAIT,
+        request: Duration::from_millis(500),
+        heartbeat: Duration::from_secs(10),
+        reconnect: Duration::ZERO,
+    };
+    if let Ok(mut store) = RemoteStore::connect(&[addr], TOKEN, PAGE, Placement::Priority, timing) {
+        let run = |store: &mut RemoteStore| -> Result<(), rmem_client::store::StoreError> {
+            store.store(PageIndex(0), &[1; PAGE])?;
+            store.store(PageIndex(1), &[2; PAGE])?;
+            store.fetch(PageIndex(0))?;
+            store.swap(PageIndex(2), &[3; PAGE], PageIndex(1))?;
+            let deadline = Instant::now() + 2 * WAIT;
+            let mut done = 0;
+            while done < 5 && Instant::now() < deadline {
+                store.flush()?;
+                store.poll(&mut |c| {
+                    done += 1;
+                    if let Completion::Fetched { page, data } = c {
+                        assert!(page.0 <= 1, "fetched page {} never asked for", page.0);
+                        assert_eq!(data.len(), PAGE, "a page of the wrong size");
+                    }
+                })?;
+                store.tick(Instant::now())?;
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            assert!(done <= 5, "{done} completions for 5 operations");
+            Ok(())
+        };
+        let _ = run(&mut store);
+    }
+    fake.join().expect("the fake server");
+}
+
+/// The metrics endpoint's HTTP request head parsing.
+pub fn metrics_http(data: &[u8]) {
+    let sock = connect(server().1);
+    finish(sock, data);
+}
+
+/// The committed seed corpus (fuzz/corpus/TARGET/seed-N), one valid exchange of each kind:
+/// written by `cargo test --release -p rmem-cli --test fuzz -- --ignored write_seed_corpus`.
+pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use rmem_proto::{PageKey, ServerStatus, SessionStatus, ATTACH_EXCLUSIVE};
+    let page = vec![0xA5u8; PAGE];
+    let frame = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut o = Vec::new();
+        f(&mut o);
+        o
+    };
+    let hello = frame(&|o| {
+        Request::Hello {
+            version: VERSION,
+            page_size: PAGE as u32,
+            nonce: [7; NONCE_LEN],
+        }
+        .encode(1, o)
+    });
+    let requests = [
+        hello.clone(),
+        frame(&|o| Request::Auth { proof: [9; 32] }.encode(2, o)),
+        frame(&|o| {
+            Request::Attach {
+                session: SessionId(0xF022),
+                lease_ms: 1000,
+                flags: ATTACH_EXCLUSIVE,
+                reserved: 0,
+            }
+            .encode(3, o)
+        }),
+        frame(&|o| {
+            Request::Write {
+                key: PageKey(5),
+                count: 1,
+                data: &page,
+            }
+            .encode(4, o)
+        }),
+        frame(&|o| {
+            Request::Read {
+                key: PageKey(5),
+                count: 1,
+            }
+            .encode(5, o)
+        }),
+        frame(&|o| {
+            Request::Swap {
+                write_key: PageKey(6),
+                read_key: PageKey(5),
+                data: &page,
+            }
+            .encode(6, o)
+        }),
+        frame(&|o| {
+            Request::Free {
+                keys: vec![PageKey(5), PageKey(6)],
+            }
+            .encode(7, o)
+        }),
+        frame(&|o| Request::Ping.encode(8, o)),
+        frame(&|o| Request::Status.encode(9, o)),
+        frame(&|o| {
+            Request::Snapshot {
+                session: SessionId(0xF0F0),
+            }
+            .encode(11, o)
+        }),
+        frame(&|o| {
+            Request::EndSnapshot {
+                session: SessionId(0xF0F0),
+            }
+            .encode(12, o)
+        }),
+        frame(&|o| Request::EndSession.encode(10, o)),
+    ];
+    let status = ServerStatus {
+        capacity_bytes: 1 << 30,
+        used_bytes: 8192,
+        lease_ms: 30_000,
+        sessions_total: 1,
+        sessions: vec![SessionStatus {
+            id: SessionId(0xF022),
+            used_bytes: 8192,
+            lease_age_ms: 10,
+            connections: 1,
+        }],
+    };
+    let responses = [
+        frame(&|o| {
+            Response::Challenge {
+                nonce: [3; NONCE_LEN],
+            }
+            .encode(1, o)
+        }),
+        frame(&|o| {
+            Response::Welcome {
+                version: VERSION,
+                frame_len_max: FRAME_LEN_MAX_DEFAULT,
+                capacity_bytes: 1 << 30,
+                used_bytes: 0,
+                proof: [4; 32],
+            }
+            .encode(2, o)
+        }),
+        frame(&|o| {
+            Response::Attached {
+                lease_ms: 30_000,
+                flags: 1,
+                session_bytes: 4096,
+            }
+            .encode(0, o)
+        }),
+        frame(&|o| Response::StatusOk(status.clone()).encode(9, o)),
+        frame(&|o| Response::SessionEnded { freed_bytes: 8192 }.encode(10, o)),
+        frame(&|o| {
+            Response::Error {
+                code: rmem_proto::ErrorCode::Full,
+                message: "server full",
+            }
+            .encode(4, o)
+        }),
+        frame(&|o| Response::SnapshotOk { created: true }.encode(11, o)),
+    ];
+    // What client_session's honest server would answer to its four requests.
+    let answers = [
+        frame(&|o| {
+            Response::WriteOk {
+                key: PageKey(0),
+                count: 1,
+            }
+            .encode(1, o)
+        }),
+        frame(&|o| {
+            Response::WriteOk {
+                key: PageKey(1),
+                count: 1,
+            }
+            .encode(2, o)
+        }),
+        frame(&|o| {
+            Response::ReadOk {
+                key: PageKey(0),
+                count: 1,
+                data: &page,
+            }
+            .encode(3, o)
+        }),
+        frame(&|o| {
+            Response::SwapOk {
+                read_key: PageKey(1),
+                data: &page,
+            }
+            .encode(4, o)
+        }),
+        frame(&|o| {
+            Response::Pong {
+                used_bytes: 0,
+                capacity_bytes: 1,
+            }
+            .encode(5, o)
+        }),
+        frame(&|o| Response::FreeOk { count: 2 }.encode(6, o)),
+    ];
+    let staged = |stage: u8, frames: &[Vec<u8>]| {
+        let mut d = vec![stage];
+        frames.iter().for_each(|f| d.extend_from_slice(f));
+        d
+    };
+    let mut out = vec![
+        ("proto_request", requests.concat()),
+        ("proto_response", responses.concat()),
+        ("proto_response", answers.concat()),
+        ("server_session", staged(0, &requests[..1])),
+        ("server_session", staged(1, &requests[1..2])),
+        ("server_session", staged(2, &requests[2..3])),
+        ("server_session", staged(3, &requests[3..])),
+        ("client_session", staged(0, &responses[..1])),
+        ("client_session", staged(1, &responses[1..2])),
+        ("client_session", staged(2, &responses[2..3])),
+        ("client_session", staged(3, &answers[..4])),
+        ("client_session", staged(3, &responses[5..6])),
+        (
+            "metrics_http",
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        ),
+        ("metrics_http", b"POST / HTTP/1.0\n\n".to_vec()),
+    ];
+    for r in &requests {
+        out.push(("proto_request", r.clone()));
+    }
+    for r in responses.iter().chain(&answers) {
+        out.push(("proto_response", r.clone()));
+    }
+    out
+}
