@@ -726,6 +726,15 @@ impl Pager {
         self.core.uffd.shared_fds()
     }
 
+    /// Every descriptor this pager uses in its own table: its private ones, the shared ones
+    /// and its end of the mailbox.
+    pub fn own_fds(&self) -> Vec<RawFd> {
+        let mut v = self.private_fds();
+        v.extend(self.shared_fds());
+        v.push(self.mailbox.pager_fd);
+        v
+    }
+
     fn flush_trace(&mut self) -> Result<(), PagerError> {
         match &mut self.trace {
             Some((t, _)) => t.flush().map_err(PagerError::Trace),

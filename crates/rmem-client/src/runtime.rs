@@ -425,9 +425,10 @@ enum Start {
     /// Until the pager has marked itself and taken its own descriptor table; then the program
     /// table's copies of its private descriptors are closed.
     Wait,
-    /// Not at all (a fork child, most often about to exec): the private descriptors are ones
-    /// the program table never had or keeps among rmem's reserved numbers, and transparent
-    /// mode, off meanwhile, is turned back on by `started` from the pager thread.
+    /// Not at all (a fork child, most often about to exec): the calling thread takes a new
+    /// table for the program instead and leaves the one of the instant of the fork to the
+    /// pager, which closes in it every descriptor but its own and stderr; transparent mode,
+    /// off meanwhile, is turned back on by `started` from the pager thread.
     Child(Box<dyn FnOnce() + Send>),
 }
 
@@ -443,6 +444,13 @@ enum Start {
 /// The pager then gives itself a descriptor table of its own, and the descriptors only it
 /// uses are closed in the program's: nothing the program does to its descriptors can reach the
 /// userfaultfd or the sockets (rmem_uffd::fds).
+///
+/// In a fork child the program's thread makes the switch (unshare), so that the pager's table
+/// is the one of the instant of the fork, whenever the pager thread gets to run: a table copied
+/// later held the pipes the program made meanwhile, and a bash whose `$(...)` child was done
+/// waited forever for the end of file that its own pager's copy of the pipe withheld. The
+/// pager then closes the program's descriptors in its table (keeping stderr for its messages):
+/// a copy there would hold a pipe open after the program closed it.
 fn spawn_pager(
     mut pager: Pager,
     on_fatal: Arc<dyn Fn(&str) + Send + Sync>,
@@ -450,7 +458,12 @@ fn spawn_pager(
 ) -> Result<(JoinHandle<()>, Vec<fds::Reserved>), RuntimeError> {
     let private = pager.private_fds();
     let shared = pager.shared_fds();
+    let mut own = pager.own_fds();
+    own.push(libc::STDERR_FILENO);
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<std::io::Result<()>>(1);
+    // A fork child's pager waits for this before it touches its table: until the program's
+    // thread has a table of its own, the two share one.
+    let (go_tx, go_rx) = std::sync::mpsc::sync_channel::<()>(1);
     let child = match start {
         Start::Wait => None,
         Start::Child(started) => Some(started),
@@ -461,15 +474,15 @@ fn spawn_pager(
         .name("rmem-pager".into())
         .spawn(move || {
             crate::PAGER_THREAD.with(|t| t.set(true));
-            let isolated = fds::isolate_thread();
             if let Some(started) = child {
-                if let Err(e) = isolated {
-                    let e = RuntimeError::Isolate(e);
-                    return fatal(&crate::error_chain(&e));
+                if go_rx.recv().is_err() {
+                    return; // the program's thread could not take a table of its own
                 }
+                fds::close_all_but(&own);
                 pager.open_private();
                 started();
             } else {
+                let isolated = fds::isolate_thread();
                 let failed = isolated.is_err();
                 let _ = ready_tx.send(isolated);
                 if failed {
@@ -493,17 +506,20 @@ fn spawn_pager(
             }
         })
         .map_err(RuntimeError::Thread)?;
-    if !waits {
-        return Ok((handle, Vec::new()));
-    }
-    match ready_rx.recv() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            let _ = handle.join();
-            return Err(RuntimeError::Isolate(e));
+    if waits {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = handle.join();
+                return Err(RuntimeError::Isolate(e));
+            }
+            // The thread is gone already; the pager's own report says why.
+            Err(_) => {}
         }
-        // The thread is gone already; the pager's own report says why.
-        Err(_) => {}
+    } else {
+        // Dropping `go_tx` unsent ends the thread.
+        fds::isolate_thread().map_err(RuntimeError::Isolate)?;
+        let _ = go_tx.send(());
     }
     for fd in private {
         fds::close_raw(fd);

@@ -258,6 +258,28 @@ pub fn forget_all_but(keep: &Reserved) {
     }
 }
 
+/// Close every descriptor of the calling thread's table but those in `keep` (the raw system
+/// call, range by range). For a pager whose table was the program's at a fork: the copies of
+/// the program's descriptors it holds would keep pipes open after the program closed them, so
+/// a reader would wait for an end of file that never comes.
+pub fn close_all_but(keep: &[RawFd]) {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter_map(|&fd| u32::try_from(fd).ok())
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = 0u32;
+    for k in keep.into_iter().chain([u32::MAX]) {
+        if k > from {
+            // SAFETY: close_range closes numbers in the calling thread's table only; the
+            // caller owns nothing there outside `keep`.
+            unsafe { libc::syscall(libc::SYS_close_range, from, k - 1, 0) };
+        }
+        from = k.saturating_add(1);
+    }
+}
+
 /// Close `fd` in the calling thread's table (the raw system call: librmem's `close` would
 /// refuse one of rmem's own numbers).
 pub fn close_raw(fd: RawFd) {

@@ -421,9 +421,9 @@ impl Uffd {
     /// child calls it on its copy of its parent's: the kernel drops the child's registrations
     /// (this descriptor serves the parent's memory), so the child opens its own. Not with
     /// faults by signal. The descriptor is moved among rmem's reserved numbers (`fds::place`),
-    /// where the program's close calls leave it alone, and stays there in the program's table
-    /// (the child's pager takes a table of its own without a handshake to close it); the
-    /// pagemap is opened later, by the pager itself ([`Uffd::open_pagemap`]).
+    /// where the program's close calls leave it alone until the program's thread has taken a
+    /// table of its own and closed its copy; the pagemap is opened later, by the pager itself
+    /// ([`Uffd::open_pagemap`]).
     pub fn reopen(&self) -> Result<Uffd, UffdError> {
         if self.signal.is_some() {
             return Err(UffdError::Signal(io::Error::new(
