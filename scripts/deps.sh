@@ -19,6 +19,9 @@ command -v c++ >/dev/null || need+=(g++)
 /usr/bin/python3 -c 'import pytest_timeout' 2>/dev/null || need+=(python3-pytest python3-pytest-timeout)
 command -v jupyter-nbconvert >/dev/null || need+=(jupyter-nbconvert)
 /usr/bin/python3 -c 'import ipykernel' 2>/dev/null || need+=(python3-ipykernel)
+# The fork test (crates/rmem-cli/tests/fork.rs) runs parts of CPython's own regression tests
+# (test_subprocess, test_multiprocessing_fork) under rmem; Debian ships them apart.
+/usr/bin/python3 -c 'import test.test_subprocess' 2>/dev/null || need+=("libpython$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')-testsuite")
 [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread ] || [ "$(uname -m)" != x86_64 ] || need+=(libopenblas0-pthread)
 # Transparent-mode tests (crates/rmem-cli/tests/transparent.rs): C programs linked with
 # jemalloc and with tcmalloc, Debian's redis-server (linked with jemalloc) driven by

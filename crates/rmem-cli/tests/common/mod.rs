@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -114,9 +115,22 @@ pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
             };
         }
         if t.elapsed() > limit {
+            // Its whole process group (run_bounded makes one): a grandchild that lives on
+            // would hold the output pipes, and reading them would wait for it forever.
+            // SAFETY: kill(2) of a process group this test made.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what} ran over {limit:?}; stderr:\n{}", e.join().unwrap());
+            let gone = Instant::now();
+            while !e.is_finished() && gone.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let stderr = if e.is_finished() {
+                e.join().unwrap()
+            } else {
+                "(still held open by a process outside its group)".into()
+            };
+            panic!("{what} ran over {limit:?}; stderr:\n{stderr}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -125,6 +139,7 @@ pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     let what = format!("{cmd:?}");
     let child = cmd
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
