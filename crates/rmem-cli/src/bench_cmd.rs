@@ -26,6 +26,9 @@ pub enum BenchCommand {
     /// What trapping system calls with remote buffers costs per call, unprivileged, against
     /// the same calls without rmem and with the trap off.
     Syscalls(crate::syscall_bench::SyscallsArgs),
+    /// fork() then exec under rmem against without it, and multiprocessing.Pool with the fork
+    /// start method against spawn over remote numpy arrays.
+    Fork(crate::fork_bench::ForkArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -67,6 +70,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Policies(a) => crate::policy_bench::policies(a),
         BenchCommand::Programs(a) => crate::programs_bench::programs(a),
         BenchCommand::Syscalls(a) => crate::syscall_bench::syscalls(a),
+        BenchCommand::Fork(a) => crate::fork_bench::fork(a),
     };
     match r {
         Ok(()) => 0,

@@ -7,6 +7,7 @@
 mod bench_cmd;
 mod bench_suite;
 mod cc;
+mod fork_bench;
 mod hostfile;
 mod launch;
 mod launch_cmd;

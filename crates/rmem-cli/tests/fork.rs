@@ -414,55 +414,50 @@ fn a_killed_child_s_memory_is_freed() {
     assert_eq!(st["used_bytes"], 0, "{st}");
 }
 
-fn field(out: &str, key: &str) -> f64 {
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix(key))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {out:?}"))
-}
-
 /// fork() then exec(), the common case, costs at most twice a plain run's time or 1 ms more
-/// (issue 16's target), with 32 MiB of remote memory resident: best of three rounds, plain and
-/// rmem in turn, of the median of 100. The measure without LD_PRELOAD in the exec'd program's
-/// environment is the one held to the target: loading librmem into every exec'd program is a
-/// cost of exec under `rmem run` that posix_spawn pays as well (printed beside it).
+/// (issue 16's target), and multiprocessing.Pool(fork) over remote numpy arrays at most 1.5x
+/// Pool(spawn): `rmem bench fork` at a small size (32 MiB written before each fork, best of
+/// three runs of the median of 100; 32 MiB of arrays). The exec'd program's environment
+/// without LD_PRELOAD is the measure held to the target: loading librmem into every exec'd
+/// program is a cost of exec under `rmem run` that posix_spawn pays as well. Timings on a
+/// shared machine are noisy: the bench is tried up to three times before the test fails.
 #[test]
-fn fork_then_exec_stays_cheap() {
-    let prog = build_plain("tests/c/fork_exec.c");
-    let dir = scratch("fork-exec");
-    let stats = dir.join("stats.json");
-    let (mut plain, mut bare, mut full, mut spawn_plain, mut spawn_rmem) =
-        (f64::MAX, f64::MAX, f64::MAX, f64::MAX, f64::MAX);
-    for _ in 0..3 {
-        let p = run_bounded(
-            Command::new(&prog).args(["32", "100"]),
-            Duration::from_secs(120),
+fn fork_then_exec_stays_cheap_and_pool_fork_keeps_up_with_spawn() {
+    let dir = scratch("fork-bench");
+    let json = dir.join("fork.json");
+    let mut last = String::new();
+    for attempt in 1..=3 {
+        let out = run_bounded(
+            Command::new(rmem())
+                .args([
+                    "bench",
+                    "fork",
+                    "--mib",
+                    "32",
+                    "--forks",
+                    "100",
+                    "--rounds",
+                    "3",
+                    "--pool-mib",
+                    "32",
+                    "--json",
+                ])
+                .arg(&json),
+            Duration::from_secs(240),
         );
-        assert!(p.status.success(), "{}", ok(&p));
-        let r = run_bounded(
-            &mut rmem_run(
-                &["--local", "64M"],
-                &stats,
-                &[prog.to_str().unwrap(), "32", "100"],
-                false,
-            ),
-            Duration::from_secs(120),
+        assert!(out.status.success(), "{}", ok(&out));
+        let v = read_json(&json);
+        eprintln!("attempt {attempt}: {}", out.stdout);
+        let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k} in {v}"));
+        assert!(
+            f("fork_exec_plain_us") > 0.0 && f("spawn_rmem_us") > 0.0,
+            "{v}"
         );
-        assert!(r.status.success(), "{}", ok(&r));
-        plain = plain.min(field(&p.stdout, "fork_median_us="));
-        spawn_plain = spawn_plain.min(field(&p.stdout, "spawn_median_us="));
-        bare = bare.min(field(&r.stdout, "fork_bare_median_us="));
-        full = full.min(field(&r.stdout, "fork_median_us="));
-        spawn_rmem = spawn_rmem.min(field(&r.stdout, "spawn_median_us="));
+        if v["fork_exec_within_target"] == true && f("pool_ratio") <= 1.5 {
+            let _ = std::fs::remove_dir_all(dir);
+            return;
+        }
+        last = out.stdout;
     }
-    eprintln!(
-        "fork+exec+wait: plain {plain:.0} us, rmem {bare:.0} us ({:.2}x; {full:.0} us with \
-         LD_PRELOAD); posix_spawn: plain {spawn_plain:.0} us, rmem {spawn_rmem:.0} us",
-        bare / plain
-    );
-    assert!(
-        bare <= (2.0 * plain).max(plain + 1000.0),
-        "fork+exec {bare:.0} us under rmem, {plain:.0} us plain"
-    );
-    let _ = std::fs::remove_dir_all(dir);
+    panic!("fork+exec or Pool(fork) over its target three times:\n{last}");
 }
