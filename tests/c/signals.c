@@ -1,6 +1,6 @@
 /* Programs with their own signal dispositions under `rmem run`.
  *
- * "fork": fork() children that reset SIGSEGV to SIG_DFL (by signal(), by sigaction()), or
+ * "fork": children made by _Fork() (no atfork handlers: rmem cannot follow them) that reset SIGSEGV to SIG_DFL (by signal(), by sigaction()), or
  * that catch their own NULL dereference with a handler inherited from the parent, then touch
  * the parent's remote memory: each must end with rmem's message and exit status 70.
  * "handlers": a SIGSEGV handler on an alternate signal stack catches NULL dereferences
@@ -63,7 +63,9 @@ static int own_segv(void) {
 }
 
 static int run_child(unsigned char *p, int how) {
-    pid_t c = fork();
+    /* _Fork: no atfork handler runs, so rmem cannot follow the child (a fork() child reads
+     * its parent's memory: tests/c/fork_child.c). */
+    pid_t c = _Fork();
     if (c == 0) {
         if (how == 0) signal(SIGSEGV, SIG_DFL);
         if (how == 1) {

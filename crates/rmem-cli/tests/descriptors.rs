@@ -94,7 +94,8 @@ fn a_raw_close_range_keeps_the_data_and_stops_with_a_message_at_the_next_command
 fn bash_exec_onto_low_descriptors_with_all_of_its_memory_remote() {
     let dir = scratch("fds-bash");
     let stats = dir.join("stats.json");
-    // No command substitution: its fork() child would touch the parent's remote memory.
+    // No command substitution: the descriptors, not fork(), are what this tests (fork.rs has bash
+    // with its substitutions and subshells).
     let script = "exec 3>/dev/null 4>/dev/null 5>/dev/null 6>/dev/null 7</dev/null 8>&1 9>&2; \
                   a=(); for ((i = 0; i < 100000; i++)); do a[i]=$i; done; exec 6>&-; \
                   s=0; for v in \"${a[@]}\"; do ((s += v)); done; echo \"sum $s\"";

@@ -78,7 +78,7 @@ fn kernel_io_as_nobody() {
 }
 
 #[test]
-fn fork_children_get_a_clear_error_and_exec_works() {
+fn fork_children_read_the_parent_s_memory_raw_fork_children_get_a_clear_error() {
     let prog = build_plain("tests/c/fork_child.c");
     let dir = scratch("fork");
     let stats = dir.join("stats.json");
@@ -93,13 +93,15 @@ fn fork_children_get_a_clear_error_and_exec_works() {
         out.stderr
     );
     assert!(
-        out.stdout.contains("system-ok") && out.stdout.contains("child exit 70"),
+        out.stdout.contains("system-ok")
+            && out.stdout.contains("\nchild exit 0")
+            && out.stdout.contains("_Fork child exit 70"),
         "{}",
         out.stdout
     );
     assert!(
         out.stderr
-            .contains("fork() child touched its parent's remote memory"),
+            .contains("child without rmem touched its parent's remote memory"),
         "{}",
         out.stderr
     );
@@ -522,7 +524,7 @@ fn large_alignments_are_served_remote() {
 }
 
 #[test]
-fn fork_children_that_reset_sigsegv_get_rmems_error() {
+fn raw_fork_children_that_reset_sigsegv_get_rmems_error() {
     let prog = build_plain("tests/c/signals.c");
     let dir = scratch("sig-fork");
     let stats = dir.join("stats.json");
@@ -545,7 +547,7 @@ fn fork_children_that_reset_sigsegv_get_rmems_error() {
     );
     assert_eq!(
         out.stderr
-            .matches("fork() child touched its parent's remote memory")
+            .matches("child without rmem touched its parent's remote memory")
             .count(),
         3,
         "{}",
@@ -581,7 +583,7 @@ fn program_signal_handlers_coexist_with_rmem() {
 }
 
 #[test]
-fn stress_ng_malloc_workers_get_rmems_error_with_min_alloc_zero() {
+fn stress_ng_malloc_workers_with_min_alloc_zero() {
     require("/usr/bin/stress-ng", "stress-ng");
     let dir = scratch("stress-ng");
     let stats = dir.join("stats.json");
@@ -603,21 +605,17 @@ fn stress_ng_malloc_workers_get_rmems_error_with_min_alloc_zero() {
         true,
     );
     let out = run_bounded(&mut cmd, Duration::from_secs(60));
-    // Remote memory is not shared with fork() children, so every worker stops; what matters is
-    // that each says why (exit 70 and rmem's message) instead of dying of a bare SIGSEGV.
+    // The workers are fork() children that allocate, write and free remote memory of their
+    // own over their parent's: each runs to its end.
     let all = format!("{}\n{}", out.stdout, out.stderr);
     assert!(
-        !all.contains("terminated on signal"),
-        "a worker died of a signal:\n{all}"
-    );
-    assert_eq!(
-        all.matches("exit status=70").count(),
-        2,
-        "workers did not exit 70:\n{all}"
-    );
-    assert!(
-        all.contains("fork() child touched its parent's remote memory"),
+        out.status.success() && !all.contains("terminated on signal"),
         "{all}"
     );
+    assert!(
+        !all.contains("exit status=70") && !all.contains("touched its parent's"),
+        "{all}"
+    );
+    assert!(all.contains("successful run completed"), "{all}");
     let _ = std::fs::remove_dir_all(dir);
 }
