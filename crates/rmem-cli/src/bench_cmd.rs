@@ -26,6 +26,9 @@ pub enum BenchCommand {
     /// What trapping system calls with remote buffers costs per call, unprivileged, against
     /// the same calls without rmem and with the trap off.
     Syscalls(crate::syscall_bench::SyscallsArgs),
+    /// What surviving a server loss costs: each redundancy layout, with and without
+    /// encryption, against none (time, memory, latency), and its repair throughput.
+    Redundancy(crate::redundancy_bench::RedundancyArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -67,6 +70,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Policies(a) => crate::policy_bench::policies(a),
         BenchCommand::Programs(a) => crate::programs_bench::programs(a),
         BenchCommand::Syscalls(a) => crate::syscall_bench::syscalls(a),
+        BenchCommand::Redundancy(a) => crate::redundancy_bench::redundancy(a),
     };
     match r {
         Ok(()) => 0,

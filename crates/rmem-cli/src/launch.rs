@@ -426,6 +426,19 @@ impl ServerProc {
         self.started.as_mut()?.child.try_wait().ok().flatten()
     }
 
+    /// The process it runs in (the server, or ssh or srun for it), if this started it.
+    pub fn pid(&self) -> Option<u32> {
+        self.started.as_ref().map(|s| s.child.id())
+    }
+
+    /// SIGKILL it now, as a crash would (benchmarks of a server loss). Reaps it.
+    pub fn kill(&mut self) {
+        if let Some(s) = self.started.as_mut() {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+    }
+
     /// Close its stdin (the server exits at EOF, remote ones too); if it has not exited
     /// within `grace`, SIGTERM its process group, then SIGKILL it. Always reaps.
     pub fn finalize(&mut self, grace: Duration) {

@@ -12,6 +12,7 @@ mod launch;
 mod launch_cmd;
 mod policy_bench;
 mod programs_bench;
+mod redundancy_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;

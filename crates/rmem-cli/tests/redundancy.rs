@@ -272,3 +272,59 @@ fn a_layout_wider_than_the_servers_is_refused() {
         shown(&out)
     );
 }
+
+/// `rmem bench redundancy` at a tiny size: every layout row, memory in line with its
+/// overhead, a repair measured for each redundant layout, the JSON written.
+#[test]
+fn bench_redundancy_tiny_writes_its_json() {
+    let dir = scratch("bench-redundancy");
+    let json = dir.join("redundancy.json");
+    let out = run_bounded(
+        Command::new(rmem())
+            .args([
+                "bench",
+                "redundancy",
+                "--size",
+                "8M",
+                "--updates",
+                "2000",
+                "--passes",
+                "1",
+                "--layouts",
+                "none,replicas:2,ec:2+1",
+                "--encrypt",
+                "both",
+                "--json",
+            ])
+            .arg(&json),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let v = read_json(&json);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{v}");
+    let base = rows[0]["memory_ratio"].as_f64().unwrap();
+    assert!(base > 0.3, "{v}");
+    for r in rows {
+        let layout = r["layout"].as_str().unwrap();
+        let mem = r["memory_vs_base"].as_f64().unwrap();
+        let want = match layout {
+            "none" => 1.0,
+            "replicas:2" => 2.0,
+            "ec:2+1" => 1.5,
+            other => panic!("{other}"),
+        };
+        // Sealed units carry 16 bytes more than a page; fragments round up to 8 bytes.
+        assert!((mem / want - 1.0).abs() < 0.03, "{layout}: {mem} {v}");
+        assert!(r["stream_s"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(r["access_us_p99"].as_f64().unwrap() > 0.0, "{v}");
+        let repaired = r["pages_repaired"].as_u64().unwrap();
+        if layout == "none" {
+            assert!(r["repair_mb_per_s"].is_null(), "{v}");
+        } else {
+            assert!(repaired > 0, "{layout}: nothing repaired {v}");
+            assert!(r["repair_mb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
