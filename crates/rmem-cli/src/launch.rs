@@ -93,6 +93,9 @@ pub struct Plan {
     servers: Vec<ServerSpec>,
     /// The local memory budget from the hosts file's first line.
     pub local_bytes: Option<u64>,
+    /// The hosts file's `redundancy` and `encrypt` lines (the command line's options win).
+    pub redundancy: Option<String>,
+    pub encrypt: Option<bool>,
     pub token: String,
     local_rmem: PathBuf,
     remote_rmem: String,
@@ -132,7 +135,9 @@ impl Plan {
         };
         Ok(Plan {
             servers,
-            local_bytes: hostfile.map(|h| h.local.bytes),
+            local_bytes: hostfile.as_ref().map(|h| h.local.bytes),
+            redundancy: hostfile.as_ref().and_then(|h| h.redundancy.clone()),
+            encrypt: hostfile.as_ref().and_then(|h| h.encrypt),
             token,
             remote_rmem: a
                 .remote_rmem
@@ -772,6 +777,8 @@ pub fn start_local_servers(
     start(&Plan {
         servers: vec![spec; count],
         local_bytes: None,
+        redundancy: None,
+        encrypt: None,
         token: token.to_string(),
         remote_rmem: local_rmem.display().to_string(),
         local_rmem,

@@ -98,6 +98,14 @@ fn describe(s: ExitStatus) -> String {
     }
 }
 
+/// The redundancy asked for: `--redundancy` unless left at auto, else the hosts file's.
+fn redundancy<'a>(args: &'a RunArgs, plan: &'a launch::Plan) -> &'a str {
+    match (args.redundancy.as_str(), &plan.redundancy) {
+        ("auto", Some(r)) => r,
+        (r, _) => r,
+    }
+}
+
 /// Parse and check the configuration before starting anything.
 fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
     let size = |name: &str, v: &str| parse_size(v).map_err(|e| format!("--{name} {v}: {e}"));
@@ -106,8 +114,9 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
         "stripe" | "round-robin" => Placement::Stripe,
         p => return Err(format!("--placement {p}: expected priority or stripe")),
     };
-    if args.redundancy != "auto" {
-        let r = rmem_client::store::codec::Redundancy::parse(&args.redundancy)
+    let redundancy = redundancy(args, plan);
+    if redundancy != "auto" {
+        let r = rmem_client::store::codec::Redundancy::parse(redundancy)
             .map_err(|e| format!("--redundancy {e}"))?;
         if r.width() > plan.server_count() {
             return Err(format!(
@@ -226,12 +235,12 @@ pub fn run(args: RunArgs) -> i32 {
             "RMEM_OVERCOMMIT",
             if args.no_overcommit { "0" } else { "1" },
         )
-        .env("RMEM_REDUNDANCY", &args.redundancy)
+        .env("RMEM_REDUNDANCY", redundancy(&args, &plan))
         .env(
             "RMEM_ENCRYPT",
-            match (args.encrypt, args.no_encrypt) {
-                (true, _) => "1",
-                (_, true) => "0",
+            match (args.encrypt, args.no_encrypt, plan.encrypt) {
+                (true, _, _) | (false, false, Some(true)) => "1",
+                (_, true, _) | (false, false, Some(false)) => "0",
                 _ => "auto",
             },
         );

@@ -35,7 +35,8 @@ fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> 
         .map(|_| ServerProcess::start(TOKEN, &["--verbose"]))
         .collect();
     let hosts = dir.join("hosts");
-    let mut text = String::from("me 8M\n");
+    // The layout comes from the hosts file (`rmem run --redundancy` is left at auto).
+    let mut text = format!("me 8M\nredundancy {redundancy}\n");
     for s in &servers {
         text += &format!("{} 64M\n", s.addr);
     }
@@ -60,13 +61,7 @@ fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> 
     ])
     .arg("--hostfile")
     .arg(&hosts)
-    .args([
-        "--page-size",
-        "4K",
-        "--redundancy",
-        redundancy,
-        "--stats-json",
-    ])
+    .args(["--page-size", "4K", "--stats-json"])
     .arg(&stats)
     .arg("--")
     .arg(&prog)
@@ -175,6 +170,7 @@ fn survives(
         "no repair seen to kill during: {what}"
     );
     let v = read_json(&run.stats);
+    assert_eq!(v["layout"].as_str(), Some(redundancy), "{v}");
     let lost = (which.len() + during_repair.len()) as u64;
     assert_eq!(v["servers_lost"].as_u64(), Some(lost), "{v}\n{what}");
     assert!(err.contains("repair done"), "{what}");
