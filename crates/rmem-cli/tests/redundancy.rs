@@ -30,6 +30,18 @@ fn random_ms(lo: u64, hi: u64) -> Duration {
 
 /// The stress (8 threads, 32 MiB, `ops` each) at 8 MiB local over `n` servers.
 fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> Run {
+    start_with(name, n, redundancy, ops, as_nobody, &[])
+}
+
+/// [`start`] with more of the program's environment.
+fn start_with(
+    name: &str,
+    n: usize,
+    redundancy: &str,
+    ops: &str,
+    as_nobody: bool,
+    env: &[(&str, &str)],
+) -> Run {
     let dir = scratch(name);
     let servers: Vec<ServerProcess> = (0..n)
         .map(|_| ServerProcess::start(TOKEN, &["--verbose"]))
@@ -67,6 +79,7 @@ fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> 
     .arg(&prog)
     .args(["8", "32", ops])
     .env("RMEM_TOKEN", TOKEN)
+    .envs(env.iter().copied())
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
@@ -243,6 +256,42 @@ fn one_more_server_lost_than_covered_stops_with_their_names() {
     for s in &run.servers[..2] {
         assert!(out.stderr.contains(&s.addr), "{} not named: {what}", s.addr);
     }
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+/// A server that stops answering for a while (SIGSTOP, then SIGCONT within the reconnection
+/// window): the reads waiting on it are asked of the other copy at once, the answers it
+/// sends when it wakes are ignored, it is never given up on, and nothing is wrong.
+#[test]
+fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
+    let mut run = start_with(
+        "red-stall",
+        3,
+        "replicas:2",
+        "40000",
+        false,
+        &[
+            ("RMEM_SERVER_TIMEOUT_MS", "300"),
+            ("RMEM_RECONNECT_MS", "20000"),
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = run.servers[1].child.id() as i32;
+    // SAFETY: signalling a child this test started and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = wait_bounded(run.child, Duration::from_secs(180), "the stalled stress");
+    let what = shown(&out);
+    assert!(out.status.success(), "{what}");
+    assert!(
+        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
+        "{what}"
+    );
+    let v = read_json(&run.stats);
+    assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{what}");
+    assert!(v["failovers"].as_u64().unwrap() > 0, "{v}\n{what}");
     let _ = std::fs::remove_dir_all(&run.dir);
 }
 

@@ -792,7 +792,11 @@ impl RemoteStore {
             _ => 0,
         };
         let mut asked = Vec::new();
-        for i in (0..members.len()).map(|i| (start + i) % members.len()) {
+        // Servers in an outage (a link down, or not answered on since) last.
+        let order = (0..members.len()).map(|i| (start + i) % members.len());
+        let (steady, shaky): (Vec<usize>, Vec<usize>) =
+            order.partition(|&i| !self.conns[members[i] as usize].in_outage());
+        for i in steady.into_iter().chain(shaky) {
             if asked.len() >= want {
                 break;
             }
@@ -1146,6 +1150,43 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// Reads waiting on a server in an outage are asked of the page's other pieces now, not
+    /// after the reconnection window (with redundancy, where another piece can be asked; an
+    /// answer that comes later is ignored). Writes wait: a page counts as stored only when
+    /// every piece is.
+    fn fail_over_reads(&mut self) {
+        if self.book.codec.redundancy().tolerates() == 0 {
+            return;
+        }
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_some() || !self.conns[s].in_outage() {
+                continue;
+            }
+            let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();
+            for (op, piece) in reads {
+                let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
+                    continue;
+                };
+                if fe.answered & bit(piece as usize) != 0 {
+                    continue;
+                }
+                let members = &self.book.groups.members[fe.group as usize];
+                let other = members.iter().enumerate().any(|(i, &m)| {
+                    fe.asked & bit(i) == 0
+                        && self.book.alive(m)
+                        && !self.conns[m as usize].in_outage()
+                });
+                if !other {
+                    continue; // nothing else to ask: wait for this server
+                }
+                if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) {
+                    fe.answered |= bit(piece as usize);
+                }
+                self.todo.push(Todo::Ask(op));
+            }
+        }
+    }
+
     /// Which pages a buried server's loss left to repair, and whether one is running (for
     /// tests and messages).
     pub fn repairing(&self) -> usize {
@@ -1280,6 +1321,7 @@ impl PageStore for RemoteStore {
                 Err(e) => self.bury(s, e)?,
             }
         }
+        self.fail_over_reads();
         if !self.todo.is_empty() || self.repair.started.is_some() {
             self.settle(f)?;
             self.repair_step()?;
@@ -1299,6 +1341,7 @@ impl PageStore for RemoteStore {
 
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         self.each_live(|c| c.tick(now))?;
+        self.fail_over_reads();
         self.revive(now);
         if !self.todo.is_empty() || self.repair.started.is_some() {
             self.settle(&mut |_| {})?;

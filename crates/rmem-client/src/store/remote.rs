@@ -599,6 +599,20 @@ impl Conn {
         self.timing = timing;
     }
 
+    /// In an outage: the link is down, or up again but not answered on yet.
+    pub(crate) fn in_outage(&self) -> bool {
+        self.lost.is_some() || self.relinked.is_some()
+    }
+
+    /// The reads waiting on this server, as (operation, piece); a swap's read too.
+    pub(crate) fn pending_reads(&self) -> impl Iterator<Item = (u64, u8)> + '_ {
+        self.pending.iter().filter_map(|p| match p.kind {
+            Kind::Read { op, piece, .. } => Some((op, piece)),
+            Kind::Swap { rop, .. } => Some((rop, 0)),
+            _ => None,
+        })
+    }
+
     /// Every unanswered request, for a store that gives this server up: writes with their
     /// piece. The link is dropped and nothing more is sent.
     pub(crate) fn take_orphans(&mut self) -> Vec<Orphan> {
