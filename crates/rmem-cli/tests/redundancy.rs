@@ -264,7 +264,7 @@ fn one_more_server_lost_than_covered_stops_with_their_names() {
 /// sends when it wakes are ignored, it is never given up on, and nothing is wrong.
 #[test]
 fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
-    let mut run = start_with(
+    let run = start_with(
         "red-stall",
         3,
         "replicas:2",
