@@ -434,6 +434,7 @@ impl<'a> Server<'a> {
                     final_barrier = Some(b);
                     self.cache.take_done(&mut self.done);
                     if self.done.contains(&b) {
+                        log::info!("every acknowledged write is on the memory servers");
                         self.close_all("the server stopped");
                         return Ok(served);
                     }
