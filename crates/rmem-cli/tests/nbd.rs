@@ -637,7 +637,9 @@ fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
             "--verify_fatal=1",
             "--loops=8",
             "--group_reporting",
+            "--verify_state_save=0",
         ])
+        .current_dir(&dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
