@@ -15,8 +15,13 @@ use crate::PageIndex;
 ///  Clean --evict--> Remote         ZeroClean --evict--> Untouched
 ///  Dirty --evict(move out)--> Leaving --written--> Remote
 ///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
+///  Dirty --sync--> Syncing --written--> Clean
+///  Syncing --write--> SyncingDirty --written--> Dirty
 ///  any --free--> Untouched
 /// ```
+///
+/// `Syncing` and `SyncingDirty` are a write-back of a page that stays resident: a front end
+/// that holds pages in buffers (the block device's FLUSH) uses them; the pager never does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum PageState {
@@ -36,6 +41,11 @@ pub enum PageState {
     Leaving = 6,
     /// As `Leaving`, and the program faulted on it meanwhile.
     LeavingWanted = 7,
+    /// Resident, written back while staying resident (a flush); the write is in flight, and
+    /// the page is out of the policy until it lands.
+    Syncing = 8,
+    /// As `Syncing`, and written again meanwhile: dirty once the write lands.
+    SyncingDirty = 9,
 }
 
 impl PageState {
@@ -49,6 +59,8 @@ impl PageState {
             5 => PageState::Dirty,
             6 => PageState::Leaving,
             7 => PageState::LeavingWanted,
+            8 => PageState::Syncing,
+            9 => PageState::SyncingDirty,
             _ => unreachable!("corrupt page state {v}"),
         }
     }
@@ -84,6 +96,10 @@ impl PageState {
                 | (Leaving, LeavingWanted)
                 | (LeavingWanted, Clean)
                 | (LeavingWanted, Dirty)
+                | (Dirty, Syncing)
+                | (Syncing, SyncingDirty)
+                | (Syncing, Clean)
+                | (SyncingDirty, Dirty)
                 | (_, Untouched)
         )
     }
@@ -161,6 +177,19 @@ mod tests {
         t.transition(p, PageState::Remote);
         assert_eq!(t.local_pages(), 0);
         assert!(t.heap_bytes() < 200_000);
+    }
+
+    #[test]
+    fn a_synced_page_stays_local() {
+        let mut t = PageTable::new();
+        let p = PageIndex(7);
+        t.transition(p, PageState::Dirty);
+        t.transition(p, PageState::Syncing);
+        t.transition(p, PageState::SyncingDirty);
+        t.transition(p, PageState::Dirty);
+        t.transition(p, PageState::Syncing);
+        t.transition(p, PageState::Clean);
+        assert_eq!(t.local_pages(), 1);
     }
 
     #[test]

@@ -794,8 +794,11 @@ impl RemoteStore {
         let mut asked = Vec::new();
         // Servers in an outage (a link down, or not answered on since) last.
         let order = (0..members.len()).map(|i| (start + i) % members.len());
-        let (steady, shaky): (Vec<usize>, Vec<usize>) =
-            order.partition(|&i| !self.conns[members[i] as usize].in_outage());
+        let shaky = |i: &usize| {
+            let s = members[*i];
+            s != NONE && self.conns[s as usize].in_outage()
+        };
+        let (shaky, steady): (Vec<usize>, Vec<usize>) = order.partition(shaky);
         for i in steady.into_iter().chain(shaky) {
             if asked.len() >= want {
                 break;

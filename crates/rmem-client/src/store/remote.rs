@@ -385,6 +385,13 @@ impl Conn {
     }
 
     pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
+        if !self.frees.is_empty() && matches!(kind, Kind::Write { .. } | Kind::Swap { .. }) {
+            // A free queued before this write may name the same key (a page freed and written
+            // again before the next flush: the block device does that within one request).
+            // The server answers a connection's requests in order, so sending the frees first
+            // keeps them from deleting the new contents.
+            self.submit_frees();
+        }
         let tag = self.next_tag;
         self.next_tag += 1;
         let start = self.out.buf.len();
@@ -526,17 +533,22 @@ impl Conn {
         }
     }
 
+    /// Queue the batched frees as requests.
+    fn submit_frees(&mut self) {
+        let keys = std::mem::take(&mut self.frees);
+        for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
+            self.submit(
+                Request::Free {
+                    keys: chunk.to_vec(),
+                },
+                Kind::Free,
+            );
+        }
+    }
+
     pub(crate) fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
         if !self.frees.is_empty() {
-            let keys = std::mem::take(&mut self.frees);
-            for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
-                self.submit(
-                    Request::Free {
-                        keys: chunk.to_vec(),
-                    },
-                    Kind::Free,
-                );
-            }
+            self.submit_frees();
         }
         if self.lost.is_some() {
             return self.reconnect(now);
