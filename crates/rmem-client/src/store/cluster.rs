@@ -155,6 +155,18 @@ struct Store {
     repair: bool,
 }
 
+impl Store {
+    /// A write-back of one unsealed page (no redundancy, no encryption: one piece).
+    fn plain(page: u64) -> Store {
+        Store {
+            page,
+            version: 0,
+            waiting: 1,
+            repair: false,
+        }
+    }
+}
+
 enum Op {
     Fetch(Fetch),
     Store(Store),
@@ -1233,28 +1245,12 @@ impl PageStore for RemoteStore {
             // Two servers: the write goes as a write, not in the fetch's frame.
             let wop = self.book.op_id();
             self.send_pieces(wop, victim.0, vg, 1, data);
-            self.book.ops.insert(
-                wop,
-                Op::Store(Store {
-                    page: victim.0,
-                    version: 0,
-                    waiting: 1,
-                    repair: false,
-                }),
-            );
+            self.book.ops.insert(wop, Op::Store(Store::plain(victim.0)));
             self.book.busy.insert(victim.0, wop);
             return self.fetch(page);
         }
         let (wop, rop) = (self.book.op_id(), self.book.op_id());
-        self.book.ops.insert(
-            wop,
-            Op::Store(Store {
-                page: victim.0,
-                version: 0,
-                waiting: 1,
-                repair: false,
-            }),
-        );
+        self.book.ops.insert(wop, Op::Store(Store::plain(victim.0)));
         self.book.ops.insert(
             rop,
             Op::Fetch(Fetch {
