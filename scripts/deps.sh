@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and testing rmem needs on Debian 12, if it is missing:
 # a C compiler, a Rust toolchain (rustup's if present, else Debian's rustc-web 1.85+),
-# fontconfig for the benchmark plots, and ssh, sshd and ip for the multi-host test.
+# fontconfig for the benchmark plots, ssh, sshd and ip for the multi-host test, and NBD
+# clients for the block device tests.
 set -euo pipefail
 need=()
 command -v cc >/dev/null || need+=(build-essential)
@@ -32,6 +33,14 @@ command -v jupyter-nbconvert >/dev/null || need+=(jupyter-nbconvert)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v stress-ng >/dev/null || need+=(stress-ng)
+# The block device tests (crates/rmem-cli/tests/nbd.rs) and `rmem bench nbd` drive `rmem nbd`
+# with real NBD clients: nbdinfo, nbdcopy and nbdfuse (libnbd-bin), qemu-io (qemu-utils), fio
+# (its nbd engine), mkfs.ext4 and e2fsck (e2fsprogs), and nbdkit's memory and file plugins.
+command -v nbdinfo >/dev/null || need+=(libnbd-bin)
+command -v nbdkit >/dev/null || need+=(nbdkit)
+command -v qemu-io >/dev/null || need+=(qemu-utils)
+command -v fio >/dev/null || need+=(fio)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 # The multi-host test (crates/rmem-cli/tests/multihost.rs) runs sshd in network namespaces;
 # it needs root, and says that it skips without it, so only root needs these.
 if [ "$(id -u)" -eq 0 ]; then

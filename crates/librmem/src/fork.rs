@@ -20,13 +20,17 @@
 //! reserved with no access, and a touch there stops it with a message, whatever it did with
 //! SIGSEGV (rmem's handler stays first: signals.rs): never zeros where data should be.
 //! fork() itself refuses (ENOSYS, with a message) where no child can ever be served: faults
-//! delivered by signal.
+//! delivered by signal. Where the prepare step fails (no pipe: the open-file limit; the pager
+//! cannot park), a call of fork() fails with EAGAIN and a message saying why: the kernel has
+//! made the child by then, which ends in its handler before any code of the program runs, and
+//! the parent reaps it. A fork inside the C library (daemon(), say) cannot be failed that way;
+//! its child keeps the guard below.
 
 use crate::io::real;
 use crate::malloc::{FORKED, TRANSPARENT};
 use crate::{current, region_contains, report, REGION_BASE, REGION_LEN};
 use rmem_client::runtime::{ForkError, Forking};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
 
 /// Exit status of a child without rmem that touched its parent's remote memory.
@@ -60,6 +64,10 @@ enum Pending {
 
 thread_local! {
     static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+    /// This thread is in [`fork`]: a refused fork can fail there.
+    static IN_CALL: Cell<bool> = const { Cell::new(false) };
+    /// Why the fork of this thread's [`fork`] call was refused, set by the parent handler.
+    static REFUSED: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 extern "C" fn prepare() {
@@ -84,8 +92,10 @@ extern "C" fn parent() {
     let Some(pending) = PENDING.with(|p| p.borrow_mut().take()) else {
         return;
     };
-    if let Pending::Ready(f) = pending {
-        crate::guard(|| f.parent());
+    match pending {
+        Pending::Ready(f) => crate::guard(|| f.parent()),
+        Pending::Refused(why) if IN_CALL.get() => REFUSED.with(|r| *r.borrow_mut() = Some(why)),
+        Pending::Refused(_) => {}
     }
     // SAFETY: taken in prepare on this thread.
     unsafe { _IO_list_unlock() };
@@ -115,6 +125,9 @@ extern "C" fn child() {
                 Err(e) => rmem_client::error_chain(&e),
             }
         }
+        // SAFETY: _exit ends the child before any code of the program runs in it; the
+        // parent's fork() reaps it and fails.
+        Some(Pending::Refused(_)) if IN_CALL.get() => unsafe { libc::_exit(EXIT_FORK_TOUCH) },
         Some(Pending::Refused(why)) => why,
         None => {
             // No runtime was running at the fork (stopped by rmem_exit): its range is not
@@ -133,7 +146,8 @@ extern "C" fn child() {
 }
 
 /// See fork(2). Refused (ENOSYS, with a message) where rmem can never serve a fork child:
-/// with faults delivered by signal (`RMEM_FAULT_DELIVERY=signal`, experimental).
+/// with faults delivered by signal (`RMEM_FAULT_DELIVERY=signal`, experimental); fails with
+/// EAGAIN and a message where this fork's child cannot be served (see the module's notes).
 #[no_mangle]
 pub extern "C" fn fork() -> libc::pid_t {
     if let Some(rt) = current() {
@@ -148,8 +162,23 @@ pub extern "C" fn fork() -> libc::pid_t {
         }
     }
     let f = real!(c"fork", fn() -> libc::pid_t);
+    IN_CALL.set(true);
     // SAFETY: the C library's fork, which runs the handlers above.
-    unsafe { f() }
+    let pid = unsafe { f() };
+    IN_CALL.set(false);
+    let refused = REFUSED.with(|r| r.borrow_mut().take());
+    let (Some(why), true) = (refused, pid > 0) else {
+        return pid; // served, or the kernel's own failure (its errno)
+    };
+    // The child ended in its handler: reap it (ECHILD if the program ignores SIGCHLD).
+    // SAFETY: waitpid on our own child, no status wanted.
+    while unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::__WALL) } < 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    report(&format!("fork() failed (EAGAIN): {why}"));
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = libc::EAGAIN };
+    -1
 }
 
 /// The process that owns the region (set when its runtime starts, and in a fork() child once

@@ -29,6 +29,9 @@ pub enum BenchCommand {
     /// fork() then exec under rmem against without it, and multiprocessing.Pool with the fork
     /// start method against spawn over remote numpy arrays.
     Fork(crate::fork_bench::ForkArgs),
+    /// What surviving a server loss costs: each redundancy layout, with and without
+    /// encryption, against none (time, memory, latency), and its repair throughput.
+    Redundancy(crate::redundancy_bench::RedundancyArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,6 +74,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Programs(a) => crate::programs_bench::programs(a),
         BenchCommand::Syscalls(a) => crate::syscall_bench::syscalls(a),
         BenchCommand::Fork(a) => crate::fork_bench::fork(a),
+        BenchCommand::Redundancy(a) => crate::redundancy_bench::redundancy(a),
     };
     match r {
         Ok(()) => 0,

@@ -6,6 +6,8 @@
 //! calhost        4G    # the local host and the local memory budget
 //! memhost1       16G   # a memory server and the memory it lends
 //! memhost2:7000  16G   # a fixed port (else the server picks one and reports it)
+//! redundancy     ec:2+1  # optional settings, anywhere: how pages are kept
+//! encrypt        on      # on, off or auto (the command line's options win)
 //! ```
 
 use rmem_proto::size::parse_size;
@@ -42,6 +44,10 @@ pub struct HostFile {
     pub local: HostLine,
     /// The memory servers, in priority order; never empty.
     pub servers: Vec<HostLine>,
+    /// A `redundancy SPEC` line: how pages are kept (`rmem run --redundancy`), checked.
+    pub redundancy: Option<String>,
+    /// An `encrypt on|off|auto` line (`--encrypt`, `--no-encrypt`); `None` for auto.
+    pub encrypt: Option<bool>,
 }
 
 /// What is wrong with a hosts file, and where.
@@ -81,12 +87,37 @@ impl HostFile {
             what,
         };
         let mut lines = Vec::new();
+        let (mut redundancy, mut encrypt) = (None, None);
         for (i, raw) in text.lines().enumerate() {
             let content = raw.split('#').next().unwrap_or("").trim();
             if content.is_empty() {
                 continue;
             }
-            lines.push(parse_line(content, i + 1).map_err(|what| err(i + 1, what))?);
+            let fields: Vec<&str> = content.split_whitespace().collect();
+            match fields.as_slice() {
+                ["redundancy", spec] => {
+                    let r = rmem_client::store::codec::Redundancy::parse(spec)
+                        .map_err(|e| err(i + 1, format!("redundancy {e}")))?;
+                    if redundancy.replace(r.to_string()).is_some() {
+                        return Err(err(i + 1, "a second redundancy line".into()));
+                    }
+                }
+                ["encrypt", v] => {
+                    let on = match *v {
+                        "on" | "yes" | "1" => Some(true),
+                        "off" | "no" | "0" => Some(false),
+                        "auto" => None,
+                        other => {
+                            return Err(err(
+                                i + 1,
+                                format!("encrypt {other:?}: expected on, off or auto"),
+                            ))
+                        }
+                    };
+                    encrypt = on;
+                }
+                _ => lines.push(parse_line(content, i + 1).map_err(|what| err(i + 1, what))?),
+            }
         }
         let mut it = lines.into_iter();
         let local = it.next().ok_or_else(|| {
@@ -112,6 +143,8 @@ impl HostFile {
             path: path.to_path_buf(),
             local,
             servers,
+            redundancy,
+            encrypt,
         })
     }
 }
@@ -188,6 +221,23 @@ mod tests {
 
     fn parse(text: &str) -> Result<HostFile, HostFileError> {
         HostFile::parse(text, Path::new("hosts"))
+    }
+
+    #[test]
+    fn settings_lines_are_read_checked_and_kept_apart_from_hosts() {
+        let h = parse("me 1G\nredundancy ec:2+1 # keep pages\nm1 1G\nencrypt on\nm2 1G\nm3 1G\n")
+            .unwrap();
+        assert_eq!(h.servers.len(), 3);
+        assert_eq!(h.redundancy.as_deref(), Some("ec:2+1"));
+        assert_eq!(h.encrypt, Some(true));
+        let h = parse("me 1G\nm1 1G\nencrypt auto\n").unwrap();
+        assert_eq!((h.redundancy, h.encrypt), (None, None));
+        let e = parse("me 1G\nm1 1G\nredundancy ec:0+1\n").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        let e = parse("me 1G\nm1 1G\nencrypt maybe\n").unwrap_err();
+        assert!(e.to_string().contains("on, off or auto"), "{e}");
+        let e = parse("me 1G\nredundancy none\nredundancy replicas:2\nm1 1G\n").unwrap_err();
+        assert!(e.to_string().contains("second"), "{e}");
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub struct Plan {
     servers: Vec<ServerSpec>,
     /// The local memory budget from the hosts file's first line.
     pub local_bytes: Option<u64>,
+    /// The hosts file's `redundancy` and `encrypt` lines (the command line's options win).
+    pub redundancy: Option<String>,
+    pub encrypt: Option<bool>,
     pub token: String,
     local_rmem: PathBuf,
     remote_rmem: String,
@@ -132,7 +135,9 @@ impl Plan {
         };
         Ok(Plan {
             servers,
-            local_bytes: hostfile.map(|h| h.local.bytes),
+            local_bytes: hostfile.as_ref().map(|h| h.local.bytes),
+            redundancy: hostfile.as_ref().and_then(|h| h.redundancy.clone()),
+            encrypt: hostfile.as_ref().and_then(|h| h.encrypt),
             token,
             remote_rmem: a
                 .remote_rmem
@@ -424,6 +429,19 @@ impl ServerProc {
     /// If the process it runs in (the server, or ssh or srun for it) exited, how.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.started.as_mut()?.child.try_wait().ok().flatten()
+    }
+
+    /// The process it runs in (the server, or ssh or srun for it), if this started it.
+    pub fn pid(&self) -> Option<u32> {
+        self.started.as_ref().map(|s| s.child.id())
+    }
+
+    /// SIGKILL it now, as a crash would (benchmarks of a server loss). Reaps it.
+    pub fn kill(&mut self) {
+        if let Some(s) = self.started.as_mut() {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
     }
 
     /// Close its stdin (the server exits at EOF, remote ones too); if it has not exited
@@ -759,6 +777,8 @@ pub fn start_local_servers(
     start(&Plan {
         servers: vec![spec; count],
         local_bytes: None,
+        redundancy: None,
+        encrypt: None,
         token: token.to_string(),
         remote_rmem: local_rmem.display().to_string(),
         local_rmem,

@@ -8,7 +8,8 @@
 //! other end and nothing else does).
 //!
 //! Output, one `KEY VALUE` per line, then `ready`: `servers HOST:PORT,...`, `token TOKEN`,
-//! and `local BYTES` when a hosts file gives the local budget. The token goes over this
+//! `local BYTES` when a hosts file gives the local budget, and `redundancy R` / `encrypt
+//! on|off` when it has those lines. The token goes over this
 //! private pipe, never on a command line.
 
 use crate::launch;
@@ -61,6 +62,12 @@ pub fn run(args: LaunchCmdArgs) -> i32 {
     let mut out = format!("servers {}\ntoken {}\n", addrs.join(","), plan.token);
     if let Some(b) = plan.local_bytes {
         out.push_str(&format!("local {b}\n"));
+    }
+    if let Some(r) = &plan.redundancy {
+        out.push_str(&format!("redundancy {r}\n"));
+    }
+    if let Some(e) = plan.encrypt {
+        out.push_str(if e { "encrypt on\n" } else { "encrypt off\n" });
     }
     out.push_str("ready\n");
     let mut stdout = std::io::stdout().lock();

@@ -1,6 +1,7 @@
 //! rmem: the command-line entry point.
 //!
 //! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
+//! `rmem nbd` serves remote memory as a block device,
 //! `rmem status` asks a server what it holds, `rmem bench` measures, `rmem cc` compiles DLM
 //! programs (cc/). Each subcommand lives in its own module.
 
@@ -11,8 +12,10 @@ mod fork_bench;
 mod hostfile;
 mod launch;
 mod launch_cmd;
+mod nbd_cmd;
 mod policy_bench;
 mod programs_bench;
+mod redundancy_bench;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
@@ -51,6 +54,8 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
         args: Vec<String>,
     },
+    /// Serve remote memory as a block device over NBD (nbd-client, qemu, nbdfuse, fio).
+    Nbd(nbd_cmd::NbdArgs),
     /// Start memory servers, print where they are, finalize them when stdin closes (what
     /// librmem runs for a program started without `rmem run`).
     Launch(launch_cmd::LaunchCmdArgs),
@@ -75,6 +80,7 @@ fn main() {
         Command::Bench(b) => bench_cmd::run(b),
         Command::Sim(a) => sim_cmd::run(a),
         Command::Launch(a) => launch_cmd::run(a),
+        Command::Nbd(a) => nbd_cmd::run(a),
         Command::Cc { args } => cc::run(&args),
         Command::Status(a) => status_cmd::run(a),
     };

@@ -53,6 +53,17 @@ pub struct RunArgs {
     /// back (overcommit, the default).
     #[arg(long)]
     pub no_overcommit: bool,
+    /// --redundancy, --encrypt, --no-encrypt.
+    #[command(flatten)]
+    pub layout: LayoutArgs,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub program: Vec<String>,
+}
+
+/// How pages are kept on the servers: `rmem run`'s and `rmem nbd`'s options.
+#[derive(clap::Args, Debug)]
+pub struct LayoutArgs {
     /// How each page is kept: none (one server), replicas:N (N servers), ec:K+M (K data and M
     /// parity fragments on K+M servers), or auto: ec:K+1 with K = servers - 1 up to 4 when
     /// there are 3 servers or more, else none (docs/configuration.md).
@@ -66,9 +77,40 @@ pub struct RunArgs {
     /// on more than one server).
     #[arg(long)]
     pub no_encrypt: bool,
-    /// The program and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
-    pub program: Vec<String>,
+}
+
+impl LayoutArgs {
+    /// The redundancy asked for (None: auto): `--redundancy` unless left at auto, else the
+    /// hosts file's `redundancy` line; checked against the number of servers.
+    pub fn redundancy(
+        &self,
+        plan: &launch::Plan,
+    ) -> Result<Option<rmem_client::store::codec::Redundancy>, String> {
+        let spec = match (self.redundancy.as_str(), &plan.redundancy) {
+            ("auto", None) => return Ok(None),
+            ("auto", Some(r)) => r.as_str(),
+            (r, _) => r,
+        };
+        let servers = plan.server_count();
+        let r = rmem_client::store::codec::Redundancy::parse(spec)
+            .map_err(|e| format!("--redundancy {e}"))?;
+        if r.width() > servers {
+            return Err(format!(
+                "--redundancy {r} puts each page on {} servers; there are {servers} (--servers N)",
+                r.width(),
+            ));
+        }
+        Ok(Some(r))
+    }
+
+    /// Encryption asked for (None: auto): the options, else the hosts file's `encrypt` line.
+    pub fn encrypt(&self, plan: &launch::Plan) -> Option<bool> {
+        match (self.encrypt, self.no_encrypt) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => plan.encrypt,
+        }
+    }
 }
 
 /// Exit status when rmem itself cannot run the program.
@@ -106,17 +148,7 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
         "stripe" | "round-robin" => Placement::Stripe,
         p => return Err(format!("--placement {p}: expected priority or stripe")),
     };
-    if args.redundancy != "auto" {
-        let r = rmem_client::store::codec::Redundancy::parse(&args.redundancy)
-            .map_err(|e| format!("--redundancy {e}"))?;
-        if r.width() > plan.server_count() {
-            return Err(format!(
-                "--redundancy {r} puts each page on {} servers; there are {} (--servers N)",
-                r.width(),
-                plan.server_count()
-            ));
-        }
-    }
+    args.layout.redundancy(plan)?;
     if rmem_policy::by_name(&args.policy).is_none() {
         return Err(format!(
             "--policy {}: known policies are {}",
@@ -226,13 +258,21 @@ pub fn run(args: RunArgs) -> i32 {
             "RMEM_OVERCOMMIT",
             if args.no_overcommit { "0" } else { "1" },
         )
-        .env("RMEM_REDUNDANCY", &args.redundancy)
+        .env(
+            "RMEM_REDUNDANCY",
+            // Checked by check() already.
+            args.layout
+                .redundancy(&plan)
+                .ok()
+                .flatten()
+                .map_or("auto".into(), |r| r.to_string()),
+        )
         .env(
             "RMEM_ENCRYPT",
-            match (args.encrypt, args.no_encrypt) {
-                (true, _) => "1",
-                (_, true) => "0",
-                _ => "auto",
+            match args.layout.encrypt(&plan) {
+                Some(true) => "1",
+                Some(false) => "0",
+                None => "auto",
             },
         );
     match &preload {

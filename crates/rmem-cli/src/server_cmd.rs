@@ -53,8 +53,10 @@ pub fn run(a: ServerArgs) -> i32 {
     }
 }
 
-/// Prints log records on stderr as `rmem-server LEVEL message`.
+/// Prints log records on stderr as `PREFIX LEVEL message` (`rmem-server`, `rmem-nbd`).
 struct Logger;
+
+static LOG_PREFIX: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
 impl log::Log for Logger {
     fn enabled(&self, m: &log::Metadata<'_>) -> bool {
@@ -62,7 +64,8 @@ impl log::Log for Logger {
     }
     fn log(&self, r: &log::Record<'_>) {
         if self.enabled(r.metadata()) {
-            eprintln!("rmem-server {:<5} {}", r.level(), r.args());
+            let prefix = LOG_PREFIX.get().copied().unwrap_or("rmem-server");
+            eprintln!("{prefix} {:<5} {}", r.level(), r.args());
         }
     }
     fn flush(&self) {}
@@ -70,6 +73,12 @@ impl log::Log for Logger {
 
 /// Info, or debug with `--verbose`; `RMEM_LOG` (off, error, warn, info, debug, trace) wins.
 fn init_log(verbose: bool) -> Result<(), String> {
+    init_log_as("rmem-server", verbose)
+}
+
+/// [`init_log`] with records printed as `prefix LEVEL message`.
+pub(crate) fn init_log_as(prefix: &'static str, verbose: bool) -> Result<(), String> {
+    let _ = LOG_PREFIX.set(prefix);
     let level = match std::env::var("RMEM_LOG") {
         Ok(v) => v
             .parse::<log::LevelFilter>()

@@ -46,38 +46,43 @@ fn status(a: &StatusArgs) -> Result<ServerStatus, String> {
             a.timeout
         ));
     }
-    let timeout = Duration::from_secs_f64(a.timeout);
     let token = crate::launch::token_from_env("rmem status")?;
-    let addr = a
-        .server
+    query(
+        &a.server,
+        token.as_bytes(),
+        Duration::from_secs_f64(a.timeout),
+    )
+}
+
+/// Ask the memory server at `server` what it holds, giving up after `timeout` in all.
+pub fn query(server: &str, token: &[u8], timeout: Duration) -> Result<ServerStatus, String> {
+    let addr = server
         .to_socket_addrs()
-        .map_err(|e| format!("{}: {e}", a.server))?
+        .map_err(|e| format!("{server}: {e}"))?
         .next()
-        .ok_or_else(|| format!("{}: no address", a.server))?;
+        .ok_or_else(|| format!("{server}: no address"))?;
     // The whole exchange, however slowly a server answers.
     let deadline = Instant::now() + timeout;
     let mut sock = TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| format!("cannot connect to memory server {}: {e}", a.server))?;
-    let failed = |e: std::io::Error| format!("memory server {}: {e}", a.server);
+        .map_err(|e| format!("cannot connect to memory server {server}: {e}"))?;
+    let failed = |e: std::io::Error| format!("memory server {server}: {e}");
     sock.set_write_timeout(Some(timeout)).map_err(failed)?;
     // Any valid page size will do: status touches no pages.
     let chain = |e: StoreError| rmem_client::error_chain(&e);
-    handshake(&mut sock, &a.server, token.as_bytes(), 4096, deadline).map_err(chain)?;
+    handshake(&mut sock, server, token, 4096, deadline).map_err(chain)?;
     let mut frame = Vec::new();
     Request::Status.encode(1, &mut frame);
     sock.write_all(&frame).map_err(failed)?;
     let mut body = Vec::new();
     let max = rmem_proto::FRAME_LEN_MAX_DEFAULT;
-    let h = read_frame(&mut sock, &a.server, "status", &mut body, max, deadline).map_err(chain)?;
-    match Response::decode(h.op, &body).map_err(|e| format!("memory server {}: {e}", a.server))? {
+    let h = read_frame(&mut sock, server, "status", &mut body, max, deadline).map_err(chain)?;
+    match Response::decode(h.op, &body).map_err(|e| format!("memory server {server}: {e}"))? {
         Response::StatusOk(st) => Ok(st),
-        Response::Error { code, message } => Err(format!(
-            "memory server {} answered {code}: {message}",
-            a.server
-        )),
+        Response::Error { code, message } => {
+            Err(format!("memory server {server} answered {code}: {message}"))
+        }
         other => Err(format!(
-            "memory server {} answered {:?} to status",
-            a.server,
+            "memory server {server} answered {:?} to status",
             other.op()
         )),
     }

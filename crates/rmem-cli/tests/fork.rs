@@ -206,6 +206,38 @@ fn children_read_their_snapshot_from_erasure_coded_encrypted_pages() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A fork() whose child cannot be served (the pipe rmem watches the child by cannot be made
+/// under a lowered open-file limit) fails at the call with EAGAIN and rmem's reason, leaves no
+/// child, and the program goes on: with the limit restored, fork() works again.
+#[test]
+fn a_fork_rmem_cannot_serve_fails_at_the_call() {
+    let prog = build_plain("tests/c/fork_refused.c");
+    let dir = scratch("fork-refused");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(&["--local", "4M"], &stats, &[prog.to_str().unwrap()], false),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success()
+            && out.stdout.contains("refused: EAGAIN")
+            && out.stdout.contains("fork_refused: ok"),
+        "{}",
+        ok(&out)
+    );
+    assert!(
+        out.stderr.contains("fork() failed (EAGAIN)") && out.stderr.contains("pipe"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("touched its parent's remote memory"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// One line per test of a verbose unittest run: `name (module.Class.name) ... outcome`, the
 /// outcome's first word (ok, FAIL, ERROR, skipped, expected, unexpected).
 fn unittest_outcomes(stderr: &str) -> std::collections::BTreeMap<String, String> {

@@ -395,3 +395,84 @@ fn an_unreachable_host_is_named_and_the_started_servers_are_finalized() {
     let left = c.leftovers();
     assert!(left.is_empty(), "processes left over: {left:?}");
 }
+
+/// A partition: three servers, each in a namespace of its own, pages kept as `ec:2+1`; the
+/// veth of one is set down under the verifying stress for longer than the servers' lease,
+/// then up again. The program goes on from the other two (no error, no mismatch), gives the
+/// partitioned server up, and takes it back once it answers again.
+#[test]
+fn a_server_partitioned_past_its_lease_is_survived_with_redundancy() {
+    const TOKEN: &str = "secret-for-the-partition-test";
+    let Some(c) = Cluster::new("partition", &[false, false, false]) else {
+        return;
+    };
+    let servers: Vec<ServerProcess> = c
+        .hosts
+        .iter()
+        .map(|h| {
+            ServerProcess::start_in(
+                &["ip", "netns", "exec", &h.netns],
+                TOKEN,
+                &["--listen", &format!("{}:0", h.addr), "--lease", "2"],
+            )
+        })
+        .collect();
+    let mut hosts = String::from("me 8M\nredundancy ec:2+1\nencrypt off\n");
+    for s in &servers {
+        hosts += &format!("{} 128M\n", s.addr);
+    }
+    let file = c.dir.join("hosts");
+    std::fs::write(&file, hosts).unwrap();
+    let stats = c.dir.join("stats.json");
+    let mut cmd = Command::new(rmem());
+    cmd.args(["run", "--api", "--launcher", "none", "--page-size", "4K"])
+        .arg("--hostfile")
+        .arg(&file)
+        .arg("--stats-json")
+        .arg(&stats)
+        .arg("--")
+        .arg(build_c("tests/c/stress.c"))
+        .args(["8", "32", "50000"])
+        .env("RMEM_TOKEN", TOKEN)
+        .env("RMEM_SERVER_TIMEOUT_MS", "1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // Cut the link once the program has pages out; keep it down past the 2 s lease.
+    std::thread::sleep(Duration::from_millis(1500));
+    let veth = c.hosts[0].veth.clone();
+    sh(&["ip", "link", "set", &veth, "down"]);
+    let down = Instant::now();
+    let mut child = child;
+    while down.elapsed() < Duration::from_secs(5) && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cut_while_running = child.try_wait().unwrap().is_none();
+    sh(&["ip", "link", "set", &veth, "up"]);
+    let out = wait_bounded(child, Duration::from_secs(180), "the partitioned stress");
+    let what = format!(
+        "{:?} after {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status, out.elapsed, out.stdout, out.stderr
+    );
+    eprintln!("{what}");
+    assert!(
+        cut_while_running,
+        "the stress ended before the partition: {what}"
+    );
+    assert!(out.status.success(), "{what}");
+    assert!(
+        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
+        "{what}"
+    );
+    assert!(
+        out.stderr
+            .contains(&format!("memory server {} lost", servers[0].addr)),
+        "{what}"
+    );
+    let v = read_json(&stats);
+    assert_eq!(v["layout"].as_str(), Some("ec:2+1"), "{v}");
+    assert_eq!(v["servers_lost"].as_u64(), Some(1), "{v}\n{what}");
+    drop(servers);
+    assert!(c.leftovers().is_empty(), "{:?}", c.leftovers());
+}

@@ -30,12 +30,25 @@ fn random_ms(lo: u64, hi: u64) -> Duration {
 
 /// The stress (8 threads, 32 MiB, `ops` each) at 8 MiB local over `n` servers.
 fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> Run {
+    start_with(name, n, redundancy, ops, as_nobody, &[])
+}
+
+/// [`start`] with more of the program's environment.
+fn start_with(
+    name: &str,
+    n: usize,
+    redundancy: &str,
+    ops: &str,
+    as_nobody: bool,
+    env: &[(&str, &str)],
+) -> Run {
     let dir = scratch(name);
     let servers: Vec<ServerProcess> = (0..n)
         .map(|_| ServerProcess::start(TOKEN, &["--verbose"]))
         .collect();
     let hosts = dir.join("hosts");
-    let mut text = String::from("me 8M\n");
+    // The layout comes from the hosts file (`rmem run --redundancy` is left at auto).
+    let mut text = format!("me 8M\nredundancy {redundancy}\n");
     for s in &servers {
         text += &format!("{} 64M\n", s.addr);
     }
@@ -60,18 +73,13 @@ fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> 
     ])
     .arg("--hostfile")
     .arg(&hosts)
-    .args([
-        "--page-size",
-        "4K",
-        "--redundancy",
-        redundancy,
-        "--stats-json",
-    ])
+    .args(["--page-size", "4K", "--stats-json"])
     .arg(&stats)
     .arg("--")
     .arg(&prog)
     .args(["8", "32", ops])
     .env("RMEM_TOKEN", TOKEN)
+    .envs(env.iter().copied())
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
@@ -175,6 +183,7 @@ fn survives(
         "no repair seen to kill during: {what}"
     );
     let v = read_json(&run.stats);
+    assert_eq!(v["layout"].as_str(), Some(redundancy), "{v}");
     let lost = (which.len() + during_repair.len()) as u64;
     assert_eq!(v["servers_lost"].as_u64(), Some(lost), "{v}\n{what}");
     assert!(err.contains("repair done"), "{what}");
@@ -250,6 +259,42 @@ fn one_more_server_lost_than_covered_stops_with_their_names() {
     let _ = std::fs::remove_dir_all(&run.dir);
 }
 
+/// A server that stops answering for a while (SIGSTOP, then SIGCONT within the reconnection
+/// window): the reads waiting on it are asked of the other copy at once, the answers it
+/// sends when it wakes are ignored, it is never given up on, and nothing is wrong.
+#[test]
+fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
+    let run = start_with(
+        "red-stall",
+        3,
+        "replicas:2",
+        "40000",
+        false,
+        &[
+            ("RMEM_SERVER_TIMEOUT_MS", "300"),
+            ("RMEM_RECONNECT_MS", "20000"),
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = run.servers[1].child.id() as i32;
+    // SAFETY: signalling a child this test started and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = wait_bounded(run.child, Duration::from_secs(180), "the stalled stress");
+    let what = shown(&out);
+    assert!(out.status.success(), "{what}");
+    assert!(
+        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
+        "{what}"
+    );
+    let v = read_json(&run.stats);
+    assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{what}");
+    assert!(v["failovers"].as_u64().unwrap() > 0, "{v}\n{what}");
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
 /// More redundancy than servers is refused before anything starts.
 #[test]
 fn a_layout_wider_than_the_servers_is_refused() {
@@ -271,4 +316,60 @@ fn a_layout_wider_than_the_servers_is_refused() {
         "{}",
         shown(&out)
     );
+}
+
+/// `rmem bench redundancy` at a tiny size: every layout row, memory in line with its
+/// overhead, a repair measured for each redundant layout, the JSON written.
+#[test]
+fn bench_redundancy_tiny_writes_its_json() {
+    let dir = scratch("bench-redundancy");
+    let json = dir.join("redundancy.json");
+    let out = run_bounded(
+        Command::new(rmem())
+            .args([
+                "bench",
+                "redundancy",
+                "--size",
+                "8M",
+                "--updates",
+                "2000",
+                "--passes",
+                "1",
+                "--layouts",
+                "none,replicas:2,ec:2+1",
+                "--encrypt",
+                "both",
+                "--json",
+            ])
+            .arg(&json),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let v = read_json(&json);
+    let rows = v["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{v}");
+    let base = rows[0]["memory_ratio"].as_f64().unwrap();
+    assert!(base > 0.3, "{v}");
+    for r in rows {
+        let layout = r["layout"].as_str().unwrap();
+        let mem = r["memory_vs_base"].as_f64().unwrap();
+        let want = match layout {
+            "none" => 1.0,
+            "replicas:2" => 2.0,
+            "ec:2+1" => 1.5,
+            other => panic!("{other}"),
+        };
+        // Sealed units carry 16 bytes more than a page; fragments round up to 8 bytes.
+        assert!((mem / want - 1.0).abs() < 0.03, "{layout}: {mem} {v}");
+        assert!(r["stream_s"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(r["access_us_p99"].as_f64().unwrap() > 0.0, "{v}");
+        let repaired = r["pages_repaired"].as_u64().unwrap();
+        if layout == "none" {
+            assert!(r["repair_mb_per_s"].is_null(), "{v}");
+        } else {
+            assert!(repaired > 0, "{layout}: nothing repaired {v}");
+            assert!(r["repair_mb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

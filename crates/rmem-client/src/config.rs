@@ -213,6 +213,10 @@ pub struct OwnServers {
     pub token: Vec<u8>,
     /// The hosts file's local budget, the default when `RMEM_LOCAL` is not set.
     pub local_bytes: Option<u64>,
+    /// The hosts file's `redundancy` and `encrypt` lines, the defaults when
+    /// `RMEM_REDUNDANCY` and `RMEM_ENCRYPT` are not set (or `auto`).
+    pub redundancy: Option<crate::store::codec::Redundancy>,
+    pub encrypt: Option<bool>,
 }
 
 /// `RMEM_SERVERS` names at least one server (else a program may start its own).
@@ -307,7 +311,7 @@ impl Config {
             prefetch: on_off_var("RMEM_PREFETCH", d.prefetch)?,
             overcommit: on_off_var("RMEM_OVERCOMMIT", d.overcommit)?,
             redundancy: match var("RMEM_REDUNDANCY").as_deref() {
-                None | Some("auto") => None,
+                None | Some("auto") => own.and_then(|o| o.redundancy),
                 Some(v) => Some(crate::store::codec::Redundancy::parse(v).map_err(|reason| {
                     ConfigError::Invalid {
                         var: "RMEM_REDUNDANCY",
@@ -317,7 +321,7 @@ impl Config {
                 })?),
             },
             encrypt: match var("RMEM_ENCRYPT").as_deref() {
-                None | Some("auto") => None,
+                None | Some("auto") => own.and_then(|o| o.encrypt),
                 Some(_) => Some(on_off_var("RMEM_ENCRYPT", false)?),
             },
         };

@@ -11,8 +11,13 @@
 //! Module pipeline, in the order a fault travels: [`region`] (the reserved range) ->
 //! [`pager`] (fault loop, eviction) -> [`pages`] (per-page state machine) -> [`store`] (where
 //! pages live: [`store::remote`] over TCP, [`store::mem`] in-process for tests).
+//!
+//! A second front end, [`blocks::BlockCache`], holds pages in buffers instead of a mapped
+//! region, over the same [`state::PageStates`] and page stores: the block device (`rmem nbd`)
+//! is built on it.
 
 pub mod alloc;
+pub mod blocks;
 pub mod config;
 pub mod own_servers;
 pub mod pager;

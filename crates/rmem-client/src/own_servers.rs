@@ -92,6 +92,7 @@ impl Helper {
         let _ = child.wait();
         let mut stdout = BufReader::new(stdout);
         let (mut servers, mut token, mut local_bytes) = (Vec::new(), Vec::new(), None);
+        let (mut redundancy, mut encrypt) = (None, None);
         let mut line = String::new();
         loop {
             line.clear();
@@ -106,6 +107,11 @@ impl Helper {
                 "servers" => servers = value.split(',').map(str::to_string).collect(),
                 "token" => token = value.as_bytes().to_vec(),
                 "local" => local_bytes = value.parse().ok(),
+                "redundancy" => {
+                    let r = crate::store::codec::Redundancy::parse(value);
+                    redundancy = Some(r.map_err(|e| format!("{what}: redundancy {e}"))?);
+                }
+                "encrypt" => encrypt = Some(value == "on"),
                 "ready" => break,
                 _ => {}
             }
@@ -114,6 +120,8 @@ impl Helper {
             servers,
             token,
             local_bytes,
+            redundancy,
+            encrypt,
         };
         Ok((Helper { stdin, stdout }, own))
     }

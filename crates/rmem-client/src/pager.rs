@@ -874,6 +874,9 @@ impl Core {
                 self.pages.want(page, fill);
                 Ok(())
             }
+            PageState::Syncing | PageState::SyncingDirty => {
+                unreachable!("the pager never syncs a resident page (page {})", page.0)
+            }
         }
     }
 
@@ -1196,6 +1199,7 @@ impl Core {
                 self.staging.release(slot).map_err(PagerError::Madvise)?;
             }
             Landed::Queued => {}
+            Landed::Synced { .. } => unreachable!("the pager never syncs a resident page"),
         }
         Ok(())
     }

@@ -15,11 +15,16 @@ use crate::PageIndex;
 ///  Clean --evict--> Remote         ZeroClean --evict--> Untouched
 ///  Dirty --evict(move out)--> Leaving --written--> Remote
 ///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
+///  Dirty --sync--> Syncing --written--> Clean
+///  Syncing --write--> SyncingDirty --written--> Dirty
 ///  ForkedClean --evict(unwritten)--> Remote   ForkedZero --evict(unwritten)--> Untouched
 ///  ForkedClean | ForkedZero --evict(written: move out)--> Leaving
 ///  ForkedClean | ForkedZero --piece zeroed--> Dirty
 ///  any --free--> Untouched
 /// ```
+///
+/// `Syncing` and `SyncingDirty` are a write-back of a page that stays resident: a front end
+/// that holds pages in buffers (the block device's FLUSH) uses them; the pager never does.
 ///
 /// A fork() child starts from its parent's table relabelled ([`PageTable::relabel`]): see
 /// `PageStates::after_fork`.
@@ -42,14 +47,19 @@ pub enum PageState {
     Leaving = 6,
     /// As `Leaving`, and the program faulted on it meanwhile.
     LeavingWanted = 7,
+    /// Resident, written back while staying resident (a flush); the write is in flight, and
+    /// the page is out of the policy until it lands.
+    Syncing = 8,
+    /// As `Syncing`, and written again meanwhile: dirty once the write lands.
+    SyncingDirty = 9,
     /// In a fork() child: mapped as the parent had it, clean there (equal to the server's
     /// copy), shared copy-on-write with the parent and not write-protected (the kernel drops
     /// a child's write protection). Current on the server unless the child wrote it since,
     /// which its eviction finds out (the kernel moves only pages the child wrote).
-    ForkedClean = 8,
+    ForkedClean = 10,
     /// As `ForkedClean` for a page the parent had zero-filled and never written: no server
     /// copy.
-    ForkedZero = 9,
+    ForkedZero = 11,
 }
 
 impl PageState {
@@ -63,8 +73,10 @@ impl PageState {
             5 => PageState::Dirty,
             6 => PageState::Leaving,
             7 => PageState::LeavingWanted,
-            8 => PageState::ForkedClean,
-            9 => PageState::ForkedZero,
+            8 => PageState::Syncing,
+            9 => PageState::SyncingDirty,
+            10 => PageState::ForkedClean,
+            11 => PageState::ForkedZero,
             _ => unreachable!("corrupt page state {v}"),
         }
     }
@@ -114,6 +126,10 @@ impl PageState {
                 | (Leaving, LeavingWanted)
                 | (LeavingWanted, Clean)
                 | (LeavingWanted, Dirty)
+                | (Dirty, Syncing)
+                | (Syncing, SyncingDirty)
+                | (Syncing, Clean)
+                | (SyncingDirty, Dirty)
                 | (ForkedClean, Remote)
                 | (ForkedClean, Leaving)
                 | (ForkedClean, Dirty)
@@ -217,6 +233,19 @@ mod tests {
         t.transition(p, PageState::Remote);
         assert_eq!(t.local_pages(), 0);
         assert!(t.heap_bytes() < 200_000);
+    }
+
+    #[test]
+    fn a_synced_page_stays_local() {
+        let mut t = PageTable::new();
+        let p = PageIndex(7);
+        t.transition(p, PageState::Dirty);
+        t.transition(p, PageState::Syncing);
+        t.transition(p, PageState::SyncingDirty);
+        t.transition(p, PageState::Dirty);
+        t.transition(p, PageState::Syncing);
+        t.transition(p, PageState::Clean);
+        assert_eq!(t.local_pages(), 1);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Landed {
     Remote { slot: u32 },
     /// Written back and wanted: it waits in the reinstall queue.
     Queued,
+    /// Written back while staying resident ([`PageStates::begin_sync`]): Clean now, or Dirty
+    /// if it was written meanwhile; back in the policy either way.
+    Synced { dirty: bool },
 }
 
 /// What the program's release of a page needs.
@@ -123,6 +126,11 @@ impl PageStates {
             self.reinstall.len(),
             self.locked.len()
         )
+    }
+
+    /// Dirty victims whose write-back is in flight (each holds a staging slot).
+    pub fn leaving(&self) -> usize {
+        self.leaving.len()
     }
 
     /// Written-back pages wait to be reinstalled.
@@ -209,11 +217,28 @@ impl PageStates {
         }
     }
 
-    /// A clean or zero page is written (a write-protect fault, or a piece the program zeroed).
+    /// A clean or zero page is written (a write-protect fault, or a piece the program zeroed),
+    /// or a page being synced is written again.
     pub fn dirty(&mut self, page: PageIndex) {
+        if self.get(page) == PageState::Syncing {
+            // Out of the policy until its write lands; it learns of the write then.
+            self.table.transition(page, PageState::SyncingDirty);
+            return;
+        }
         self.table.transition(page, PageState::Dirty);
         if !self.locked.contains(&page) {
             self.policy.on_write(page);
+        }
+    }
+
+    /// A dirty page is written back and stays resident (a flush of a buffer front end): out
+    /// of the policy until the write lands ([`PageStates::stored`] answers
+    /// [`Landed::Synced`]), so it is never chosen as a victim with a write in flight.
+    pub fn begin_sync(&mut self, page: PageIndex) {
+        self.table.transition(page, PageState::Syncing);
+        if !self.locked.contains(&page) {
+            self.policy.remove(page);
+            self.in_policy -= 1;
         }
     }
 
@@ -316,6 +341,9 @@ impl PageStates {
 
     /// A page's write-back landed.
     pub fn stored(&mut self, page: PageIndex) -> Landed {
+        if matches!(self.get(page), PageState::Syncing | PageState::SyncingDirty) {
+            return self.synced(page);
+        }
         let leave = *self.leaving.get(&page).expect("stored page was leaving");
         if self.released.remove(&page) {
             self.leaving.remove(&page);
@@ -331,6 +359,25 @@ impl PageStates {
             self.table.transition(page, PageState::Remote);
             Landed::Remote { slot: leave.slot }
         }
+    }
+
+    /// A sync landed: the page is back in the policy, Clean or (written meanwhile) Dirty.
+    fn synced(&mut self, page: PageIndex) -> Landed {
+        if self.released.remove(&page) {
+            self.table.transition(page, PageState::Untouched);
+            return Landed::Released { slot: None };
+        }
+        let dirty = self.get(page) == PageState::SyncingDirty;
+        self.table.transition(
+            page,
+            if dirty {
+                PageState::Dirty
+            } else {
+                PageState::Clean
+            },
+        );
+        self.admit(page, Admission::Fetched, dirty);
+        Landed::Synced { dirty }
     }
 
     /// The next written-back page that was wanted: map it from its slot (or it was freed).
@@ -378,7 +425,11 @@ impl PageStates {
                 self.table.transition(page, PageState::Untouched);
                 Freed::Remote
             }
-            PageState::Filling | PageState::Leaving | PageState::LeavingWanted => {
+            PageState::Filling
+            | PageState::Leaving
+            | PageState::LeavingWanted
+            | PageState::Syncing
+            | PageState::SyncingDirty => {
                 self.released.insert(page);
                 Freed::Later
             }
@@ -579,5 +630,39 @@ mod tests {
             (s.get(clean), s.get(zero)),
             (PageState::Remote, PageState::Untouched)
         );
+    }
+
+    #[test]
+    fn a_synced_page_stays_out_of_the_policy_until_it_lands() {
+        let mut s = states();
+        let (a, b) = (PageIndex(1), PageIndex(2));
+        s.zero_fill(a, true);
+        s.zero_fill(b, true);
+        s.begin_sync(a);
+        s.check();
+        assert_eq!(
+            s.take_victim(true),
+            Some(b),
+            "a page in flight is never a victim"
+        );
+        assert_eq!(s.take_victim(true), None);
+        s.dirty(a);
+        assert_eq!(s.get(a), PageState::SyncingDirty);
+        assert_eq!(s.stored(a), Landed::Synced { dirty: true });
+        assert_eq!(s.get(a), PageState::Dirty);
+        s.begin_sync(a);
+        assert_eq!(s.stored(a), Landed::Synced { dirty: false });
+        assert_eq!(s.get(a), PageState::Clean);
+        s.dirty(a);
+        s.begin_sync(a);
+        assert_eq!(s.free(a), Freed::Later, "freed with its write in flight");
+        assert_eq!(s.stored(a), Landed::Released { slot: None });
+        assert_eq!(s.get(a), PageState::Untouched);
+        assert_eq!(
+            s.local(),
+            1,
+            "b, the victim taken above, is not evicted yet"
+        );
+        s.check();
     }
 }

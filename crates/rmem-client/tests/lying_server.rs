@@ -40,6 +40,13 @@ fn server() -> String {
 /// the first copy it ever saw of that key (stale), or another key's data under this key
 /// (swapped). Returns its address and the count of lies told.
 fn liar(real: String) -> (String, Arc<AtomicU64>) {
+    proxy(real, true, Duration::ZERO)
+}
+
+/// A proxy to `real` that lies in read answers (`lying`), or passes them on truthfully after
+/// `delay`: a slow honest server, so that a fragment read (K of K+1 suffice) decodes from the
+/// liar's piece rather than always from the two honest ones, however the machine is loaded.
+fn proxy(real: String, lying: bool, delay: Duration) -> (String, Arc<AtomicU64>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let lies = Arc::new(AtomicU64::new(0));
@@ -72,6 +79,11 @@ fn liar(real: String) -> (String, Arc<AtomicU64>) {
                     }
                     out.clear();
                     match (h.op, Response::decode(h.op, &body)) {
+                        (Op::ReadOk, Ok(Response::ReadOk { .. })) if !lying => {
+                            std::thread::sleep(delay);
+                            out.extend_from_slice(&hdr);
+                            out.extend_from_slice(&body);
+                        }
                         (Op::ReadOk, Ok(Response::ReadOk { key, count, data })) => {
                             let mut lie = data.to_vec();
                             let orig = first.entry(key.0).or_insert_with(|| data.to_vec());
@@ -120,7 +132,8 @@ fn page(n: u64, round: u64) -> Vec<u8> {
 /// Write `pages` pages, read them back, write them again, read again: every read correct.
 fn check(redundancy: &str, encrypt: bool) {
     let (lying, lies) = liar(server());
-    let servers = [lying, server(), server()];
+    let (slow, _) = proxy(server(), false, Duration::from_millis(25));
+    let servers = [lying, server(), slow];
     let t = Duration::from_secs(5);
     let timing = Timing {
         connect: t,

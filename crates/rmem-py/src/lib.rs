@@ -17,7 +17,7 @@
 
 mod signals;
 
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rmem_client::config::{self, Config, OwnServers};
@@ -140,23 +140,36 @@ fn size_arg(what: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
 
 /// Start a runtime; see `rmem.connect` for the arguments.
 #[pyfunction]
-#[pyo3(signature = (servers=None, local=None, page_size=None, hostfile=None))]
+#[pyo3(signature = (servers=None, local=None, page_size=None, hostfile=None, redundancy=None, encrypt=None))]
 fn _connect(
     py: Python<'_>,
     servers: Option<Vec<String>>,
     local: Option<&Bound<'_, PyAny>>,
     page_size: Option<&Bound<'_, PyAny>>,
     hostfile: Option<PathBuf>,
+    redundancy: Option<String>,
+    encrypt: Option<bool>,
 ) -> PyResult<()> {
     let local = size_arg("local", local)?;
     let page_size = size_arg("page_size", page_size)?;
+    let redundancy = match redundancy.as_deref() {
+        None | Some("auto") => None,
+        Some(r) => Some(
+            rmem_client::store::codec::Redundancy::parse(r)
+                .map_err(|e| PyValueError::new_err(format!("redundancy={r:?}: {e}")))?,
+        ),
+    };
+    let layout = Layout {
+        redundancy,
+        encrypt,
+    };
     let mut cur = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
     if cur.is_some() {
         return Err(RmemError::new_err(
             "already connected: call rmem.close() before connecting again",
         ));
     }
-    let session = py.detach(|| start(servers, local, page_size, hostfile))?;
+    let session = py.detach(|| start(servers, local, page_size, hostfile, layout))?;
     *cur = Some(Arc::new(session));
     Ok(())
 }
@@ -164,11 +177,18 @@ fn _connect(
 /// Where the servers come from, in order: `servers`, `hostfile`, the environment `rmem run`
 /// sets, else servers started here (the hosts file `RMEM_HOSTFILE` or `./dlm_hosts` names,
 /// else two on loopback).
+/// `connect()`'s `redundancy=` and `encrypt=`: over the environment and the hosts file.
+struct Layout {
+    redundancy: Option<rmem_client::store::codec::Redundancy>,
+    encrypt: Option<bool>,
+}
+
 fn start(
     servers: Option<Vec<String>>,
     local: Option<u64>,
     page_size: Option<u64>,
     hostfile: Option<PathBuf>,
+    layout: Layout,
 ) -> PyResult<Session> {
     let err = |e: &dyn std::error::Error| RmemError::new_err(rmem_client::error_chain(e));
     let mut helper = None;
@@ -179,6 +199,8 @@ fn start(
                 servers: list,
                 token,
                 local_bytes: None,
+                redundancy: None,
+                encrypt: None,
             };
             Config::from_env_with(Some(&own))
         }
@@ -209,6 +231,12 @@ fn start(
         }
         if let Some(v) = page_size {
             c.page_size = v as usize;
+        }
+        if layout.redundancy.is_some() {
+            c.redundancy = layout.redundancy;
+        }
+        if layout.encrypt.is_some() {
+            c.encrypt = layout.encrypt;
         }
     }
     let config = match config {

@@ -172,6 +172,30 @@ def test_connect_errors():
     assert "error: local=" in r.stdout, r.stderr
 
 
+def test_redundancy_and_encryption_from_connect_and_from_the_hosts_file(tmp_path):
+    with pytest.raises(ValueError, match="redundancy="):
+        rmem.connect(redundancy="ec:0+1")
+    r = run_py("""
+        import numpy as np, rmem
+        rmem.connect(local="4M", page_size="4K", redundancy="replicas:2", encrypt=True)
+        local = np.arange(1 << 21, dtype=np.float64)   # 16 MiB, four times the budget
+        a = rmem.array(local)
+        print("layout", rmem.stats()["layout"], np.array_equal(a, local))
+    """)
+    assert r.returncode == 0 and "layout replicas:2, encrypted True" in r.stdout, r.stderr
+    hosts = tmp_path / "hosts"
+    hosts.write_text("me 4M\nredundancy ec:2+1\n" + "127.0.0.1 64M\n" * 3)
+    hosts.chmod(0o644)
+    r = run_py(f"""
+        import numpy as np, rmem
+        rmem.connect(hostfile={str(hosts)!r}, page_size="4K")
+        local = np.arange(1 << 21, dtype=np.float64)
+        a = rmem.array(local)
+        print("layout", rmem.stats()["layout"], np.array_equal(a, local))
+    """)
+    assert r.returncode == 0 and "layout ec:2+1 True" in r.stdout, r.stderr
+
+
 def test_close_with_live_arrays_keeps_them_working():
     r = run_py("""
         import numpy as np, rmem

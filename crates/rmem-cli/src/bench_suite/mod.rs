@@ -9,7 +9,7 @@
 //! Ctrl-C stops the suite between or during runs, and the swap setup is undone on the way out
 //! ([`swap::SwapRig`]).
 
-mod limits;
+pub(crate) mod limits;
 mod plot;
 mod swap;
 

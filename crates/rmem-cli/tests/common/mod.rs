@@ -196,7 +196,20 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub fn start(token: &str, args: &[&str]) -> ServerProcess {
-        let mut child = Command::new(rmem())
+        ServerProcess::start_in(&[], token, args)
+    }
+
+    /// `rmem server ARGS` run through `prefix` (e.g. `ip netns exec NS`).
+    pub fn start_in(prefix: &[&str], token: &str, args: &[&str]) -> ServerProcess {
+        let mut cmd = match prefix {
+            [] => Command::new(rmem()),
+            [first, rest @ ..] => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(rmem());
+                c
+            }
+        };
+        let mut child = cmd
             .arg("server")
             .args(args)
             .env("RMEM_TOKEN", token)

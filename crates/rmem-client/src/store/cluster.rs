@@ -19,14 +19,16 @@
 //! At a fork() ([`PageStore::snapshot`]) every live server takes a copy-on-write snapshot of
 //! this client's session, queued behind the requests already sent to it; the child's store
 //! ([`PageStore::forked`]) is this one's placement and versions (taken over, not copied: the
-//! child's copy of this process is what it reads from), the same codec and key, and one
+//! child's copy of this process is what it reads from), the same codec with a sealing key of
+//! its own under encryption (see [`codec::Stamp`]: each page's versions go on from the
+//! parent's in both processes, so one key would repeat nonces), and one
 //! connection per server, unlinked until first used, to that server's snapshot. A buried
 //! server has no snapshot and stays buried in the child.
 //!
 //! [`codec`]: super::codec
 //! [`remote::Conn`]: super::remote::Conn
 
-use super::codec::{Codec, Redundancy};
+use super::codec::{self, Codec, Redundancy, Stamp};
 use super::remote::{Answer, Conn, Kind, Orphan, Timing};
 use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::Placement;
@@ -66,7 +68,7 @@ const NONE: u16 = u16::MAX;
 struct Meta {
     /// Group index + 1; 0: nothing stored.
     groups: Vec<Option<Box<[u16]>>>,
-    versions: Vec<Option<Box<[u32]>>>,
+    stamps: Vec<Option<Box<[Stamp]>>>,
 }
 
 impl Meta {
@@ -89,19 +91,20 @@ impl Meta {
         ch[page as usize % CHUNK] = g.map_or(0, |g| g + 1);
     }
 
-    fn version(&self, page: u64) -> u32 {
-        match self.versions.get(page as usize / CHUNK) {
+    fn stamp(&self, page: u64) -> Stamp {
+        match self.stamps.get(page as usize / CHUNK) {
             Some(Some(c)) => c[page as usize % CHUNK],
-            _ => 0,
+            _ => Stamp::default(),
         }
     }
 
-    fn set_version(&mut self, page: u64, v: u32) {
+    fn set_stamp(&mut self, page: u64, v: Stamp) {
         let c = page as usize / CHUNK;
-        if c >= self.versions.len() {
-            self.versions.resize_with(c + 1, || None);
+        if c >= self.stamps.len() {
+            self.stamps.resize_with(c + 1, || None);
         }
-        let ch = self.versions[c].get_or_insert_with(|| vec![0; CHUNK].into_boxed_slice());
+        let ch =
+            self.stamps[c].get_or_insert_with(|| vec![Stamp::default(); CHUNK].into_boxed_slice());
         ch[page as usize % CHUNK] = v;
     }
 
@@ -144,7 +147,7 @@ impl Groups {
 /// A fetch: pieces asked, answered, found bad, and those in.
 struct Fetch {
     page: u64,
-    version: u32,
+    stamp: Stamp,
     group: u16,
     pieces: Vec<Option<Vec<u8>>>,
     asked: u32,
@@ -157,9 +160,21 @@ struct Fetch {
 
 struct Store {
     page: u64,
-    version: u32,
+    stamp: Stamp,
     waiting: u32,
     repair: bool,
+}
+
+impl Store {
+    /// A write-back of one unsealed page (no redundancy, no encryption: one piece).
+    fn plain(page: u64) -> Store {
+        Store {
+            page,
+            stamp: Stamp::default(),
+            waiting: 1,
+            repair: false,
+        }
+    }
 }
 
 enum Op {
@@ -179,7 +194,7 @@ enum Todo {
     /// A repair's read decoded: write the missing pieces.
     RepairWrite {
         page: u64,
-        version: u32,
+        stamp: Stamp,
         data: Vec<u8>,
     },
     /// A repair's writes are all acknowledged.
@@ -227,6 +242,10 @@ pub struct RemoteStore {
     refusals: HashMap<u64, Vec<usize>>,
     repair: Repair,
     next_revive: Instant,
+    /// The codec the fork() child of the latest snapshot seals with (its own key: see
+    /// [`Stamp`]), made in [`PageStore::snapshot`] where failing is an answer; the child
+    /// takes it from its copy of this store.
+    child_codec: Option<Arc<Codec>>,
 }
 
 fn bit(piece: usize) -> u32 {
@@ -337,7 +356,7 @@ impl Book {
         let ok = if !fe.all {
             let mut pieces = fe.pieces.clone();
             self.codec
-                .decode(fe.page, fe.version, &mut pieces, &mut out)
+                .decode(fe.page, fe.stamp, &mut pieces, &mut out)
                 .is_ok()
         } else {
             // Without each piece in turn, then the bad one is known.
@@ -353,7 +372,7 @@ impl Book {
                 }
                 if self
                     .codec
-                    .decode(fe.page, fe.version, &mut pieces, &mut out)
+                    .decode(fe.page, fe.stamp, &mut pieces, &mut out)
                     .is_ok()
                 {
                     fe.pieces[leave] = None;
@@ -366,12 +385,12 @@ impl Book {
             found
         };
         if ok {
-            let (page, version, repair) = (fe.page, fe.version, fe.repair);
+            let (page, stamp, repair) = (fe.page, fe.stamp, fe.repair);
             self.ops.remove(&op);
             if repair {
                 todo.push(Todo::RepairWrite {
                     page,
-                    version,
+                    stamp,
                     data: out.clone(),
                 });
             } else {
@@ -482,6 +501,7 @@ impl RemoteStore {
             refusals: HashMap::new(),
             repair: Repair::default(),
             next_revive: Instant::now(),
+            child_codec: None,
         })
     }
 
@@ -699,17 +719,21 @@ impl RemoteStore {
     fn start_store(&mut self, page: u64, data: &[u8], repair: bool) -> Result<u64, StoreError> {
         let (g, changed) = self.target(page)?;
         let w = self.book.codec.redundancy().width();
-        let version = if self.book.codec.plain() {
-            0
+        let stamp = if self.book.codec.plain() {
+            Stamp::default()
         } else if repair {
-            self.book.meta.version(page)
+            self.book.meta.stamp(page)
         } else {
-            let v = self.book.meta.version(page).checked_add(1).ok_or_else(|| {
-                StoreError::Layout(format!(
-                    "page {page} was written back 2^32 times; its seal's nonce would repeat"
-                ))
-            })?;
-            self.book.meta.set_version(page, v);
+            let v = self
+                .book
+                .codec
+                .next_stamp(self.book.meta.stamp(page))
+                .ok_or_else(|| {
+                    StoreError::Layout(format!(
+                        "page {page} was written back 2^32 times; its seal's nonce would repeat"
+                    ))
+                })?;
+            self.book.meta.set_stamp(page, v);
             v
         };
         // A repair writes only the pieces that moved, with the same version: the same bytes.
@@ -724,7 +748,7 @@ impl RemoteStore {
         if self.book.codec.plain() {
             self.send_pieces(op, page, g, mask, data);
         } else {
-            self.book.codec.encode(page, version, data, &mut units);
+            self.book.codec.encode(page, stamp, data, &mut units);
             self.send_pieces(op, page, g, mask, &units);
         }
         self.units = units;
@@ -732,7 +756,7 @@ impl RemoteStore {
             op,
             Op::Store(Store {
                 page,
-                version,
+                stamp,
                 waiting: mask,
                 repair,
             }),
@@ -762,7 +786,7 @@ impl RemoteStore {
             op,
             Op::Fetch(Fetch {
                 page,
-                version: self.book.meta.version(page),
+                stamp: self.book.meta.stamp(page),
                 group: g,
                 pieces: vec![None; w],
                 asked: 0,
@@ -800,7 +824,14 @@ impl RemoteStore {
             _ => 0,
         };
         let mut asked = Vec::new();
-        for i in (0..members.len()).map(|i| (start + i) % members.len()) {
+        // Servers in an outage (a link down, or not answered on since) last.
+        let order = (0..members.len()).map(|i| (start + i) % members.len());
+        let shaky = |i: &usize| {
+            let s = members[*i];
+            s != NONE && self.conns[s as usize].in_outage()
+        };
+        let (shaky, steady): (Vec<usize>, Vec<usize>) = order.partition(shaky);
+        for i in steady.into_iter().chain(shaky) {
             if asked.len() >= want {
                 break;
             }
@@ -858,10 +889,10 @@ impl RemoteStore {
         let Some(Op::Store(st)) = self.book.ops.get(&op) else {
             return Ok(());
         };
-        let (page, version) = (st.page, st.version);
+        let (page, stamp) = (st.page, st.stamp);
         let current = self.book.meta.group(page);
-        let same = current.is_some()
-            && (self.book.codec.plain() || self.book.meta.version(page) == version);
+        let same =
+            current.is_some() && (self.book.codec.plain() || self.book.meta.stamp(page) == stamp);
         if !same {
             let mut todo = std::mem::take(&mut self.todo);
             self.book.written(op, piece as usize, f, &mut todo);
@@ -1028,13 +1059,9 @@ impl RemoteStore {
                     unit,
                     refused,
                 } => self.place(op, piece, unit, refused, f)?,
-                Todo::RepairWrite {
-                    page,
-                    version,
-                    data,
-                } => {
+                Todo::RepairWrite { page, stamp, data } => {
                     let unchanged = self.book.meta.group(page).is_some()
-                        && self.book.meta.version(page) == version
+                        && self.book.meta.stamp(page) == stamp
                         && !self.book.busy.contains_key(&page);
                     if unchanged {
                         self.start_store(page, &data, true)?;
@@ -1154,6 +1181,43 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// Reads waiting on a server in an outage are asked of the page's other pieces now, not
+    /// after the reconnection window (with redundancy, where another piece can be asked; an
+    /// answer that comes later is ignored). Writes wait: a page counts as stored only when
+    /// every piece is.
+    fn fail_over_reads(&mut self) {
+        if self.book.codec.redundancy().tolerates() == 0 {
+            return;
+        }
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_some() || !self.conns[s].in_outage() {
+                continue;
+            }
+            let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();
+            for (op, piece) in reads {
+                let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
+                    continue;
+                };
+                if fe.answered & bit(piece as usize) != 0 {
+                    continue;
+                }
+                let members = &self.book.groups.members[fe.group as usize];
+                let other = members.iter().enumerate().any(|(i, &m)| {
+                    fe.asked & bit(i) == 0
+                        && self.book.alive(m)
+                        && !self.conns[m as usize].in_outage()
+                });
+                if !other {
+                    continue; // nothing else to ask: wait for this server
+                }
+                if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) {
+                    fe.answered |= bit(piece as usize);
+                }
+                self.todo.push(Todo::Ask(op));
+            }
+        }
+    }
+
     /// Which pages a buried server's loss left to repair, and whether one is running (for
     /// tests and messages).
     pub fn repairing(&self) -> usize {
@@ -1197,33 +1261,17 @@ impl PageStore for RemoteStore {
             // Two servers: the write goes as a write, not in the fetch's frame.
             let wop = self.book.op_id();
             self.send_pieces(wop, victim.0, vg, 1, data);
-            self.book.ops.insert(
-                wop,
-                Op::Store(Store {
-                    page: victim.0,
-                    version: 0,
-                    waiting: 1,
-                    repair: false,
-                }),
-            );
+            self.book.ops.insert(wop, Op::Store(Store::plain(victim.0)));
             self.book.busy.insert(victim.0, wop);
             return self.fetch(page);
         }
         let (wop, rop) = (self.book.op_id(), self.book.op_id());
-        self.book.ops.insert(
-            wop,
-            Op::Store(Store {
-                page: victim.0,
-                version: 0,
-                waiting: 1,
-                repair: false,
-            }),
-        );
+        self.book.ops.insert(wop, Op::Store(Store::plain(victim.0)));
         self.book.ops.insert(
             rop,
             Op::Fetch(Fetch {
                 page: page.0,
-                version: 0,
+                stamp: Stamp::default(),
                 group: pg,
                 pieces: vec![None],
                 asked: 1,
@@ -1288,6 +1336,7 @@ impl PageStore for RemoteStore {
                 Err(e) => self.bury(s, e)?,
             }
         }
+        self.fail_over_reads();
         if !self.todo.is_empty() || self.repair.started.is_some() {
             self.settle(f)?;
             self.repair_step()?;
@@ -1307,6 +1356,7 @@ impl PageStore for RemoteStore {
 
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         self.each_live(|c| c.tick(now))?;
+        self.fail_over_reads();
         self.revive(now);
         if !self.todo.is_empty() || self.repair.started.is_some() {
             self.settle(&mut |_| {})?;
@@ -1354,10 +1404,19 @@ impl PageStore for RemoteStore {
     /// child's in flight that the snapshot would need: a write-back still unanswered is
     /// written again by the child from its own copy of the staging slot.
     fn snapshot(&mut self) -> Result<Snapshot, StoreError> {
-        let session = SessionId::random().map_err(|e| StoreError::Io {
+        let io = |e| StoreError::Io {
             server: "(none)".into(),
             source: e,
+        };
+        let session = SessionId::random().map_err(io)?;
+        let key = codec::new_key().map_err(io)?;
+        let child = self.book.codec.forked(&key).ok_or_else(|| {
+            StoreError::Layout(format!(
+                "encrypted pages {} fork() generations deep: no key left for another",
+                codec::KEYS_MAX
+            ))
         })?;
+        self.child_codec = Some(Arc::new(child));
         let now = Instant::now();
         self.each_live(|c| {
             // The frees first: the snapshot need not keep those pages.
@@ -1377,7 +1436,10 @@ impl PageStore for RemoteStore {
         let mut child = RemoteStore {
             conns: self.conns.iter().map(|c| c.forked(session)).collect(),
             book: Book {
-                codec: self.book.codec.clone(),
+                codec: self
+                    .child_codec
+                    .take()
+                    .expect("snapshot() made the child's codec"),
                 // What the parent's pages are on and at: the child's copy, taken over.
                 meta: std::mem::take(&mut self.book.meta),
                 groups: std::mem::take(&mut self.book.groups),
@@ -1397,6 +1459,7 @@ impl PageStore for RemoteStore {
             refusals: HashMap::new(),
             repair: Repair::default(),
             next_revive: Instant::now(),
+            child_codec: None,
         };
         // A page whose group lost a server is as degraded in the snapshot as here: the child
         // rebuilds its own copy (the parent's repairs reach only the parent's session).

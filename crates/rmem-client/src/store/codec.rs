@@ -6,12 +6,17 @@
 //! A page written back gets a version, one more than its last. The seal covers the page's
 //! index and that version (the AEAD nonce is both, so no nonce repeats under a key), so a
 //! server that returns another page, an older copy of this one, or altered bytes fails the
-//! check. The sealed page is what is replicated, or split into fragments: a fragment is
+//! check. Each process seals with a key of its own: a fork() child goes on from its parent's
+//! versions, so under the parent's key the child and the parent would both seal, say, page 7
+//! at version 4 with different contents, and GCM with a repeated nonce gives away both
+//! plaintexts' XOR and the authentication key. The child keeps its ancestors' keys to open
+//! what they sealed; a page's [`Stamp`] says which key and which version sealed it. The sealed page is what is replicated, or split into fragments: a fragment is
 //! checked by the page it decodes to.
 
 use reed_solomon_erasure::galois_8::ReedSolomon;
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use std::fmt;
+use std::sync::Arc;
 
 /// How many servers hold each page, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +29,17 @@ pub enum Redundancy {
     /// rebuild it.
     Ec { k: u8, m: u8 },
 }
+
+/// What sealed one stored copy of a page: its version and the key (an index into the codec's
+/// keys: 0 is the first process's, each fork() generation adds one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    pub version: u32,
+    pub key: u8,
+}
+
+/// Most keys a codec holds: fork() generations of one encrypted program, nested.
+pub const KEYS_MAX: usize = 256;
 
 /// Most servers one page may be spread over (replicas or K+M).
 pub const WIDTH_MAX: usize = 32;
@@ -97,8 +113,9 @@ enum Seal {
     /// An xxh3-128 of the page seeded with its index and version: catches a server's wrong,
     /// stale or damaged page, not a forger.
     Checksum,
-    /// AES-256-GCM, key made here: the server sees ciphertext and cannot forge.
-    Aead(Box<LessSafeKey>),
+    /// AES-256-GCM, keys made here: the server sees ciphertext and cannot forge. The last
+    /// key seals; the others are ancestors' (see [`Stamp`]).
+    Aead(Vec<Arc<LessSafeKey>>),
 }
 
 /// The seal did not match: the piece is not this page at this version.
@@ -120,10 +137,7 @@ impl Codec {
     /// they are encrypted or kept on more than one server.
     pub fn new(page_size: usize, redundancy: Redundancy, encrypt: bool) -> std::io::Result<Codec> {
         let seal = if encrypt {
-            let mut key = [0u8; 32];
-            getrandom::getrandom(&mut key).map_err(std::io::Error::from)?;
-            let key = UnboundKey::new(&AES_256_GCM, &key).expect("a 32-byte key");
-            Seal::Aead(Box::new(LessSafeKey::new(key)))
+            Seal::Aead(vec![Arc::new(aead_key(&new_key()?))])
         } else if redundancy == Redundancy::None {
             Seal::Plain
         } else {
@@ -150,6 +164,39 @@ impl Codec {
             seal,
             rs,
             unit_len,
+        })
+    }
+
+    /// The codec a fork() child goes on with: the same, and under encryption a new sealing
+    /// key (`key`, made by [`new_key`]) after this one's. `None` when the keys are
+    /// [`KEYS_MAX`] deep.
+    pub fn forked(&self, key: &[u8; 32]) -> Option<Codec> {
+        let seal = match &self.seal {
+            Seal::Plain => Seal::Plain,
+            Seal::Checksum => Seal::Checksum,
+            Seal::Aead(keys) if keys.len() >= KEYS_MAX => return None,
+            Seal::Aead(keys) => {
+                let mut keys = keys.clone();
+                keys.push(Arc::new(aead_key(key)));
+                Seal::Aead(keys)
+            }
+        };
+        Some(Codec {
+            seal,
+            rs: self.rs.clone(),
+            ..*self
+        })
+    }
+
+    /// The stamp the next write-back of a page last stamped `last` gets; `None` once its
+    /// version would wrap (its nonce would repeat).
+    pub fn next_stamp(&self, last: Stamp) -> Option<Stamp> {
+        Some(Stamp {
+            version: last.version.checked_add(1)?,
+            key: match &self.seal {
+                Seal::Aead(keys) => (keys.len() - 1) as u8,
+                _ => 0,
+            },
         })
     }
 
@@ -187,9 +234,9 @@ impl Codec {
         xxhash_rust::xxh3::xxh3_128_with_seed(data, seed).to_le_bytes()
     }
 
-    /// The pieces of `page` at `version`: `width` units of `unit_len` bytes, one after the
-    /// other, into `out` (replaced).
-    pub fn encode(&self, page: u64, version: u32, data: &[u8], out: &mut Vec<u8>) {
+    /// The pieces of `page` sealed as `stamp`: `width` units of `unit_len` bytes, one after
+    /// the other, into `out` (replaced).
+    pub fn encode(&self, page: u64, stamp: Stamp, data: &[u8], out: &mut Vec<u8>) {
         assert_eq!(data.len(), self.page_size);
         let w = self.redundancy.width();
         out.clear();
@@ -202,11 +249,11 @@ impl Codec {
         match &self.seal {
             Seal::Plain => {}
             Seal::Checksum => {
-                out[ps..ps + SEAL_LEN].copy_from_slice(&Self::checksum(page, version, data))
+                out[ps..ps + SEAL_LEN].copy_from_slice(&Self::checksum(page, stamp.version, data))
             }
-            Seal::Aead(key) => {
-                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, version));
-                let tag = key
+            Seal::Aead(keys) => {
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
+                let tag = keys[stamp.key as usize]
                     .seal_in_place_separate_tag(nonce, Aad::from(&[]), &mut out[..ps])
                     .expect("a page is far below AES-GCM's limit");
                 out[ps..ps + SEAL_LEN].copy_from_slice(tag.as_ref());
@@ -228,13 +275,13 @@ impl Codec {
         }
     }
 
-    /// The page at `version` from its pieces (`pieces[i]`: piece i, `unit_len` bytes, or
+    /// The page sealed as `stamp` from its pieces (`pieces[i]`: piece i, `unit_len` bytes, or
     /// `None`; at least [`Redundancy::needed`] of them), into `out` (`page_size` bytes).
     /// `Err` when the seal does not match.
     pub fn decode(
         &self,
         page: u64,
-        version: u32,
+        stamp: Stamp,
         pieces: &mut [Option<Vec<u8>>],
         out: &mut [u8],
     ) -> Result<(), Unsealed> {
@@ -259,26 +306,27 @@ impl Codec {
                 .find_map(Option::as_deref_mut)
                 .ok_or(Unsealed)?,
         };
-        self.open(page, version, whole)?;
+        self.open(page, stamp, whole)?;
         out.copy_from_slice(&whole[..ps]);
         Ok(())
     }
 
     /// Check (and decrypt, in place) one sealed page.
-    pub fn open(&self, page: u64, version: u32, sealed: &mut [u8]) -> Result<(), Unsealed> {
+    pub fn open(&self, page: u64, stamp: Stamp, sealed: &mut [u8]) -> Result<(), Unsealed> {
         let ps = self.page_size;
         match &self.seal {
             Seal::Plain => Ok(()),
             Seal::Checksum => {
-                let sum = Self::checksum(page, version, &sealed[..ps]);
+                let sum = Self::checksum(page, stamp.version, &sealed[..ps]);
                 if sum[..] == sealed[ps..ps + SEAL_LEN] {
                     Ok(())
                 } else {
                     Err(Unsealed)
                 }
             }
-            Seal::Aead(key) => {
-                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, version));
+            Seal::Aead(keys) => {
+                let key = keys.get(stamp.key as usize).ok_or(Unsealed)?;
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
                 let tag: [u8; SEAL_LEN] = sealed[ps..ps + SEAL_LEN].try_into().expect("16");
                 key.open_in_place_separate_tag(
                     nonce,
@@ -294,6 +342,17 @@ impl Codec {
     }
 }
 
+/// A fresh AES-256 key from the kernel's random source.
+pub fn new_key() -> std::io::Result<[u8; 32]> {
+    let mut key = [0u8; 32];
+    getrandom::getrandom(&mut key).map_err(std::io::Error::from)?;
+    Ok(key)
+}
+
+fn aead_key(key: &[u8; 32]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte key"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +361,10 @@ mod tests {
         (0..4096)
             .map(|i| (i as u8).wrapping_mul(31) ^ seed)
             .collect()
+    }
+
+    fn v(version: u32) -> Stamp {
+        Stamp { version, key: 0 }
     }
 
     fn pieces(c: &Codec, units: &[u8]) -> Vec<Option<Vec<u8>>> {
@@ -337,7 +400,7 @@ mod tests {
                 let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
                 let data = page(7);
                 let mut units = Vec::new();
-                c.encode(9, 3, &data, &mut units);
+                c.encode(9, v(3), &data, &mut units);
                 let w = c.redundancy().width();
                 assert_eq!(units.len(), w * c.unit_len());
                 if encrypt {
@@ -350,7 +413,7 @@ mod tests {
                         p[(first + i) % w] = None;
                     }
                     let mut out = vec![0u8; 4096];
-                    c.decode(9, 3, &mut p, &mut out).unwrap();
+                    c.decode(9, v(3), &mut p, &mut out).unwrap();
                     assert_eq!(
                         out, data,
                         "{r} encrypt={encrypt} without {lose} from {first}"
@@ -370,26 +433,69 @@ mod tests {
         ] {
             let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
             let mut units = Vec::new();
-            c.encode(9, 3, &page(1), &mut units);
+            c.encode(9, v(3), &page(1), &mut units);
             let mut out = vec![0u8; 4096];
             assert_eq!(
-                c.decode(10, 3, &mut pieces(&c, &units), &mut out),
+                c.decode(10, v(3), &mut pieces(&c, &units), &mut out),
                 Err(Unsealed),
                 "{r}"
             );
             assert_eq!(
-                c.decode(9, 2, &mut pieces(&c, &units), &mut out),
+                c.decode(9, v(2), &mut pieces(&c, &units), &mut out),
                 Err(Unsealed),
                 "{r}"
             );
             let mut bad = units.clone();
             bad[100] ^= 1;
             assert_eq!(
-                c.decode(9, 3, &mut pieces(&c, &bad), &mut out),
+                c.decode(9, v(3), &mut pieces(&c, &bad), &mut out),
                 Err(Unsealed),
                 "{r}"
             );
         }
+    }
+
+    #[test]
+    fn a_forked_codec_seals_with_its_own_key_and_opens_its_parents_pages() {
+        let parent = Codec::new(4096, Redundancy::parse("replicas:2").unwrap(), true).unwrap();
+        let child = parent.forked(&new_key().unwrap()).unwrap();
+        let mut old = Vec::new();
+        parent.encode(9, v(3), &page(1), &mut old);
+        let mut out = vec![0u8; 4096];
+        child
+            .decode(9, v(3), &mut pieces(&child, &old), &mut out)
+            .unwrap();
+        assert_eq!(out, page(1), "the parent's page, opened by the child");
+        // Both go on to version 4 of page 9 with different contents.
+        let (ps, cs) = (
+            parent.next_stamp(v(3)).unwrap(),
+            child.next_stamp(v(3)).unwrap(),
+        );
+        assert_eq!((ps, cs), (v(4), Stamp { version: 4, key: 1 }));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        parent.encode(9, ps, &page(2), &mut a);
+        child.encode(9, cs, &page(3), &mut b);
+        // Under one key and nonce, ciphertext XOR would be plaintext XOR (the keystream
+        // cancels): not so under two keys.
+        let xor = |x: &[u8], y: &[u8]| x.iter().zip(y).map(|(p, q)| p ^ q).collect::<Vec<_>>();
+        assert_ne!(xor(&a[..4096], &b[..4096]), xor(&page(2), &page(3)));
+        assert_eq!(
+            parent.decode(9, cs, &mut pieces(&parent, &b), &mut out),
+            Err(Unsealed),
+            "the parent has no key of its child's"
+        );
+        child
+            .decode(9, cs, &mut pieces(&child, &b), &mut out)
+            .unwrap();
+        assert_eq!(out, page(3));
+        let mut deep = child;
+        for _ in 2..KEYS_MAX {
+            deep = deep.forked(&[7; 32]).unwrap();
+        }
+        assert!(deep.forked(&[7; 32]).is_none(), "{KEYS_MAX} keys at most");
+        let plain = Codec::new(4096, Redundancy::None, false).unwrap();
+        assert_eq!(plain.next_stamp(v(1)), Some(v(2)));
+        assert_eq!(plain.next_stamp(v(u32::MAX)), None);
     }
 
     #[test]

@@ -503,6 +503,13 @@ impl Conn {
     }
 
     pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
+        if !self.frees.is_empty() && matches!(kind, Kind::Write { .. } | Kind::Swap { .. }) {
+            // A free queued before this write may name the same key (a page freed and written
+            // again before the next flush: the block device does that within one request).
+            // The server answers a connection's requests in order, so sending the frees first
+            // keeps them from deleting the new contents.
+            self.submit_frees();
+        }
         let tag = self.next_tag;
         self.next_tag += 1;
         let start = self.out.buf.len();
@@ -634,17 +641,22 @@ impl Conn {
         }
     }
 
+    /// Queue the batched frees as requests.
+    fn submit_frees(&mut self) {
+        let keys = std::mem::take(&mut self.frees);
+        for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
+            self.submit(
+                Request::Free {
+                    keys: chunk.to_vec(),
+                },
+                Kind::Free,
+            );
+        }
+    }
+
     pub(crate) fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
         if !self.frees.is_empty() {
-            let keys = std::mem::take(&mut self.frees);
-            for chunk in keys.chunks(rmem_proto::FREE_KEYS_MAX) {
-                self.submit(
-                    Request::Free {
-                        keys: chunk.to_vec(),
-                    },
-                    Kind::Free,
-                );
-            }
+            self.submit_frees();
         }
         if self.lost.is_some() {
             return self.reconnect(now);
@@ -712,6 +724,20 @@ impl Conn {
     /// Use `timing` from now on (a link opened with a short connect timeout).
     pub(crate) fn set_timing(&mut self, timing: Timing) {
         self.timing = timing;
+    }
+
+    /// In an outage: the link is down, or up again but not answered on yet.
+    pub(crate) fn in_outage(&self) -> bool {
+        self.lost.is_some() || self.relinked.is_some()
+    }
+
+    /// The reads waiting on this server, as (operation, piece); a swap's read too.
+    pub(crate) fn pending_reads(&self) -> impl Iterator<Item = (u64, u8)> + '_ {
+        self.pending.iter().filter_map(|p| match p.kind {
+            Kind::Read { op, piece, .. } => Some((op, piece)),
+            Kind::Swap { rop, .. } => Some((rop, 0)),
+            _ => None,
+        })
     }
 
     /// Every unanswered request, for a store that gives this server up: writes with their

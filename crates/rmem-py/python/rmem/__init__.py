@@ -82,7 +82,8 @@ def connect(
     page_size: Optional[Size] = None,
     hostfile: Optional[Union[str, "os.PathLike[str]"]] = None,
     manager: Optional[str] = None,
-    redundancy: Optional[int] = None,
+    redundancy: Optional[str] = None,
+    encrypt: Optional[bool] = None,
 ) -> Connection:
     """Start rmem in this process.
 
@@ -103,16 +104,20 @@ def connect(
     the first), else the hosts file's budget, else 1G and 64K. Every other setting comes from
     the ``RMEM_*`` environment (docs/configuration.md).
 
-    ``manager`` and ``redundancy`` are accepted for the API to come (a pool manager,
-    replicated pages); this build has neither and raises :class:`RmemError` if they are given.
+    ``redundancy`` is how each page is kept across the servers, as ``rmem run --redundancy``:
+    ``"none"``, ``"replicas:N"``, ``"ec:K+M"`` or ``"auto"`` (a bad one raises
+    :class:`ValueError`; one wider than the servers, :class:`RmemError`); ``encrypt`` is
+    ``True`` or ``False`` (left out: on whenever a server is off loopback). Left out, both come
+    from ``RMEM_REDUNDANCY`` / ``RMEM_ENCRYPT``, else the hosts file's lines, else the
+    defaults (docs/configuration.md). ``manager`` is accepted for the API to come (a pool
+    manager); this build has none and raises :class:`RmemError` if it is given.
 
     Raises :class:`RmemError` when already connected, or when no servers can be started or
     reached. The connection is a context manager; :func:`close` ends it.
     """
-    if manager is not None or redundancy is not None:
+    if manager is not None:
         raise RmemError(
-            "manager= and redundancy= need a memory pool manager and page replication, "
-            "which this build of rmem does not have"
+            "manager= needs a memory pool manager, which this build of rmem does not have"
         )
     if isinstance(servers, str):
         servers = [s for s in servers.split(",") if s.strip()]
@@ -124,6 +129,8 @@ def connect(
             local=local,
             page_size=page_size,
             hostfile=None if hostfile is None else os.fspath(hostfile),
+            redundancy=redundancy,
+            encrypt=encrypt,
         )
     return Connection()
 

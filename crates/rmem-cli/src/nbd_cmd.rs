@@ -1,0 +1,332 @@
+//! `rmem nbd`: remote memory as a block device. Starts (or connects to) memory servers as
+//! `rmem run` does, serves one NBD export of `--size` bytes from a page cache over them
+//! (rmem-nbd), and on SIGINT or SIGTERM finishes the requests in flight, makes every
+//! acknowledged write durable, ends its sessions and finalizes the servers it started.
+
+use crate::launch;
+use rmem_client::blocks::BlockCache;
+use rmem_client::config::{Config, Placement};
+use rmem_client::store::cluster::{Layout, RemoteStore};
+use rmem_client::store::remote::Timing;
+use rmem_client::Stats;
+use rmem_nbd::proto::{self, Export};
+use rmem_nbd::server::{Limits, Listener, Server};
+use rmem_proto::size::parse_size;
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The NBD port.
+const LISTEN_DEFAULT: &str = "127.0.0.1:10809";
+/// Largest request accepted (the protocol's customary maximum block size).
+const REQUEST_MAX: u32 = 32 << 20;
+
+#[derive(clap::Args, Debug)]
+pub struct NbdArgs {
+    /// Where the memory servers come from: --servers, --hostfile, --launcher, ...
+    #[command(flatten)]
+    pub launch: launch::LaunchArgs,
+    /// Size of the block device (any size; a last partial block works).
+    #[arg(long)]
+    pub size: String,
+    /// Listen on ADDR:PORT (TCP) [default: 127.0.0.1:10809 unless --socket is given].
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Listen on a Unix socket at PATH (created; removed at exit).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The export's name (clients may also ask for the default export, "").
+    #[arg(long, default_value = "rmem")]
+    pub name: String,
+    /// Local cache: most bytes of the device held in this process at once; writes wait here
+    /// until FLUSH, FUA or eviction sends them to the servers.
+    #[arg(long, default_value = "256M")]
+    pub cache: String,
+    /// The unit of caching and of storage on the servers, announced as the preferred block
+    /// size: a power of two from 4K to 4M. Requests of any size and alignment work.
+    #[arg(long, default_value = "4K")]
+    pub block_size: String,
+    /// Replacement policy of the cache: adaptive, fifo, history or nru.
+    #[arg(long, default_value = rmem_policy::DEFAULT_POLICY)]
+    pub policy: String,
+    /// Placement of blocks on servers: priority (fill in order) or stripe (round-robin).
+    #[arg(long, default_value = "stripe")]
+    pub placement: String,
+    /// --redundancy (none, replicas:N, ec:K+M, auto), --encrypt, --no-encrypt: as `rmem run`.
+    #[command(flatten)]
+    pub layout: crate::run_cmd::LayoutArgs,
+    /// Requests one connection may have in flight before the server stops reading it.
+    #[arg(long, default_value_t = 256)]
+    pub requests_max: usize,
+    /// Write the statistics as JSON to this file at exit.
+    #[arg(long)]
+    pub stats_json: Option<PathBuf>,
+    /// Log every connection.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// The write end of the pipe the signal handler wakes the server through.
+static STOP_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_stop(_sig: libc::c_int) {
+    let fd = STOP_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: write(2) is async-signal-safe; the buffer is a valid byte.
+        unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+/// A pipe whose read end becomes readable on SIGINT or SIGTERM.
+fn stop_pipe() -> Result<i32, String> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    STOP_FD.store(fds[1], Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only calls write(2), which is async-signal-safe.
+        unsafe { libc::signal(sig, on_stop as *const () as libc::sighandler_t) };
+    }
+    Ok(fds[0])
+}
+
+struct Checked {
+    config: Config,
+    size_bytes: u64,
+    cache_bytes: u64,
+}
+
+fn check(a: &NbdArgs, plan: &launch::Plan) -> Result<Checked, String> {
+    let size = |name: &str, v: &str| parse_size(v).map_err(|e| format!("--{name} {v}: {e}"));
+    let size_bytes = size("size", &a.size)?;
+    if size_bytes == 0 {
+        return Err("--size must be more than 0".into());
+    }
+    let page_size = size("block-size", &a.block_size)? as usize;
+    let cache_bytes = size("cache", &a.cache)?;
+    let placement = match a.placement.as_str() {
+        "priority" => Placement::Priority,
+        "stripe" | "round-robin" => Placement::Stripe,
+        p => return Err(format!("--placement {p}: expected priority or stripe")),
+    };
+    if rmem_policy::by_name(&a.policy).is_none() {
+        return Err(format!(
+            "--policy {}: known policies are {}",
+            a.policy,
+            rmem_policy::POLICY_NAMES.join(", ")
+        ));
+    }
+    let redundancy = a.layout.redundancy(plan)?;
+    let config = Config {
+        local_bytes: cache_bytes,
+        page_size,
+        policy: a.policy.clone(),
+        placement,
+        redundancy,
+        encrypt: a.layout.encrypt(plan),
+        ..Config::default()
+    };
+    config.validate().map_err(|e| {
+        e.to_string()
+            .replace("RMEM_LOCAL", "--cache")
+            .replace("RMEM_PAGE_SIZE", "--block-size")
+    })?;
+    if a.requests_max == 0 {
+        return Err("--requests-max must be at least 1".into());
+    }
+    Ok(Checked {
+        config,
+        size_bytes,
+        cache_bytes,
+    })
+}
+
+pub fn run(a: NbdArgs) -> i32 {
+    crate::server_cmd::init_log_as("rmem-nbd", a.verbose).ok();
+    let plan = match launch::Plan::new(&a.launch) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("rmem nbd: {e}");
+            return 2;
+        }
+    };
+    let mut checked = match check(&a, &plan) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rmem nbd: {e}");
+            return 2;
+        }
+    };
+    // Listen before starting anything, so a busy port costs no servers.
+    let mut listeners = Vec::new();
+    let mut wheres = Vec::new();
+    if a.listen.is_some() || a.socket.is_none() {
+        let addr = a.listen.as_deref().unwrap_or(LISTEN_DEFAULT);
+        match TcpListener::bind(addr) {
+            Ok(l) => {
+                let local = l.local_addr().map(|x| x.to_string()).unwrap_or(addr.into());
+                wheres.push(format!("nbd://{local}/{}", a.name));
+                listeners.push(Listener::Tcp(l));
+            }
+            Err(e) => {
+                eprintln!("rmem nbd: cannot listen on {addr}: {e}");
+                return 1;
+            }
+        }
+    }
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+        match UnixListener::bind(p) {
+            Ok(l) => {
+                wheres.push(format!("nbd+unix:///{}?socket={}", a.name, p.display()));
+                listeners.push(Listener::Unix(l));
+            }
+            Err(e) => {
+                eprintln!("rmem nbd: cannot listen on {}: {e}", p.display());
+                return 1;
+            }
+        }
+    }
+    let stop = match stop_pipe() {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("rmem nbd: {e}");
+            return 1;
+        }
+    };
+    let mut servers = match launch::start(&plan) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rmem nbd: {e}");
+            return 1;
+        }
+    };
+    checked.config.servers = servers.iter().map(|s| s.addr.clone()).collect();
+    checked.config.token = plan.token.clone().into_bytes();
+    let code = serve(&a, &checked, listeners, &wheres, stop);
+    launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+    }
+    code
+}
+
+fn serve(
+    a: &NbdArgs,
+    checked: &Checked,
+    listeners: Vec<Listener>,
+    wheres: &[String],
+    stop: i32,
+) -> i32 {
+    let c = &checked.config;
+    let (redundancy, encrypt) = c.layout();
+    let layout = Layout {
+        placement: c.placement,
+        redundancy,
+        encrypt,
+    };
+    let store =
+        match RemoteStore::connect_with(&c.servers, &c.token, c.page_size, layout, Timing::of(c)) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("rmem nbd: {}", rmem_client::error_chain(&e));
+                return 1;
+            }
+        };
+    use rmem_client::store::PageStore;
+    let capacity = store.capacity_bytes();
+    if capacity < checked.size_bytes {
+        eprintln!(
+            "rmem nbd: warning: the memory servers hold {} bytes of blocks ({redundancy}), less \
+             than --size {}: writes beyond that fail once they leave the cache",
+            capacity, a.size
+        );
+    }
+    let stats = Arc::new(Stats::default());
+    let policy = rmem_policy::by_name(&c.policy).expect("checked");
+    let mut cache = BlockCache::new(
+        Box::new(store),
+        policy,
+        c.page_size,
+        checked.cache_bytes,
+        stats.clone(),
+    );
+    let export = Export {
+        name: a.name.clone(),
+        description: format!(
+            "rmem remote memory on {} ({}{})",
+            cache.describe(),
+            redundancy,
+            if encrypt { ", encrypted" } else { "" }
+        ),
+        size_bytes: checked.size_bytes,
+        flags: proto::FLAG_HAS_FLAGS
+            | proto::FLAG_SEND_FLUSH
+            | proto::FLAG_SEND_FUA
+            | proto::FLAG_SEND_TRIM
+            | proto::FLAG_SEND_WRITE_ZEROES
+            | proto::FLAG_CAN_MULTI_CONN,
+        block_min: 1,
+        block_preferred: c.page_size as u32,
+        block_max: REQUEST_MAX,
+    };
+    let limits = Limits {
+        requests_per_connection_max: a.requests_max,
+        ..Limits::default()
+    };
+    let mut server = match Server::new(&mut cache, export, limits, listeners) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rmem nbd: {e}");
+            return 1;
+        }
+    };
+    let started = Instant::now();
+    for w in wheres {
+        println!("rmem nbd: serving {} bytes on {w}", checked.size_bytes);
+    }
+    eprintln!(
+        "rmem nbd: cache {} bytes, blocks of {} bytes on {} ({}{})",
+        checked.cache_bytes,
+        c.page_size,
+        c.servers.join(","),
+        redundancy,
+        if encrypt { ", encrypted" } else { "" }
+    );
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let result = server.run(stop);
+    drop(server);
+    let snap = stats.snapshot(c.page_size, &c.policy);
+    if let Some(p) = &a.stats_json {
+        if let Err(e) = std::fs::write(p, snap.to_json()) {
+            eprintln!("rmem nbd: cannot write {}: {e}", p.display());
+        }
+    }
+    // Dropping the cache ends the sessions, so the servers free the blocks now.
+    drop(cache);
+    match result {
+        Ok(served) => {
+            eprintln!(
+                "rmem nbd: served {} requests on {} connections in {:.1} s; fetched {:.1} MiB, \
+                 wrote back {:.1} MiB, {} servers lost",
+                served.requests,
+                served.connections,
+                started.elapsed().as_secs_f64(),
+                snap.bytes_fetched as f64 / (1 << 20) as f64,
+                snap.bytes_written_back as f64 / (1 << 20) as f64,
+                snap.servers_lost
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("rmem nbd: stopped: {}", rmem_client::error_chain(&e));
+            rmem_client::EXIT_SERVER_LOST
+        }
+    }
+}

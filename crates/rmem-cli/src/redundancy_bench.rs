@@ -1,0 +1,366 @@
+//! `rmem bench redundancy`: what surviving a server loss costs. In one run, a STREAM-like
+//! triad and uniform random read-modify-writes at a quarter of their size in local memory,
+//! under each layout (`none`, `replicas:2`, `ec:4+1`, `ec:8+2`), without and with
+//! encryption; for each, the time against `none`'s, the remote memory used against the data,
+//! the access latency p50/p99 of the random workload (three in four accesses are faults),
+//! and the repair throughput after one server is killed, against the loopback bandwidth
+//! measured in the same run.
+//!
+//! On one machine the servers share its cores with the program, so the time ratios also
+//! carry the servers' work (a layout of width W wakes W servers per page); the CPU seconds of
+//! the client (program and pager) and of the servers are reported apart: on a cluster only
+//! the client's are on the program's node.
+//!
+//! Every configuration gets fresh servers (as many as the widest layout needs, the same for
+//! all), so one run's repair or leftover pages do not weigh on the next.
+
+use crate::bench_cmd::{err, percentile_us, write_json};
+use crate::launch::{fresh_token, start_local_servers, ServerProc};
+use rmem_client::config::Config;
+use rmem_client::store::codec::Redundancy;
+use rmem_client::Runtime;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct RedundancyArgs {
+    /// Data size of each workload.
+    #[arg(long, default_value = "256M")]
+    pub size: String,
+    /// Local budget as a percentage of the data.
+    #[arg(long, default_value_t = 25)]
+    pub local_percent: u64,
+    /// Layouts, comma-separated; the first is the one the others are compared with.
+    #[arg(long, default_value = "none,replicas:2,ec:4+1,ec:8+2")]
+    pub layouts: String,
+    /// Encryption settings to run each layout with: `off`, `on`, or `both`.
+    #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
+    pub encrypt: String,
+    /// Random read-modify-writes, each timed.
+    #[arg(long, default_value_t = 200_000)]
+    pub updates: usize,
+    /// Triad passes over the three arrays.
+    #[arg(long, default_value_t = 2)]
+    pub passes: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// What one configuration measured.
+struct Row {
+    layout: Redundancy,
+    encrypt: bool,
+    stream_s: f64,
+    random_s: f64,
+    /// Bytes on the servers after the random workload's fill, over the data's bytes.
+    memory: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// MB/s rebuilt after a server was killed (None: `none`, nothing to rebuild).
+    repair_mbs: Option<f64>,
+    repaired: u64,
+    /// CPU seconds over both workloads: this process (program and pager), the servers.
+    client_cpu: f64,
+    server_cpu: f64,
+}
+
+/// CPU seconds (user and system) this process has used so far.
+fn self_cpu() -> f64 {
+    // SAFETY: rusage is plain integers, for which zeroes are valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// CPU seconds the processes `pids` have used so far (from /proc; 0 for one that is gone).
+fn procs_cpu(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|st| {
+            // After the command's closing parenthesis: state is field 3; utime, stime 14, 15.
+            let rest = st.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            (n(11) + n(12)) / hz
+        })
+        .sum()
+}
+
+pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
+    let size = rmem_proto::size::parse_size(&a.size).map_err(err)?;
+    let layouts = a
+        .layouts
+        .split(',')
+        .map(|s| Redundancy::parse(s.trim()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--layouts: {e}"))?;
+    if layouts.is_empty() {
+        return Err("--layouts: none given".into());
+    }
+    let encrypts: &[bool] = match a.encrypt.as_str() {
+        "off" => &[false],
+        "on" => &[true],
+        _ => &[false, true],
+    };
+    // One server more than the widest layout, so a killed one can be rebuilt elsewhere.
+    let servers = layouts.iter().map(|l| l.width()).max().unwrap_or(1) + 1;
+    let limits = crate::bench_suite::limits::measure(2000, 64)?;
+    println!(
+        "rmem bench redundancy: {} MiB per workload, {}% local, 4 KiB pages, {servers} local \
+         servers; loopback {:.1} Gbit/s, 4 KiB round trip {:.1} us",
+        size >> 20,
+        a.local_percent,
+        limits.loopback_gbps,
+        limits.rtt_us_p50
+    );
+    println!(
+        "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>11} {:>10} {:>8}",
+        "layout",
+        "encrypt",
+        "stream s",
+        "x none",
+        "random s",
+        "x none",
+        "memory",
+        "p50 us",
+        "p99 us",
+        "repair MB/s",
+        "cpu client",
+        "servers"
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    for &layout in &layouts {
+        for &encrypt in encrypts {
+            let r = one(&a, size, servers, layout, encrypt)?;
+            let base = rows.first().unwrap_or(&r);
+            println!(
+                "  {:<12} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7.2}x {:>9.1} {:>9.1} {:>11} {:>9.2}s {:>7.2}s",
+                r.layout.to_string(),
+                if r.encrypt { "yes" } else { "no" },
+                r.stream_s,
+                r.stream_s / base.stream_s,
+                r.random_s,
+                r.random_s / base.random_s,
+                r.memory,
+                r.p50_us,
+                r.p99_us,
+                r.repair_mbs.map_or("-".into(), |m| format!("{m:.0}")),
+                r.client_cpu,
+                r.server_cpu
+            );
+            rows.push(r);
+        }
+    }
+    let base = &rows[0];
+    let loop_mbs = limits.loopback_bytes_per_s() / 1e6;
+    println!(
+        "  memory: bytes on the servers over the data's; repair against loopback \
+         ({loop_mbs:.0} MB/s): target >= 0.5x; cpu: seconds over both workloads, of this \
+         process (program and pager) and of the servers"
+    );
+    let json_rows: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "layout": r.layout.to_string(), "encrypt": r.encrypt,
+                "stream_s": r.stream_s, "stream_ratio": r.stream_s / base.stream_s,
+                "random_s": r.random_s, "random_ratio": r.random_s / base.random_s,
+                "memory_ratio": r.memory, "memory_vs_base": r.memory / base.memory,
+                "access_us_p50": r.p50_us, "access_us_p99": r.p99_us,
+                "repair_mb_per_s": r.repair_mbs, "pages_repaired": r.repaired,
+                "repair_vs_loopback": r.repair_mbs.map(|m| m / loop_mbs),
+                "client_cpu_s": r.client_cpu, "server_cpu_s": r.server_cpu,
+            })
+        })
+        .collect();
+    write_json(
+        &a.json,
+        &serde_json::json!({
+            "size": size, "local_percent": a.local_percent, "servers": servers,
+            "updates": a.updates, "passes": a.passes,
+            "loopback_gbps": limits.loopback_gbps, "rtt_us_p50": limits.rtt_us_p50,
+            "results": json_rows,
+        }),
+    )
+}
+
+/// One layout and encryption setting on fresh servers: both workloads, then a server killed.
+fn one(
+    a: &RedundancyArgs,
+    size: u64,
+    servers: usize,
+    layout: Redundancy,
+    encrypt: bool,
+) -> Result<Row, String> {
+    let token = fresh_token();
+    // Room for the data at the widest overhead (ec:1+M or replicas), spread over the servers.
+    let capacity = (size * 3 / servers as u64).max(64 << 20) + (64 << 20);
+    let mut procs = start_local_servers(servers, capacity, &token)?;
+    let local = (size * a.local_percent / 100).max(1 << 20);
+    let config = Config {
+        servers: procs.iter().map(|s| s.addr.clone()).collect(),
+        token: token.into_bytes(),
+        page_size: 4096,
+        local_bytes: local,
+        region_bytes: 1 << 36,
+        redundancy: Some(layout),
+        encrypt: Some(encrypt),
+        ..Config::default()
+    };
+    let pids: Vec<u32> = procs.iter().filter_map(ServerProc::pid).collect();
+    let rt = Runtime::connect(&config).map_err(|e| rmem_client::error_chain(&e))?;
+    let (c0, s0) = (self_cpu(), procs_cpu(&pids));
+    let stream_s = stream(&rt, size, a.passes)?;
+    let (random_s, lat, memory, mem) = random(&rt, size, a.updates, &procs, &config)?;
+    let (client_cpu, server_cpu) = (self_cpu() - c0, procs_cpu(&pids) - s0);
+    let (repair_mbs, repaired) = if layout.tolerates() > 0 {
+        let (mbs, n) = repair(&rt, &mut procs[0])?;
+        (Some(mbs), n)
+    } else {
+        (None, 0)
+    };
+    rt.free(mem).map_err(err)?;
+    drop(rt);
+    for p in &mut procs {
+        p.finalize(Duration::from_secs(2));
+    }
+    Ok(Row {
+        layout,
+        encrypt,
+        stream_s,
+        random_s,
+        memory,
+        p50_us: percentile_us(&lat, 0.5),
+        p99_us: percentile_us(&lat, 0.99),
+        repair_mbs,
+        repaired,
+        client_cpu,
+        server_cpu,
+    })
+}
+
+/// STREAM's triad `a = b + 3c` over three arrays of `size / 3` bytes, `passes` times after
+/// a fill; checked; freed. Seconds of the triads.
+fn stream(rt: &Runtime, size: u64, passes: usize) -> Result<f64, String> {
+    let n = (size / 3 / 8) as usize;
+    let mut arrays = Vec::new();
+    for _ in 0..3 {
+        let p = rt.alloc(n * 8).ok_or("allocation failed")? as *mut u64;
+        // SAFETY: the allocation holds n u64s; the three do not overlap.
+        arrays.push(unsafe { std::slice::from_raw_parts_mut(p, n) });
+    }
+    let [x, y, z] = &mut arrays[..] else {
+        unreachable!()
+    };
+    for i in 0..n {
+        y[i] = i as u64;
+        z[i] = 2 * i as u64;
+    }
+    let t0 = Instant::now();
+    for _ in 0..passes {
+        for i in 0..n {
+            x[i] = y[i].wrapping_add(3 * z[i]);
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    for (i, v) in x.iter().enumerate().step_by(509) {
+        if *v != 7 * i as u64 {
+            return Err(format!("stream: element {i} is {v}, expected {}", 7 * i));
+        }
+    }
+    for arr in arrays {
+        rt.free(arr.as_mut_ptr().cast()).map_err(err)?;
+    }
+    Ok(secs)
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Uniform random read-modify-writes of 8-byte words over `size` bytes, each timed; checked
+/// against a local log of what was written. Seconds, the sorted latencies, the bytes on the
+/// servers over the data's (measured after the fill), and the region (kept for the repair).
+fn random(
+    rt: &Runtime,
+    size: u64,
+    updates: usize,
+    procs: &[ServerProc],
+    config: &Config,
+) -> Result<(f64, Vec<Duration>, f64, *mut u8), String> {
+    let words = (size / 8) as usize;
+    let base = rt.alloc(size as usize).ok_or("allocation failed")?;
+    // SAFETY: the allocation holds `words` u64s.
+    let mem = unsafe { std::slice::from_raw_parts_mut(base as *mut u64, words) };
+    for (i, w) in mem.iter_mut().enumerate() {
+        *w = i as u64;
+    }
+    let used: u64 = procs
+        .iter()
+        .map(|p| crate::status_cmd::query(&p.addr, &config.token, Duration::from_secs(10)))
+        .collect::<Result<Vec<_>, _>>()?
+        .iter()
+        .map(|s| s.used_bytes)
+        .sum();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut lat = Vec::with_capacity(updates);
+    let t0 = Instant::now();
+    for _ in 0..updates {
+        let i = (xorshift(&mut x) % words as u64) as usize;
+        let t = Instant::now();
+        // SAFETY: i < words.
+        unsafe {
+            let p = mem.as_mut_ptr().add(i);
+            p.write_volatile(p.read_volatile().wrapping_add(1u64 << 40));
+        }
+        lat.push(t.elapsed());
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Check: every word is its index plus (its updates << 40).
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut count = std::collections::HashMap::new();
+    for _ in 0..updates {
+        *count
+            .entry((xorshift(&mut x) % words as u64) as usize)
+            .or_insert(0u64) += 1;
+    }
+    for (i, w) in mem.iter().enumerate().step_by(97) {
+        let want = (i as u64).wrapping_add(count.get(&i).copied().unwrap_or(0) << 40);
+        if *w != want {
+            return Err(format!("random: word {i} is {w:#x}, expected {want:#x}"));
+        }
+    }
+    lat.sort();
+    Ok((secs, lat, used as f64 / size as f64, base))
+}
+
+/// Kill `victim` and wait for the pages it held to be rebuilt on the others: MB/s of pages
+/// rebuilt (page bytes, not fragment bytes) and how many.
+fn repair(rt: &Runtime, victim: &mut ServerProc) -> Result<(f64, u64), String> {
+    let before = rt.stats();
+    victim.kill();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let s = rt.stats();
+        if s.repair_s > before.repair_s {
+            let n = s.pages_repaired - before.pages_repaired;
+            let secs = s.repair_s - before.repair_s;
+            return Ok((n as f64 * s.page_size as f64 / secs / 1e6, n));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "repair not done after 300 s ({} pages rebuilt)",
+                s.pages_repaired - before.pages_repaired
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,726 @@
+//! The NBD server's event loop: one thread that polls the listeners, the clients'
+//! connections and the page store's links, and moves every request forward as far as the
+//! cache lets it.
+//!
+//! A request is split into the pages it touches; each page is read, written or zeroed as soon
+//! as the cache has it, in any order, and the request is answered when its last page is done
+//! (and, with FUA, when its pages are on the servers). Requests on one connection, and on
+//! every connection, proceed at once, so replies go out in whatever order they finish, as the
+//! protocol allows. All connections share one cache, so a FLUSH on one covers the writes
+//! acknowledged on all (CAN_MULTI_CONN).
+
+use crate::proto::{self, Command, Export, Handshake, Next, ProtoError, Request};
+use rmem_client::blocks::{Barrier, BlockCache, Step};
+use rmem_client::store::StoreError;
+use rmem_client::PageIndex;
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+/// Limits of the server (docs/configuration.md).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Requests one connection may have in flight before the server stops reading from it.
+    pub requests_per_connection_max: usize,
+    /// Bytes of request and reply data one connection may hold in the server before it stops
+    /// reading from it.
+    pub bytes_per_connection_max: usize,
+    /// How long a stop waits for the clients to take the replies of the requests in flight.
+    pub stop_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            requests_per_connection_max: 256,
+            bytes_per_connection_max: 128 << 20,
+            stop_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Pages of a request tried per pass while earlier ones wait: enough to keep the servers
+/// busy with a large request, few enough that a pass over blocked requests stays short.
+const WAIT_WINDOW: usize = 256;
+/// Bytes read from a socket at a time.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Why the server stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("the page store failed")]
+    Store(#[from] StoreError),
+    #[error("poll failed")]
+    Poll(#[source] io::Error),
+}
+
+/// A socket the server accepts clients on.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    fn fd(&self) -> RawFd {
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_raw_fd(),
+        }
+    }
+
+    fn accept(&self) -> io::Result<(Stream, String)> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, a) = l.accept()?;
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), a.to_string()))
+            }
+            Listener::Unix(l) => {
+                let (s, _) = l.accept()?;
+                Ok((Stream::Unix(s), "unix socket".into()))
+            }
+        }
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(true),
+            Stream::Unix(s) => s.set_nonblocking(true),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(b),
+            Stream::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(b),
+            Stream::Unix(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One client connection.
+struct Conn {
+    id: u64,
+    peer: String,
+    stream: Stream,
+    rbuf: Vec<u8>,
+    rpos: usize,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    /// Some while negotiating.
+    handshake: Option<Handshake>,
+    structured: bool,
+    requests: usize,
+    /// Bytes of request payloads and read buffers held for this connection.
+    held_bytes: usize,
+    /// The client sent DISC (or aborted): read nothing more, close once answered.
+    ending: bool,
+    /// Why it must close now, if it must.
+    close: Option<String>,
+}
+
+impl Conn {
+    fn unsent(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+
+    fn may_read(&self, limits: &Limits) -> bool {
+        !self.ending
+            && self.close.is_none()
+            && self.requests < limits.requests_per_connection_max
+            && self.held_bytes + self.unsent() < limits.bytes_per_connection_max
+    }
+
+    /// Write what can be written now.
+    fn send(&mut self) {
+        while self.wpos < self.wbuf.len() {
+            match self.stream.write(&self.wbuf[self.wpos..]) {
+                Ok(0) => {
+                    self.close.get_or_insert_with(|| "the client closed".into());
+                    return;
+                }
+                Ok(n) => self.wpos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.close
+                        .get_or_insert_with(|| format!("write failed: {e}"));
+                    return;
+                }
+            }
+        }
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+        } else if self.wpos > (1 << 20) && self.wpos > self.wbuf.len() / 2 {
+            self.wbuf.drain(..self.wpos);
+            self.wpos = 0;
+        }
+    }
+
+    /// Read what is there. False at end of file or on an error (recorded in `close`).
+    fn receive(&mut self) {
+        if self.rpos > 0 && self.rpos == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rpos = 0;
+        } else if self.rpos > READ_CHUNK {
+            self.rbuf.drain(..self.rpos);
+            self.rpos = 0;
+        }
+        let old = self.rbuf.len();
+        self.rbuf.resize(old + READ_CHUNK, 0);
+        let r = self.stream.read(&mut self.rbuf[old..]);
+        match r {
+            Ok(0) => {
+                self.rbuf.truncate(old);
+                self.close.get_or_insert_with(|| "the client closed".into());
+            }
+            Ok(n) => self.rbuf.truncate(old + n),
+            Err(e) => {
+                self.rbuf.truncate(old);
+                if !matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) {
+                    self.close
+                        .get_or_insert_with(|| format!("read failed: {e}"));
+                }
+            }
+        }
+    }
+}
+
+/// Where a request is.
+enum Phase {
+    /// Pages still to do.
+    Pages(Vec<u64>),
+    /// Waiting for its barrier (FLUSH, or FUA after its pages).
+    Durable,
+}
+
+struct Req {
+    conn: u64,
+    cookie: u64,
+    command: Command,
+    fua: bool,
+    offset: u64,
+    length: u32,
+    /// A write's payload, or a read's result.
+    data: Vec<u8>,
+    phase: Phase,
+}
+
+/// The block device server: one export over one cache.
+pub struct Server<'a> {
+    cache: &'a mut BlockCache,
+    export: Export,
+    limits: Limits,
+    listeners: Vec<Listener>,
+    conns: HashMap<u64, Conn>,
+    next_conn: u64,
+    reqs: HashMap<u64, Req>,
+    next_req: u64,
+    runnable: VecDeque<u64>,
+    blocked: Vec<u64>,
+    by_barrier: HashMap<Barrier, u64>,
+    done: Vec<Barrier>,
+}
+
+/// What a run served, for the final report.
+#[derive(Debug, Default)]
+pub struct Served {
+    pub connections: u64,
+    pub requests: u64,
+}
+
+impl<'a> Server<'a> {
+    pub fn new(
+        cache: &'a mut BlockCache,
+        export: Export,
+        limits: Limits,
+        listeners: Vec<Listener>,
+    ) -> io::Result<Server<'a>> {
+        for l in &listeners {
+            match l {
+                Listener::Tcp(l) => l.set_nonblocking(true)?,
+                Listener::Unix(l) => l.set_nonblocking(true)?,
+            }
+        }
+        Ok(Server {
+            cache,
+            export,
+            limits,
+            listeners,
+            conns: HashMap::new(),
+            next_conn: 0,
+            reqs: HashMap::new(),
+            next_req: 0,
+            runnable: VecDeque::new(),
+            blocked: Vec::new(),
+            by_barrier: HashMap::new(),
+            done: Vec::new(),
+        })
+    }
+
+    /// Serve until `stop` (a descriptor) becomes readable; then finish the requests in
+    /// flight, make every acknowledged write durable, and return.
+    pub fn run(&mut self, stop: RawFd) -> Result<Served, ServeError> {
+        let mut served = Served::default();
+        let mut stopping: Option<Instant> = None;
+        let mut final_barrier: Option<Barrier> = None;
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut conn_of_fd: Vec<u64> = Vec::new();
+        let mut next_tick = Instant::now();
+        loop {
+            // Wait for something to do.
+            fds.clear();
+            conn_of_fd.clear();
+            let pfd = |fd, events| libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            };
+            fds.push(pfd(stop, libc::POLLIN));
+            if stopping.is_none() {
+                for l in &self.listeners {
+                    fds.push(pfd(l.fd(), libc::POLLIN));
+                }
+            }
+            let first_conn = fds.len();
+            for c in self.conns.values() {
+                let mut ev = 0;
+                if c.may_read(&self.limits) && stopping.is_none() {
+                    ev |= libc::POLLIN;
+                }
+                if c.unsent() > 0 {
+                    ev |= libc::POLLOUT;
+                }
+                fds.push(pfd(c.stream.fd(), ev));
+                conn_of_fd.push(c.id);
+            }
+            self.cache.wait_fds(&mut fds);
+            let now = Instant::now();
+            let timeout_ms = if !self.runnable.is_empty() {
+                0
+            } else {
+                next_tick
+                    .saturating_duration_since(now)
+                    .as_millis()
+                    .min(100) as i32
+            };
+            // SAFETY: `fds` is a valid array of pollfd of the given length.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(ServeError::Poll(e));
+                }
+            }
+            if fds[0].revents != 0 && stopping.is_none() {
+                stopping = Some(Instant::now());
+                log::info!(
+                    "stopping: finishing {} requests in flight on {} connections",
+                    self.reqs.len(),
+                    self.conns.len()
+                );
+                // Connections still negotiating have nothing in flight: close them.
+                for c in self.conns.values_mut() {
+                    if c.handshake.is_some() {
+                        c.close
+                            .get_or_insert_with(|| "the server is stopping".into());
+                    }
+                }
+            }
+            if stopping.is_none() {
+                for i in 0..self.listeners.len() {
+                    if fds[1 + i].revents != 0 {
+                        self.accept(i, &mut served);
+                    }
+                }
+            }
+            // Read from the connections that have input.
+            for (k, &id) in conn_of_fd.iter().enumerate() {
+                let re = fds[first_conn + k].revents;
+                if re & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                    if let Some(c) = self.conns.get_mut(&id) {
+                        if c.may_read(&self.limits) && stopping.is_none() {
+                            c.receive();
+                        } else if re & (libc::POLLHUP | libc::POLLERR) != 0 {
+                            c.close.get_or_insert_with(|| "the client hung up".into());
+                        }
+                    }
+                }
+            }
+            if stopping.is_none() {
+                let ids: Vec<u64> = self.conns.keys().copied().collect();
+                for id in ids {
+                    self.parse(id, &mut served);
+                }
+            }
+            // The store's answers, then everything they unblocked.
+            if self.cache.poll()? {
+                self.runnable.extend(self.blocked.drain(..));
+            }
+            self.cache.take_done(&mut self.done);
+            for b in std::mem::take(&mut self.done) {
+                if Some(b) == final_barrier {
+                    log::info!("every acknowledged write is on the memory servers");
+                    self.close_all("the server stopped");
+                    return Ok(served);
+                }
+                if let Some(id) = self.by_barrier.remove(&b) {
+                    self.answer(id, 0, "");
+                }
+            }
+            self.work()?;
+            self.cache.flush()?;
+            let now = Instant::now();
+            if now >= next_tick {
+                self.cache.tick(now)?;
+                next_tick = now
+                    + self
+                        .cache
+                        .heartbeat()
+                        .unwrap_or(Duration::from_secs(1))
+                        .min(Duration::from_millis(100));
+            }
+            for c in self.conns.values_mut() {
+                if c.unsent() > 0 {
+                    c.send();
+                }
+            }
+            self.reap();
+            if let (Some(t), None) = (stopping, final_barrier) {
+                let drained = self.reqs.is_empty() && self.conns.values().all(|c| c.unsent() == 0);
+                if drained || t.elapsed() > self.limits.stop_grace {
+                    if !drained {
+                        log::warn!(
+                            "stopping: {} requests or replies still unfinished after {:?}",
+                            self.reqs.len(),
+                            self.limits.stop_grace
+                        );
+                    }
+                    let b = self.cache.sync(None)?;
+                    final_barrier = Some(b);
+                    self.cache.take_done(&mut self.done);
+                    if self.done.contains(&b) {
+                        log::info!("every acknowledged write is on the memory servers");
+                        self.close_all("the server stopped");
+                        return Ok(served);
+                    }
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, i: usize, served: &mut Served) {
+        loop {
+            let (stream, peer) = match self.listeners[i].accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("accept failed: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = stream.set_nonblocking() {
+                log::warn!("connection from {peer}: {e}");
+                continue;
+            }
+            let id = self.next_conn;
+            self.next_conn += 1;
+            served.connections += 1;
+            log::debug!("connection {id} from {peer}");
+            let mut c = Conn {
+                id,
+                peer,
+                stream,
+                rbuf: Vec::new(),
+                rpos: 0,
+                wbuf: Handshake::greeting(),
+                wpos: 0,
+                handshake: Some(Handshake::new()),
+                structured: false,
+                requests: 0,
+                held_bytes: 0,
+                ending: false,
+                close: None,
+            };
+            c.send();
+            self.conns.insert(id, c);
+        }
+    }
+
+    /// Take the complete messages a connection has received.
+    fn parse(&mut self, id: u64, served: &mut Served) {
+        let write_max = self.export.block_max;
+        loop {
+            let c = self.conns.get_mut(&id).expect("parsed connection exists");
+            if c.close.is_some() || c.ending {
+                return;
+            }
+            let input = &c.rbuf[c.rpos..];
+            if let Some(h) = c.handshake.as_mut() {
+                match h.advance(input, &self.export, &mut c.wbuf) {
+                    Ok((0, Next::More)) => return,
+                    Ok((n, Next::More)) => c.rpos += n,
+                    Ok((n, Next::Transmission)) => {
+                        c.rpos += n;
+                        c.structured = h.structured;
+                        c.handshake = None;
+                        log::debug!(
+                            "connection {id} ({}): transmission{}",
+                            c.peer,
+                            if c.structured {
+                                ", structured replies"
+                            } else {
+                                ""
+                            }
+                        );
+                    }
+                    Ok((n, Next::Close)) => {
+                        c.rpos += n;
+                        c.ending = true;
+                        return;
+                    }
+                    Err(e) => return self.malformed(id, e),
+                }
+                continue;
+            }
+            if !c.may_read(&self.limits) {
+                return;
+            }
+            let r = match proto::parse_request(input, write_max) {
+                Ok(Some(r)) => r,
+                Ok(None) => return,
+                Err(e) => return self.malformed(id, e),
+            };
+            let total = proto::REQUEST_LEN + r.payload_len();
+            if input.len() < total {
+                return;
+            }
+            let payload = input[proto::REQUEST_LEN..total].to_vec();
+            c.rpos += total;
+            served.requests += 1;
+            self.request(id, r, payload);
+        }
+    }
+
+    fn malformed(&mut self, id: u64, e: ProtoError) {
+        let c = self.conns.get_mut(&id).expect("connection exists");
+        log::warn!("connection {id} ({}): closed: {e}", c.peer);
+        c.close = Some(e.to_string());
+    }
+
+    /// A request arrived: check it, and queue it or answer it now.
+    fn request(&mut self, conn: u64, r: Request, payload: Vec<u8>) {
+        let size = self.export.size_bytes;
+        let c = self.conns.get_mut(&conn).expect("connection exists");
+        let known = proto::CMD_FLAG_FUA | proto::CMD_FLAG_NO_HOLE;
+        let end = r.offset.checked_add(r.length as u64);
+        let error = match r.command {
+            Command::Disc => {
+                c.ending = true;
+                return;
+            }
+            Command::Other(t) => Some((proto::EINVAL, format!("command {t} is not supported"))),
+            _ if r.flags & !known != 0 => Some((
+                proto::EINVAL,
+                format!("flags {:#x} are not supported", r.flags),
+            )),
+            Command::Flush => None,
+            Command::Read if r.length > self.export.block_max => Some((
+                proto::EINVAL,
+                format!("a read over {} bytes", self.export.block_max),
+            )),
+            _ if !matches!(end, Some(e) if e <= size) => Some((
+                if matches!(r.command, Command::Write | Command::WriteZeroes) {
+                    proto::ENOSPC
+                } else {
+                    proto::EINVAL
+                },
+                format!("beyond the end of the device ({size} bytes)"),
+            )),
+            _ => None,
+        };
+        let id = self.next_req;
+        self.next_req += 1;
+        let data = match r.command {
+            Command::Write => payload,
+            Command::Read if error.is_none() => vec![0; r.length as usize],
+            _ => Vec::new(),
+        };
+        c.requests += 1;
+        c.held_bytes += data.len();
+        let ps = self.cache.page_size() as u64;
+        let pages = if r.length == 0 || error.is_some() || r.command == Command::Flush {
+            Vec::new()
+        } else {
+            (r.offset / ps..=(r.offset + r.length as u64 - 1) / ps).collect()
+        };
+        self.reqs.insert(
+            id,
+            Req {
+                conn,
+                cookie: r.cookie,
+                command: r.command,
+                fua: r.flags & proto::CMD_FLAG_FUA != 0,
+                offset: r.offset,
+                length: r.length,
+                data,
+                phase: Phase::Pages(pages),
+            },
+        );
+        if let Some((errno, msg)) = error {
+            log::debug!("connection {conn}: request {:?} refused: {msg}", r.command);
+            self.answer(id, errno, &msg);
+            return;
+        }
+        self.runnable.push_back(id);
+    }
+
+    /// Move runnable requests forward.
+    fn work(&mut self) -> Result<(), StoreError> {
+        while let Some(id) = self.runnable.pop_front() {
+            let ps = self.cache.page_size() as u64;
+            let req = self.reqs.get_mut(&id).expect("runnable request exists");
+            if req.command == Command::Flush {
+                req.phase = Phase::Durable;
+                let b = self.cache.sync(None)?;
+                self.by_barrier.insert(b, id);
+                continue;
+            }
+            let Phase::Pages(pages) = &mut req.phase else {
+                unreachable!("a runnable request has pages");
+            };
+            let mut waits = 0;
+            let mut left = Vec::new();
+            for (k, &p) in pages.iter().enumerate() {
+                if waits >= WAIT_WINDOW {
+                    left.extend_from_slice(&pages[k..]);
+                    break;
+                }
+                let start = (p * ps).max(req.offset);
+                let end = ((p + 1) * ps).min(req.offset + req.length as u64);
+                let off = (start - p * ps) as usize;
+                let len = (end - start) as usize;
+                let at = (start - req.offset) as usize;
+                let page = PageIndex(p);
+                let step = match req.command {
+                    Command::Read => self.cache.read(page, off, &mut req.data[at..at + len])?,
+                    Command::Write => self.cache.write(page, off, &req.data[at..at + len])?,
+                    Command::Trim => self.cache.zero(page, off, len, true)?,
+                    Command::WriteZeroes => self.cache.zero(page, off, len, false)?,
+                    c => unreachable!("{c:?} has no pages"),
+                };
+                if step == Step::Wait {
+                    waits += 1;
+                    left.push(p);
+                }
+            }
+            if !left.is_empty() {
+                *pages = left;
+                self.blocked.push(id);
+                continue;
+            }
+            if req.fua && req.command != Command::Read && req.length > 0 {
+                let first = req.offset / ps;
+                let last = (req.offset + req.length as u64 - 1) / ps;
+                req.phase = Phase::Durable;
+                let b = self.cache.sync(Some(first..last + 1))?;
+                self.by_barrier.insert(b, id);
+                continue;
+            }
+            self.answer(id, 0, "");
+        }
+        Ok(())
+    }
+
+    /// Send a request's reply (if its connection is still there) and forget it.
+    fn answer(&mut self, id: u64, error: u32, message: &str) {
+        let req = self.reqs.remove(&id).expect("answered request exists");
+        let Some(c) = self.conns.get_mut(&req.conn) else {
+            return;
+        };
+        c.requests -= 1;
+        c.held_bytes -= req.data.len();
+        if c.close.is_some() {
+            return;
+        }
+        match (req.command, c.structured, error) {
+            (Command::Read, true, 0) => {
+                proto::structured_data_header(&mut c.wbuf, req.cookie, req.offset, req.length);
+                c.wbuf.extend_from_slice(&req.data);
+            }
+            (Command::Read, true, e) => {
+                proto::structured_error(&mut c.wbuf, req.cookie, e, message)
+            }
+            (Command::Read, false, 0) => {
+                proto::simple_reply(&mut c.wbuf, req.cookie, 0);
+                c.wbuf.extend_from_slice(&req.data);
+            }
+            (_, _, e) => proto::simple_reply(&mut c.wbuf, req.cookie, e),
+        }
+    }
+
+    /// Close connections that must close: broken, or ended and answered.
+    fn reap(&mut self) {
+        let gone: Vec<u64> = self
+            .conns
+            .values()
+            .filter(|c| c.close.is_some() || (c.ending && c.requests == 0 && c.unsent() == 0))
+            .map(|c| c.id)
+            .collect();
+        for id in gone {
+            let c = self.conns.remove(&id).expect("listed");
+            let why = c.close.unwrap_or_else(|| "the client disconnected".into());
+            if c.requests > 0 {
+                log::info!(
+                    "connection {id} ({}): closed with {} requests unanswered: {why}",
+                    c.peer,
+                    c.requests
+                );
+            } else {
+                log::debug!("connection {id} ({}): closed: {why}", c.peer);
+            }
+        }
+    }
+
+    fn close_all(&mut self, why: &str) {
+        for c in self.conns.values_mut() {
+            c.send();
+            c.close.get_or_insert_with(|| why.into());
+        }
+        self.reap();
+    }
+}
