@@ -186,9 +186,11 @@ impl Server {
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if let Some(a) = conn.attachment.take() {
                     let id = a.session.id;
-                    let (held, held_max) = a.detach();
                     let level = if config.verbose { log::Level::Info } else { log::Level::Debug };
-                    log::log!(level, "{me}: client {peer} disconnected, session {id} keeps {held} pages for its lease, held at most {held_max} pages");
+                    match a.detach() {
+                        Some((held, held_max)) => log::log!(level, "{me}: client {peer} disconnected, session {id} keeps {held} pages for its lease, held at most {held_max} pages"),
+                        None => log::log!(level, "{me}: client {peer} disconnected, session {id} has ended"),
+                    }
                 }
             });
             if let Err(e) = spawned {
@@ -624,10 +626,10 @@ impl Connection<'_> {
             }
             Request::EndSession => {
                 drop(pages);
-                let freed_bytes = sessions.end(a);
+                let (freed_bytes, held_max) = sessions.end(a);
                 log::log!(
                     self.verbose_level(),
-                    "{}: session {} ended, freed {freed_bytes} bytes",
+                    "{}: session {} ended, freed {freed_bytes} bytes, held at most {held_max} pages",
                     self.me,
                     a.session.id
                 );

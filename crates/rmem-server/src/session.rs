@@ -206,16 +206,12 @@ impl Attachment {
     }
 
     /// Detach (the connection closed): the session stays until its lease ends. Returns
-    /// (pages held now, most pages held).
-    pub fn detach(self) -> (usize, usize) {
+    /// (pages held now, most pages held), or `None` if the session has ended.
+    pub fn detach(self) -> Option<(usize, usize)> {
         let mut family = lock(&self.session.family);
-        match family.members.get_mut(&self.session.id) {
-            Some(m) => {
-                m.connections -= 1;
-                (m.own.slots(), m.pages_max)
-            }
-            None => (0, 0),
-        }
+        let m = family.members.get_mut(&self.session.id)?;
+        m.connections -= 1;
+        Some((m.own.slots(), m.pages_max))
     }
 }
 
@@ -392,14 +388,15 @@ impl Sessions {
     }
 
     /// Free the attached session's pages now and forget it. Returns the bytes freed.
-    pub fn end(&self, a: &Attachment) -> u64 {
+    pub fn end(&self, a: &Attachment) -> (u64, usize) {
         let mut table = lock(&self.table);
         let mut family = lock(&a.session.family);
-        if !family.members.contains_key(&a.session.id) {
-            return 0;
-        }
+        let Some(m) = family.members.get(&a.session.id) else {
+            return (0, 0);
+        };
+        let held_max = m.pages_max;
         table.remove(&a.session.id);
-        self.forget(&mut family, a.session.id)
+        (self.forget(&mut family, a.session.id), held_max)
     }
 
     fn forget(&self, family: &mut Family, id: SessionId) -> u64 {
