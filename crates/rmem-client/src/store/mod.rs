@@ -124,6 +124,10 @@ pub trait PageStore: Send {
     }
     /// Requests in flight.
     fn in_flight(&self) -> usize;
+    /// What the store has open and where, for the report of a pager that finds itself stuck.
+    fn describe_in_flight(&self) -> String {
+        format!("store: {} in flight", self.in_flight())
+    }
     /// The store's own counters, if it keeps any.
     fn counters(&self) -> Option<Arc<StoreCounters>> {
         None
