@@ -1,8 +1,9 @@
 //! Surviving a memory-server loss, end to end: the 8-thread verifying stress over six real
 //! `rmem server` processes with replicas and erasure coding while servers are killed with
 //! SIGKILL at random moments (one, two at once, one during the repair of another), one more
-//! server lost than the redundancy covers (a clear error naming them, within 5 s), and the
-//! same as user `nobody`. Every wait is bounded.
+//! server lost than the redundancy covers (a clear error naming them, within 5 s), the
+//! same as user `nobody`, and a server stopped (SIGSTOP) until it times out, then killed.
+//! Every wait is bounded.
 
 mod common;
 use common::*;
@@ -293,6 +294,66 @@ fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
     assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{what}");
     assert!(v["failovers"].as_u64().unwrap() > 0, "{v}\n{what}");
     let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+/// A server that stops answering and is then killed, with no spare server to move its
+/// pieces to: its requests time out (an outage: reads fail over), the reconnect is refused,
+/// it is buried, and every write-back that waited on it is stored degraded on the others.
+/// Each must complete: one that did not left the pager with faults waiting and nothing in
+/// flight ("pager stuck", seen once in the multihost test). Two rounds per layout: killed
+/// before its silence is noticed, and after (reconnects to the stopped process meanwhile).
+fn survives_a_stop_then_a_kill(name: &str, n: usize, redundancy: &str) {
+    for (round, stopped) in [random_ms(50, 250), random_ms(400, 1500)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut run = start_with(
+            &format!("{name}-{round}"),
+            n,
+            redundancy,
+            "40000",
+            false,
+            &[
+                ("RMEM_SERVER_TIMEOUT_MS", "200"),
+                ("RMEM_CONNECT_TIMEOUT_MS", "200"),
+                ("RMEM_RECONNECT_MS", "20000"),
+            ],
+        );
+        std::thread::sleep(random_ms(800, 2000));
+        let pid = run.servers[n - 1].child.id() as i32;
+        // SAFETY: signalling a child this test started and has not reaped.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(stopped);
+        run.servers[n - 1].child.kill().unwrap();
+        let out = wait_bounded(
+            run.child,
+            Duration::from_secs(180),
+            "the stopped, killed stress",
+        );
+        let what = format!(
+            "{redundancy}, stopped {stopped:?} then killed: {}",
+            shown(&out)
+        );
+        assert!(out.status.success(), "{what}");
+        assert!(
+            out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
+            "{what}"
+        );
+        let v = read_json(&run.stats);
+        assert_eq!(v["servers_lost"].as_u64(), Some(1), "{v}\n{what}");
+        assert!(out.stderr.contains("keep fewer pieces"), "{what}");
+        let _ = std::fs::remove_dir_all(&run.dir);
+    }
+}
+
+#[test]
+fn ec_2_1_on_three_servers_survives_a_server_stopped_then_killed() {
+    survives_a_stop_then_a_kill("red-stopkill-ec21", 3, "ec:2+1");
+}
+
+#[test]
+fn replicas_2_on_two_servers_survive_a_server_stopped_then_killed() {
+    survives_a_stop_then_a_kill("red-stopkill-rep2", 2, "replicas:2");
 }
 
 /// More redundancy than servers is refused before anything starts.

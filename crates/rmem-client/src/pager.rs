@@ -521,7 +521,11 @@ impl Pager {
                 self.core.settle(&mut *self.store)?;
                 self.store.flush()?;
                 if !self.core.blocked.is_empty() && self.store.in_flight() == 0 {
-                    return Err(PagerError::Stuck(self.core.describe()));
+                    return Err(PagerError::Stuck(format!(
+                        "{}; {}",
+                        self.core.describe(),
+                        self.store.describe_in_flight()
+                    )));
                 }
                 continue;
             }

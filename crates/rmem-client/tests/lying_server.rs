@@ -3,6 +3,7 @@
 //! page is served from the other pieces, and the lies are counted. Real servers, in-process;
 //! every wait is bounded.
 
+mod common;
 use rmem_client::config::Placement;
 use rmem_client::store::cluster::Layout;
 use rmem_client::store::codec::Redundancy;
@@ -10,7 +11,6 @@ use rmem_client::store::remote::{RemoteStore, Timing};
 use rmem_client::store::{Completion, PageStore};
 use rmem_client::PageIndex;
 use rmem_proto::{parse_header, Op, Response, HEADER_LEN};
-use rmem_server::{Server, ServerConfig};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,18 +22,7 @@ const PS: usize = 4096;
 const TOKEN: &[u8] = b"lying-server-token";
 
 fn server() -> String {
-    let s = Server::bind(ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        capacity_bytes: 64 << 20,
-        token: TOKEN.to_vec(),
-        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
-        lease: rmem_server::LEASE_DEFAULT,
-        verbose: false,
-    })
-    .unwrap();
-    let addr = s.local_addr().to_string();
-    s.spawn();
-    addr
+    common::server(TOKEN, 64 << 20)
 }
 
 /// A proxy to `real` that lies in every read answer it passes: in turn it flips a byte, sends

@@ -3,29 +3,18 @@
 //! full, with an error naming each server and its capacity. Real servers, in-process; every
 //! wait is bounded.
 
+mod common;
 use rmem_client::config::Placement;
 use rmem_client::store::remote::{RemoteStore, Timing};
 use rmem_client::store::{Completion, PageStore, StoreError};
 use rmem_client::PageIndex;
-use rmem_server::{Server, ServerConfig};
 use std::time::{Duration, Instant};
 
 const PS: usize = 4096;
 const TOKEN: &[u8] = b"overcommit-token";
 
 fn server(capacity_pages: u64) -> String {
-    let s = Server::bind(ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        capacity_bytes: capacity_pages * PS as u64,
-        token: TOKEN.to_vec(),
-        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
-        lease: rmem_server::LEASE_DEFAULT,
-        verbose: false,
-    })
-    .unwrap();
-    let addr = s.local_addr().to_string();
-    s.spawn();
-    addr
+    common::server(TOKEN, capacity_pages * PS as u64)
 }
 
 fn store(servers: &[String]) -> RemoteStore {

@@ -246,6 +246,11 @@ pub struct RemoteStore {
     /// [`Stamp`]), made in [`PageStore::snapshot`] where failing is an answer; the child
     /// takes it from its copy of this store.
     child_codec: Option<Arc<Codec>>,
+    /// Write-backs finished where no completion can be delivered: in `tick`, a server buried
+    /// there (or in `flush`) left its unanswered writes to be placed, and with no spare
+    /// server each is stored degraded at once. Delivered by the next `poll`; until then they
+    /// count as in flight.
+    finished: Vec<u64>,
 }
 
 fn bit(piece: usize) -> u32 {
@@ -502,6 +507,7 @@ impl RemoteStore {
             repair: Repair::default(),
             next_revive: Instant::now(),
             child_codec: None,
+            finished: Vec::new(),
         })
     }
 
@@ -1080,6 +1086,18 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// What answers, outages and burials left: failed-over reads, writes to place again,
+    /// repairs; then out with the requests.
+    fn work(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<(), StoreError> {
+        if !self.todo.is_empty() || self.repair.started.is_some() {
+            self.settle(f)?;
+            self.repair_step()?;
+            self.settle(f)?;
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// Start repairs up to the window; say when the last is done.
     fn repair_step(&mut self) -> Result<(), StoreError> {
         if self.repair.started.is_none() {
@@ -1313,7 +1331,12 @@ impl PageStore for RemoteStore {
     }
 
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
-        let mut n = 0;
+        let mut n = self.finished.len();
+        for page in std::mem::take(&mut self.finished) {
+            f(Completion::Stored {
+                page: PageIndex(page),
+            });
+        }
         let now = Instant::now();
         for s in 0..self.conns.len() {
             if self.book.dead[s].is_some() || self.conns[s].pending.is_empty() {
@@ -1337,12 +1360,7 @@ impl PageStore for RemoteStore {
             }
         }
         self.fail_over_reads();
-        if !self.todo.is_empty() || self.repair.started.is_some() {
-            self.settle(f)?;
-            self.repair_step()?;
-            self.settle(f)?;
-            self.flush()?;
-        }
+        self.work(f)?;
         Ok(n)
     }
 
@@ -1358,13 +1376,17 @@ impl PageStore for RemoteStore {
         self.each_live(|c| c.tick(now))?;
         self.fail_over_reads();
         self.revive(now);
-        if !self.todo.is_empty() || self.repair.started.is_some() {
-            self.settle(&mut |_| {})?;
-            self.repair_step()?;
-            self.settle(&mut |_| {})?;
-            self.flush()?;
-        }
-        Ok(())
+        // No one to hand a completion to here: a write-back that finishes is kept for the
+        // next poll. A fetch finishes only on an answer, and answers are taken only by poll.
+        let mut finished = std::mem::take(&mut self.finished);
+        let r = self.work(&mut |c| match c {
+            Completion::Stored { page } => finished.push(page.0),
+            Completion::Fetched { page, .. } => {
+                unreachable!("page {} fetched outside poll", page.0)
+            }
+        });
+        self.finished = finished;
+        r
     }
 
     fn heartbeat(&self) -> Option<Duration> {
@@ -1382,8 +1404,57 @@ impl PageStore for RemoteStore {
         }
     }
 
+    /// Requests on the links, and work a server's loss left that the next poll completes
+    /// (writes to place again, write-backs finished).
     fn in_flight(&self) -> usize {
-        self.conns.iter().map(|c| c.pending.len()).sum()
+        let requests: usize = self.conns.iter().map(|c| c.pending.len()).sum();
+        requests + self.todo.len() + self.finished.len()
+    }
+
+    fn describe_in_flight(&self) -> String {
+        let (mut fetches, mut stores, mut repairs) = (0, 0, 0);
+        let mut some = Vec::new();
+        for op in self.book.ops.values() {
+            match op {
+                Op::Fetch(fe) if fe.repair => repairs += 1,
+                Op::Store(st) if st.repair => repairs += 1,
+                Op::Fetch(_) => fetches += 1,
+                Op::Store(st) => {
+                    stores += 1;
+                    if some.len() < 4 {
+                        some.push(format!("{} (pieces {:#b} unanswered)", st.page, st.waiting));
+                    }
+                }
+            }
+        }
+        let servers = self
+            .conns
+            .iter()
+            .enumerate()
+            .map(|(s, c)| {
+                let state = if self.book.dead[s].is_some() {
+                    " lost"
+                } else if c.in_outage() {
+                    " in an outage"
+                } else {
+                    ""
+                };
+                format!("{}{state} {}", c.name, c.pending.len())
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "store: {fetches} fetches, {stores} write-backs{} and {repairs} repair steps open, \
+             {} pages busy, {} to settle, {} finished to deliver; requests per server: {servers}",
+            if some.is_empty() {
+                String::new()
+            } else {
+                format!(" (pages {})", some.join(", "))
+            },
+            self.book.busy.len(),
+            self.todo.len(),
+            self.finished.len()
+        )
     }
 
     fn describe(&self) -> String {
@@ -1460,6 +1531,9 @@ impl PageStore for RemoteStore {
             repair: Repair::default(),
             next_revive: Instant::now(),
             child_codec: None,
+            // The parent's finished write-backs are the parent's: the child reinstalls those
+            // pages from its copy of the staging slots (PageStates::after_fork).
+            finished: Vec::new(),
         };
         // A page whose group lost a server is as degraded in the snapshot as here: the child
         // rebuilds its own copy (the parent's repairs reach only the parent's session).

@@ -143,6 +143,10 @@ pub trait PageStore: Send {
     fn forked(&mut self, snapshot: Snapshot) -> Box<dyn PageStore>;
     /// The fork() child that read `snapshot` exited or exec'd: free it.
     fn end_snapshot(&mut self, snapshot: Snapshot) -> Result<(), StoreError>;
+    /// What the store has open and where, for the report of a pager that finds itself stuck.
+    fn describe_in_flight(&self) -> String {
+        format!("store: {} in flight", self.in_flight())
+    }
     /// The store's own counters, if it keeps any.
     fn counters(&self) -> Option<Arc<StoreCounters>> {
         None

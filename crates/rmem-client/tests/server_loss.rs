@@ -1,0 +1,307 @@
+//! A server lost while write-backs wait on it, driven call by call as the pager drives the
+//! store: it stops answering (a proxy in front of a real server that holds every byte), its
+//! requests time out (the server is in an outage, its reads fail over), then it is gone (the
+//! proxy closes its listener, so the reconnect is refused and the server is buried). Every
+//! write-back still completes exactly once, through `poll`, and while one is owed the store
+//! says something is in flight: otherwise the pager, with faults waiting on those pages,
+//! would find nothing to wait for and stop ("pager stuck"). Real servers, in-process; every
+//! wait is bounded.
+
+mod common;
+use rmem_client::config::Placement;
+use rmem_client::store::cluster::Layout;
+use rmem_client::store::codec::Redundancy;
+use rmem_client::store::remote::{RemoteStore, Timing};
+use rmem_client::store::{Completion, PageStore};
+use rmem_client::PageIndex;
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PS: usize = 4096;
+const TOKEN: &[u8] = b"server-loss-token";
+/// A request unanswered this long puts its server in an outage.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(150);
+
+fn server() -> String {
+    common::server(TOKEN, 64 << 20)
+}
+
+/// A proxy to a real server that can stop passing bytes (a stopped process: the link stays
+/// up, nothing is answered) and then vanish, listener and links (a killed one: a reconnect is
+/// refused).
+struct Proxy {
+    addr: String,
+    stalled: Arc<AtomicBool>,
+    killed: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(real: String) -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let stalled = Arc::new(AtomicBool::new(false));
+        let killed = Arc::new(AtomicBool::new(false));
+        let (st, ki) = (stalled.clone(), killed.clone());
+        std::thread::spawn(move || {
+            while !ki.load(Relaxed) {
+                match l.accept() {
+                    Ok((client, _)) => {
+                        let up = TcpStream::connect(&real).unwrap();
+                        pump(
+                            client.try_clone().unwrap(),
+                            up.try_clone().unwrap(),
+                            &st,
+                            &ki,
+                        );
+                        pump(up, client, &st, &ki);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    Err(e) => panic!("proxy accept: {e}"),
+                }
+            }
+            // The listener is dropped here: connecting to the port is refused from now on.
+        });
+        Proxy {
+            addr,
+            stalled,
+            killed,
+        }
+    }
+
+    fn stall(&self) {
+        self.stalled.store(true, Relaxed);
+    }
+
+    /// Gone: the listener closes within a few ms, the links at once.
+    fn kill(&self) {
+        self.killed.store(true, Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while TcpStream::connect(&self.addr).is_ok() {
+            assert!(Instant::now() < deadline, "the proxy's port still accepts");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// Copy `from` to `to` while not stalled; close both once killed.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    stalled: &Arc<AtomicBool>,
+    killed: &Arc<AtomicBool>,
+) {
+    let (stalled, killed) = (stalled.clone(), killed.clone());
+    from.set_read_timeout(Some(Duration::from_millis(2)))
+        .unwrap();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        while !killed.load(Relaxed) {
+            if stalled.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    });
+}
+
+fn page(n: u64, round: u64) -> Vec<u8> {
+    (0..PS)
+        .map(|i| (n as usize * 7 + i / 8 + round as usize * 13) as u8)
+        .collect()
+}
+
+/// Which of the pager's calls finds the reconnect refused and buries the server.
+#[derive(Clone, Copy, Debug)]
+enum BuriedBy {
+    /// `tick`, as after the pager's idle sleep.
+    Tick,
+    /// `flush`, as after a fault.
+    Flush,
+}
+
+/// The completions of one poll: pages stored, pages fetched with their contents.
+#[derive(Default)]
+struct Done {
+    stored: HashMap<u64, u32>,
+    fetched: HashMap<u64, Vec<u8>>,
+}
+
+impl Done {
+    fn poll(&mut self, s: &mut RemoteStore) {
+        s.poll(&mut |c| match c {
+            Completion::Stored { page } => *self.stored.entry(page.0).or_default() += 1,
+            Completion::Fetched { page, data } => {
+                assert!(
+                    self.fetched.insert(page.0, data.to_vec()).is_none(),
+                    "page {} fetched twice",
+                    page.0
+                );
+            }
+        })
+        .unwrap();
+    }
+}
+
+/// `n` servers, the last behind a proxy; pages written, then written again and `read` other
+/// pages fetched while the proxy stalls; it is killed, a tick finds the requests timed out,
+/// and `by` buries it. Every write-back and fetch completes once, the store never says nothing
+/// is in flight while one is owed, and every page reads back as last written.
+fn write_backs_complete_after_a_loss(redundancy: &str, n: usize, read: u64, by: BuriedBy) {
+    let proxy = Proxy::start(server());
+    let mut servers: Vec<String> = (1..n).map(|_| server()).collect();
+    servers.push(proxy.addr.clone());
+    let timing = Timing {
+        connect: Duration::from_secs(1),
+        request: REQUEST_TIMEOUT,
+        heartbeat: Duration::from_secs(5),
+        reconnect: Duration::from_secs(5),
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse(redundancy).unwrap(),
+        encrypt: false,
+    };
+    let what = format!("{redundancy} on {n} servers, {read} reads, buried by {by:?}");
+    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let written = 64u64;
+    let all = written + read;
+    for p in 0..all {
+        s.store(PageIndex(p), &page(p, 0)).unwrap();
+    }
+    s.flush().unwrap();
+    let mut done = Done::default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done.stored.len() < all as usize {
+        assert!(Instant::now() < deadline, "{what}: first writes not stored");
+        done.poll(&mut s);
+        s.tick(Instant::now()).unwrap();
+    }
+
+    proxy.stall();
+    let mut done = Done::default();
+    for p in 0..written {
+        s.store(PageIndex(p), &page(p, 1)).unwrap();
+    }
+    for p in written..all {
+        s.fetch(PageIndex(p)).unwrap();
+    }
+    s.flush().unwrap();
+    // Past the request timeout: the live servers' answers are taken, so each write-back
+    // waits on the stalled server's piece alone.
+    let stalled = Instant::now();
+    while stalled.elapsed() < REQUEST_TIMEOUT * 2 {
+        done.poll(&mut s);
+        s.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Gone before its silence is noticed, as when the process was killed meanwhile: the
+    // first tick finds the timeout (an outage: reads fail over), the next call's reconnect is
+    // refused and buries it.
+    proxy.kill();
+    s.tick(Instant::now()).unwrap();
+    match by {
+        BuriedBy::Tick => s.tick(Instant::now()).unwrap(),
+        BuriedBy::Flush => s.flush().unwrap(),
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let owed = (written as usize - done.stored.len()) + (read as usize - done.fetched.len());
+        if owed == 0 {
+            break;
+        }
+        // What the pager checks before it calls itself stuck.
+        assert!(
+            s.in_flight() > 0,
+            "{what}: {owed} completions owed ({} of {written} write-backs, {} of {read} \
+             fetches done) and the store says nothing is in flight",
+            done.stored.len(),
+            done.fetched.len()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {owed} completions never came"
+        );
+        done.poll(&mut s);
+        s.flush().unwrap();
+        s.tick(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        done.stored.values().all(|&k| k == 1),
+        "{what}: a write-back completed twice"
+    );
+    for p in written..all {
+        assert!(done.fetched[&p] == page(p, 0), "{what}: page {p} wrong");
+    }
+    // Every page back, as last written, from what is left.
+    for p in 0..all {
+        s.fetch(PageIndex(p)).unwrap();
+    }
+    s.flush().unwrap();
+    let mut back = Done::default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while back.fetched.len() < all as usize {
+        assert!(Instant::now() < deadline, "{what}: pages not read back");
+        back.poll(&mut s);
+        s.tick(Instant::now()).unwrap();
+    }
+    for p in 0..all {
+        let round = u64::from(p < written);
+        assert!(
+            back.fetched[&p] == page(p, round),
+            "{what}: page {p} is not round {round}"
+        );
+    }
+    assert_eq!(
+        s.counters().unwrap().servers_lost.load(Relaxed),
+        1,
+        "{what}"
+    );
+}
+
+/// No spare server: each orphaned write is stored degraded (one piece fewer) and completes
+/// at once, in the call that buried the server.
+#[test]
+fn ec_2_1_on_three_servers_completes_write_backs_of_a_server_buried_by_tick() {
+    write_backs_complete_after_a_loss("ec:2+1", 3, 32, BuriedBy::Tick);
+}
+
+#[test]
+fn ec_2_1_on_three_servers_completes_write_backs_of_a_server_buried_by_flush() {
+    write_backs_complete_after_a_loss("ec:2+1", 3, 0, BuriedBy::Flush);
+}
+
+#[test]
+fn replicas_2_on_two_servers_completes_write_backs_of_a_server_buried_by_tick() {
+    write_backs_complete_after_a_loss("replicas:2", 2, 32, BuriedBy::Tick);
+}
+
+#[test]
+fn replicas_2_on_two_servers_completes_write_backs_of_a_server_buried_by_flush() {
+    write_backs_complete_after_a_loss("replicas:2", 2, 0, BuriedBy::Flush);
+}
+
+/// A spare server: the orphaned writes go there and complete on its answers.
+#[test]
+fn replicas_2_on_three_servers_moves_write_backs_of_a_buried_server() {
+    write_backs_complete_after_a_loss("replicas:2", 3, 32, BuriedBy::Tick);
+}
