@@ -15,6 +15,7 @@
 //! and a message from this module's SIGSEGV handler ([`signals`]); every later call into
 //! this module raises `ServerLost`.
 
+mod fork;
 mod signals;
 
 use pyo3::exceptions::{PyException, PyValueError};
@@ -23,10 +24,11 @@ use pyo3::types::PyDict;
 use rmem_client::config::{self, Config, OwnServers};
 use rmem_client::own_servers::{hostfile_from_env, Helper};
 use rmem_client::Runtime;
+use std::cell::UnsafeCell;
 use std::io::{Read, Seek, SeekFrom};
 use std::mem::ManuallyDrop;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pyo3::create_exception!(
@@ -51,8 +53,9 @@ const READ_CHUNK_BYTES: usize = 4 << 20;
 /// module's reference, and the runtime stops (and its own servers are finalized) when the
 /// last array using it is gone.
 struct Session {
-    /// Never dropped in a fork() child, whose copy has no pager to stop.
-    rt: ManuallyDrop<Runtime>,
+    /// Replaced in a fork() child by the child's own (fork.rs); the copy of the parent's is
+    /// never dropped there, it has no pager to stop.
+    rt: UnsafeCell<ManuallyDrop<Runtime>>,
     /// Servers this session started (`rmem launch --detach`), finalized after the runtime.
     helper: Mutex<Option<Helper>>,
     /// The pager's last words, set when it gives up.
@@ -61,17 +64,36 @@ struct Session {
     live_blocks: AtomicU64,
     /// The signal handler's record of this region.
     slot: usize,
-    pid: i32,
+    /// The process this session's runtime serves: the one that connected, or a fork() child
+    /// that took it over.
+    pid: AtomicI32,
+    /// The process that started `helper`'s servers, the only one that stops them.
+    helper_pid: i32,
     own_servers: bool,
+}
+
+// SAFETY: `rt` is written only by a fork() child's handler (fork.rs), when the child has one
+// thread and nothing else can read it; everything else only reads it.
+unsafe impl Sync for Session {}
+
+impl Session {
+    fn rt(&self) -> &Runtime {
+        // SAFETY: see the Sync impl: no write while anything can read.
+        unsafe { &*self.rt.get() }
+    }
+
+    fn pid(&self) -> i32 {
+        self.pid.load(Ordering::Relaxed)
+    }
 }
 
 impl Session {
     /// Refuse to go on after a loss or in a fork() child.
     fn check(&self) -> PyResult<()> {
-        if signals::getpid() != self.pid {
+        if signals::getpid() != self.pid() {
             return Err(RmemError::new_err(
-                "remote memory belongs to the process that connected; a fork() child cannot \
-                 use it (use threads, or multiprocessing's 'spawn' or 'forkserver' start method)",
+                "this fork() child has no remote memory of this session: its rmem could not \
+                 start at the fork (see the message then)",
             ));
         }
         match self.lost.get() {
@@ -82,10 +104,10 @@ impl Session {
 
     fn free(&self, addr: usize) {
         self.live_blocks.fetch_sub(1, Ordering::Relaxed);
-        if signals::getpid() != self.pid || self.lost.get().is_some() {
+        if signals::getpid() != self.pid() || self.lost.get().is_some() {
             return; // no pager to give the pages back to
         }
-        if let Err(e) = self.rt.free(addr as *mut u8) {
+        if let Err(e) = self.rt().free(addr as *mut u8) {
             eprintln!("rmem: freeing a remote array at {addr:#x}: {e}");
         }
     }
@@ -93,13 +115,17 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if signals::getpid() != self.pid {
-            return; // a fork() child: the parent's runtime and servers are not ours to stop
+        let me = signals::getpid();
+        if me != self.pid() {
+            return; // a fork() child without it: the parent's runtime is not ours to stop
         }
         // SAFETY: dropped exactly once, here; nothing uses `rt` afterwards.
-        unsafe { ManuallyDrop::drop(&mut self.rt) };
+        unsafe { ManuallyDrop::drop(self.rt.get_mut()) };
         if self.lost.get().is_none() {
             signals::forget(self.slot);
+        }
+        if me != self.helper_pid {
+            return; // the servers are the parent's
         }
         if let Some(h) = self.helper.lock().unwrap_or_else(|e| e.into_inner()).take() {
             h.stop();
@@ -170,7 +196,9 @@ fn _connect(
         ));
     }
     let session = py.detach(|| start(servers, local, page_size, hostfile, layout))?;
-    *cur = Some(Arc::new(session));
+    let session = Arc::new(session);
+    fork::track(&session);
+    *cur = Some(session);
     Ok(())
 }
 
@@ -279,12 +307,13 @@ fn start(
     }
     let own_servers = helper.is_some();
     Ok(Session {
-        rt: ManuallyDrop::new(rt),
+        rt: UnsafeCell::new(ManuallyDrop::new(rt)),
         helper: Mutex::new(helper),
         lost,
         live_blocks: AtomicU64::new(0),
         slot,
-        pid: signals::getpid(),
+        pid: AtomicI32::new(signals::getpid()),
+        helper_pid: signals::getpid(),
         own_servers,
     })
 }
@@ -352,14 +381,14 @@ fn _alloc(py: Python<'_>, nbytes: usize) -> PyResult<Block> {
     let size = nbytes.max(1);
     let rt = s.clone();
     // Reused memory is zeroed by stores that may fault: without the GIL.
-    let p = py.detach(move || rt.rt.alloc(size).map(|p| p as usize));
+    let p = py.detach(move || rt.rt().alloc(size).map(|p| p as usize));
     let Some(addr) = p else {
         s.check()?;
         return Err(RmemError::new_err(format!(
             "cannot allocate {nbytes} bytes of remote memory: the memory servers' capacity \
              ({} bytes, {} allocated) or the region is exhausted",
-            s.rt.capacity_bytes(),
-            s.rt.allocated_bytes()
+            s.rt().capacity_bytes(),
+            s.rt().allocated_bytes()
         )));
     };
     s.live_blocks.fetch_add(1, Ordering::Relaxed);
@@ -418,7 +447,7 @@ fn _read_into(
 /// The runtime's statistics (rmem run's JSON report), as JSON text.
 #[pyfunction]
 fn _stats_json() -> PyResult<String> {
-    Ok(current()?.rt.stats().to_json())
+    Ok(current()?.rt().stats().to_json())
 }
 
 /// What the session is: servers, sizes, live blocks.
@@ -426,20 +455,20 @@ fn _stats_json() -> PyResult<String> {
 fn _info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let s = current()?;
     let d = PyDict::new(py);
-    d.set_item("servers", s.rt.servers())?;
+    d.set_item("servers", s.rt().servers())?;
     d.set_item("own_servers", s.own_servers)?;
-    d.set_item("page_size", s.rt.page_size())?;
-    d.set_item("local_bytes", s.rt.local_bytes())?;
-    d.set_item("capacity_bytes", s.rt.capacity_bytes())?;
-    d.set_item("allocated_bytes", s.rt.allocated_bytes())?;
+    d.set_item("page_size", s.rt().page_size())?;
+    d.set_item("local_bytes", s.rt().local_bytes())?;
+    d.set_item("capacity_bytes", s.rt().capacity_bytes())?;
+    d.set_item("allocated_bytes", s.rt().allocated_bytes())?;
     d.set_item("live_arrays", s.live_blocks.load(Ordering::Relaxed))?;
-    d.set_item("userfaultfd", s.rt.uffd_mode().name())?;
+    d.set_item("userfaultfd", s.rt().uffd_mode().name())?;
     Ok(d)
 }
 
 #[pymodule]
 fn _rmem(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    signals::install_fork_guard();
+    fork::install();
     m.add("RmemError", m.py().get_type::<RmemError>())?;
     m.add("ServerLost", m.py().get_type::<ServerLost>())?;
     m.add_class::<Block>()?;

@@ -1,6 +1,6 @@
 //! What a touch of remote memory that can no longer be served does: after a lost server
-//! (the region was sealed with no access) and in a fork() child (the region is not
-//! inherited). Both end the process with a message naming the cause, rather than a bare
+//! (the region was sealed with no access) and in a fork() child whose rmem could not take the
+//! region over (fork.rs; the region is not inherited then). Both end the process with a message naming the cause, rather than a bare
 //! "Segmentation fault", or zeros, or another mapping's data.
 //!
 //! The records are fixed arrays of atomics: the SIGSEGV handler and the fork() child
@@ -20,8 +20,8 @@ const EXIT_FORK_TOUCH: i32 = 70;
 static BASE: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static LEN: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static LOST: [AtomicBool; SLOTS] = [const { AtomicBool::new(false) }; SLOTS];
-/// The process whose regions these are.
-static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+/// The process each region's runtime serves (a fork() child that took one over: fork.rs).
+static PID: [AtomicI32; SLOTS] = [const { AtomicI32::new(0) }; SLOTS];
 /// The SIGSEGV action before ours, run for every fault that is not rmem's.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
 
@@ -33,10 +33,10 @@ pub fn getpid() -> i32 {
 /// Record a new region; the SIGSEGV handler is installed with the first.
 pub fn watch(base: u64, len: u64) -> Result<usize, String> {
     install_segv_handler();
-    OWNER_PID.store(getpid(), Relaxed);
     for i in 0..SLOTS {
         if LEN[i].compare_exchange(0, len, Relaxed, Relaxed).is_ok() {
             BASE[i].store(base, Relaxed);
+            PID[i].store(getpid(), Relaxed);
             LOST[i].store(false, Relaxed);
             return Ok(i);
         }
@@ -54,18 +54,19 @@ pub fn mark_lost(slot: usize) {
     LOST[slot].store(true, Relaxed);
 }
 
-/// In a fork() child, keep every region's range reserved with no access: `MADV_DONTFORK`
-/// left it empty, and something the child maps there later would otherwise be read through
-/// the parent's arrays.
-pub fn install_fork_guard() {
-    // SAFETY: registering a plain extern "C" fn without state.
-    unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
+/// In a fork() child, the region of `slot` is served by this process now.
+pub fn adopt(slot: usize) {
+    PID[slot].store(getpid(), Relaxed);
 }
 
-extern "C" fn fork_child() {
+/// In a fork() child, keep the range of every region this process does not serve reserved
+/// with no access: it was not inherited (`MADV_DONTFORK`), and something the child maps there
+/// later would otherwise be read through the parent's arrays.
+pub fn guard_unserved() {
+    let me = getpid();
     for i in 0..SLOTS {
         let len = LEN[i].load(Relaxed);
-        if len == 0 || LOST[i].load(Relaxed) {
+        if len == 0 || LOST[i].load(Relaxed) || PID[i].load(Relaxed) == me {
             continue; // a lost region is sealed already, and the seal is inherited
         }
         rmem_client::region::reserve_no_access(BASE[i].load(Relaxed), len);
@@ -97,11 +98,10 @@ extern "C" fn on_segv(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut li
             if len == 0 || addr.wrapping_sub(BASE[i].load(Relaxed)) >= len {
                 continue;
             }
-            if getpid() != OWNER_PID.load(Relaxed) {
+            if getpid() != PID[i].load(Relaxed) {
                 die(
-                    b"rmem: fatal: a fork() child touched its parent's remote memory; remote \
-                      arrays are not shared with fork() children (use threads, or \
-                      multiprocessing's 'spawn' or 'forkserver' start method)\n",
+                    b"rmem: fatal: a fork() child touched remote memory its rmem could not \
+                      take over at the fork (see the message then)\n",
                     EXIT_FORK_TOUCH,
                 );
             }
