@@ -12,8 +12,13 @@
  *     then sleeps in poll(2). No page table, no policy, no eviction: nothing rmem's pager does
  *     beyond what any blocking handler must.
  *
- * Build and run:  cc -O2 -pthread -o uffd-floor tools/uffd-floor.c && ./uffd-floor [samples]
+ * Then, for each thread count given after the samples, faults per second with that many
+ * program threads touching pages of their own at once, served by the same single blocking
+ * handler (what `rmem bench fault --threads` is compared with).
+ *
+ * Build and run:  cc -O2 -pthread -o uffd-floor tools/uffd-floor.c && ./uffd-floor [samples [threads...]]
  * Prints one line:  rtt_us_p50 F fault_us_p50 F ratio_p50 F
+ * and one per thread count:  threads T faults_per_s F
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -127,6 +132,49 @@ static void *handler(void *arg)
 	return NULL;
 }
 
+/* Faults each program thread takes per thread count. */
+#define PER_THREAD 4000
+
+struct toucher {
+	char *base;
+	int pages;
+};
+
+static void *touch(void *arg)
+{
+	struct toucher *t = arg;
+	for (int i = 0; i < t->pages; i++)
+		(void)*(volatile char *)(t->base + (size_t)i * PAGE);
+	return NULL;
+}
+
+/* Faults per second with `threads` program threads, each on fresh pages of its own. */
+static double fault_rate(int threads)
+{
+	size_t len = (size_t)threads * PER_THREAD * PAGE;
+	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (region == MAP_FAILED)
+		die("mmap");
+	struct uffdio_register reg = {
+		.range = { .start = (unsigned long)region, .len = len },
+		.mode = UFFDIO_REGISTER_MODE_MISSING,
+	};
+	if (ioctl(uffd, UFFDIO_REGISTER, &reg))
+		die("UFFDIO_REGISTER");
+	pthread_t t[256];
+	struct toucher w[256];
+	double t0 = now_us();
+	for (int i = 0; i < threads; i++) {
+		w[i] = (struct toucher){ region + (size_t)i * PER_THREAD * PAGE, PER_THREAD };
+		pthread_create(&t[i], NULL, touch, &w[i]);
+	}
+	for (int i = 0; i < threads; i++)
+		pthread_join(t[i], NULL);
+	double secs = (now_us() - t0) / 1e6;
+	munmap(region, len);
+	return threads * (double)PER_THREAD / secs;
+}
+
 static int cmp(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -193,6 +241,14 @@ int main(int argc, char **argv)
 	qsort(fault, n, sizeof *fault, cmp);
 	printf("rtt_us_p50 %.1f fault_us_p50 %.1f ratio_p50 %.2f\n", rtt[n / 2], fault[n / 2],
 	       fault[n / 2] / rtt[n / 2]);
+	for (int a = 2; a < argc; a++) {
+		int threads = atoi(argv[a]);
+		if (threads < 1 || threads > 256) {
+			fprintf(stderr, "uffd-floor: thread counts 1 to 256\n");
+			return 2;
+		}
+		printf("threads %d faults_per_s %.0f\n", threads, fault_rate(threads));
+	}
 	kill(server, SIGKILL);
 	waitpid(server, NULL, 0);
 	return 0;

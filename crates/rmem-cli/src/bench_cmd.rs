@@ -39,6 +39,13 @@ pub struct FaultArgs {
     /// Faults and round trips to time.
     #[arg(long, default_value_t = 20000)]
     pub samples: usize,
+    /// Faulting threads to measure remote faults per second with, comma-separated (each
+    /// touches pages of its own at random; the pager serves them all).
+    #[arg(long, default_value = "1,2,4,8")]
+    pub threads: String,
+    /// How long each thread count runs, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -172,9 +179,24 @@ fn fault(a: FaultArgs) -> Result<(), String> {
         signal.extend(signal_faults.sample(block)?);
     }
     let swap_ins = remote.stats().swap_ins - before.swap_ins;
+    let counts: Vec<usize> = a
+        .threads
+        .split(',')
+        .map(|t| t.trim().parse().ok().filter(|&n| (1..=256).contains(&n)))
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            format!(
+                "--threads {:?}: thread counts 1 to 256, comma-separated",
+                a.threads
+            )
+        })?;
     remote_faults.free()?;
     local_faults.free()?;
     signal_faults.free()?;
+    let mut rates = Vec::new();
+    for &n in &counts {
+        rates.push((n, fault_rate(&remote, n, pages, a.seconds)?));
+    }
     rtt.sort();
     faults.sort();
     local.sort();
@@ -203,6 +225,17 @@ fn fault(a: FaultArgs) -> Result<(), String> {
         s50 / r50,
         s99 / r99
     );
+    let one = rates.iter().find(|r| r.0 == 1).map(|r| r.1);
+    println!(
+        "  remote faults per second, {} s per thread count, {} CPUs:",
+        a.seconds,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for &(n, r) in &rates {
+        let vs = one.map_or(String::new(), |o| format!("   {:5.2}x one thread", r / o));
+        println!("    {n:3} threads {r:10.0} faults/s{vs}");
+    }
+    println!("    (target: 8 threads >= 3x one thread on 4 or more cores, >= 1.5x on 2)");
     write_json(
         &a.json,
         &serde_json::json!({
@@ -210,8 +243,62 @@ fn fault(a: FaultArgs) -> Result<(), String> {
             "local_fault_us_p50": l50, "local_fault_us_p99": l99,
             "signal_fault_us_p50": s50, "signal_fault_us_p99": s99, "signal_ratio_p50": s50 / r50,
             "ratio_p50": f50 / r50, "samples": samples, "swap_ins": swap_ins, "page_size": PS,
+            "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "seconds_per_count": a.seconds,
+            "faults_per_s": rates.iter().map(|&(n, r)| serde_json::json!({
+                "threads": n, "faults_per_s": r,
+                "vs_one_thread": one.map(|o| r / o),
+            })).collect::<Vec<_>>(),
         }),
     )
+}
+
+/// Remote faults per second with `threads` threads touching `pages` pages (each its own
+/// part, at random, checked) for `seconds`: the pager's swap-ins over the wall time.
+fn fault_rate(rt: &Runtime, threads: usize, pages: usize, seconds: f64) -> Result<f64, String> {
+    let pages = pages.max(threads * 64);
+    let base = rt.alloc(pages * PS).ok_or("allocation failed")? as usize;
+    let per = pages / threads;
+    for p in 0..pages {
+        // SAFETY: inside the allocation of pages * PS bytes.
+        unsafe { (base as *mut u8).add(p * PS).write_volatile(p as u8 | 1) };
+    }
+    let before = rt.stats().swap_ins;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(seconds);
+    let bad = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+                    while Instant::now() < end {
+                        for _ in 0..64 {
+                            let p = t * per + (xorshift(&mut x) % per as u64) as usize;
+                            // SAFETY: inside the allocation.
+                            let v = unsafe { (base as *const u8).add(p * PS).read_volatile() };
+                            if v != p as u8 | 1 {
+                                return Some(format!(
+                                    "page {p} read {v}, expected {}",
+                                    p as u8 | 1
+                                ));
+                            }
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .find_map(|w| w.join().expect("a faulting thread"))
+    });
+    let elapsed = t0.elapsed().as_secs_f64();
+    let faults = rt.stats().swap_ins - before;
+    rt.free(base as *mut u8).map_err(err)?;
+    match bad {
+        Some(e) => Err(e),
+        None => Ok(faults as f64 / elapsed),
+    }
 }
 
 /// The page size `rmem bench fault` measures.

@@ -308,7 +308,17 @@ fn bench_fault_tiny_writes_its_json() {
     let json = dir.join("fault.json");
     let out = run_bounded(
         Command::new(rmem())
-            .args(["bench", "fault", "--samples", "300", "--json"])
+            .args([
+                "bench",
+                "fault",
+                "--samples",
+                "300",
+                "--threads",
+                "1,2",
+                "--seconds",
+                "0.3",
+                "--json",
+            ])
             .arg(&json),
         Duration::from_secs(60),
     );
@@ -325,18 +335,29 @@ fn bench_fault_tiny_writes_its_json() {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k} in {v}");
     }
     assert!(out.stdout.contains("fault / round trip"));
+    let rates = v["faults_per_s"].as_array().unwrap();
+    assert_eq!(rates.len(), 2, "{v}");
+    for (r, n) in rates.iter().zip([1, 2]) {
+        assert_eq!(r["threads"].as_u64(), Some(n), "{v}");
+        assert!(r["faults_per_s"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(r["vs_one_thread"].as_f64().unwrap() > 0.0, "{v}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The reference for `rmem bench fault` (docs/benchmarks.md): a bare blocking handler's
-/// fault against its raw round trip, at a tiny size.
+/// fault against its raw round trip, and its faults per second with 1 and 4 threads, at a
+/// tiny size.
 #[test]
 fn uffd_floor_reference_runs() {
     let prog = build_plain("tools/uffd-floor.c");
-    let out = run_bounded(Command::new(prog).arg("500"), Duration::from_secs(60));
+    let out = run_bounded(
+        Command::new(prog).args(["500", "1", "4"]),
+        Duration::from_secs(60),
+    );
     assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
     let words: Vec<&str> = out.stdout.split_whitespace().collect();
-    assert_eq!(words.len(), 6, "{}", out.stdout);
+    assert_eq!(words.len(), 6 + 2 * 4, "{}", out.stdout);
     for pair in words.chunks(2) {
         let v: f64 = pair[1].parse().unwrap_or_else(|_| panic!("{}", out.stdout));
         assert!(v > 0.0, "{}", out.stdout);
