@@ -132,6 +132,21 @@ static void *handler(void *arg)
 	return NULL;
 }
 
+/* `len` bytes of fresh memory whose missing pages the handler serves. */
+static char *registered(size_t len)
+{
+	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (region == MAP_FAILED)
+		die("mmap");
+	struct uffdio_register reg = {
+		.range = { .start = (unsigned long)region, .len = len },
+		.mode = UFFDIO_REGISTER_MODE_MISSING,
+	};
+	if (ioctl(uffd, UFFDIO_REGISTER, &reg))
+		die("UFFDIO_REGISTER");
+	return region;
+}
+
 /* Faults each program thread takes per thread count. */
 #define PER_THREAD 4000
 
@@ -152,15 +167,7 @@ static void *touch(void *arg)
 static double fault_rate(int threads)
 {
 	size_t len = (size_t)threads * PER_THREAD * PAGE;
-	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (region == MAP_FAILED)
-		die("mmap");
-	struct uffdio_register reg = {
-		.range = { .start = (unsigned long)region, .len = len },
-		.mode = UFFDIO_REGISTER_MODE_MISSING,
-	};
-	if (ioctl(uffd, UFFDIO_REGISTER, &reg))
-		die("UFFDIO_REGISTER");
+	char *region = registered(len);
 	pthread_t t[256];
 	struct toucher w[256];
 	double t0 = now_us();
@@ -210,15 +217,7 @@ int main(int argc, char **argv)
 	if (ioctl(uffd, UFFDIO_API, &api))
 		die("UFFDIO_API");
 	size_t len = (size_t)n * PAGE;
-	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (region == MAP_FAILED)
-		die("mmap");
-	struct uffdio_register reg = {
-		.range = { .start = (unsigned long)region, .len = len },
-		.mode = UFFDIO_REGISTER_MODE_MISSING,
-	};
-	if (ioctl(uffd, UFFDIO_REGISTER, &reg))
-		die("UFFDIO_REGISTER");
+	char *region = registered(len);
 	pthread_t t;
 	pthread_create(&t, NULL, handler, NULL);
 
