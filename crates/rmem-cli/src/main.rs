@@ -11,6 +11,7 @@ mod cc;
 mod hostfile;
 mod launch;
 mod launch_cmd;
+mod nbd_bench;
 mod nbd_cmd;
 mod policy_bench;
 mod programs_bench;
