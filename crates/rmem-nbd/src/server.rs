@@ -47,6 +47,9 @@ impl Default for Limits {
 const WAIT_WINDOW: usize = 256;
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
+/// Room for received bytes a connection keeps when it has none waiting (more was needed by
+/// a write larger than this, up to the maximum request).
+const RBUF_KEEP: usize = 8 << 20;
 
 /// Why the server stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -133,8 +136,11 @@ struct Conn {
     id: u64,
     peer: String,
     stream: Stream,
+    /// Received bytes are `rbuf[rpos..rend]`; the rest of `rbuf` is room for more. Its
+    /// length only grows (zeroed once), so a receive does not clear the room it reads into.
     rbuf: Vec<u8>,
     rpos: usize,
+    rend: usize,
     wbuf: Vec<u8>,
     wpos: usize,
     /// Some while negotiating.
@@ -190,24 +196,29 @@ impl Conn {
 
     /// Read what is there. False at end of file or on an error (recorded in `close`).
     fn receive(&mut self) {
-        if self.rpos > 0 && self.rpos == self.rbuf.len() {
-            self.rbuf.clear();
+        if self.rpos == self.rend {
             self.rpos = 0;
-        } else if self.rpos > READ_CHUNK {
-            self.rbuf.drain(..self.rpos);
+            self.rend = 0;
+            if self.rbuf.len() > RBUF_KEEP {
+                // A large write's payload is done: give its room back.
+                self.rbuf = Vec::new();
+            }
+        } else if self.rbuf.len() - self.rend < READ_CHUNK && self.rpos > 0 {
+            // Move the part of a message received so far to the front.
+            self.rbuf.copy_within(self.rpos..self.rend, 0);
+            self.rend -= self.rpos;
             self.rpos = 0;
         }
-        let old = self.rbuf.len();
-        self.rbuf.resize(old + READ_CHUNK, 0);
-        let r = self.stream.read(&mut self.rbuf[old..]);
+        if self.rbuf.len() - self.rend < READ_CHUNK {
+            self.rbuf.resize(self.rend + READ_CHUNK, 0);
+        }
+        let r = self.stream.read(&mut self.rbuf[self.rend..]);
         match r {
             Ok(0) => {
-                self.rbuf.truncate(old);
                 self.close.get_or_insert_with(|| "the client closed".into());
             }
-            Ok(n) => self.rbuf.truncate(old + n),
+            Ok(n) => self.rend += n,
             Err(e) => {
-                self.rbuf.truncate(old);
                 if !matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
@@ -467,6 +478,7 @@ impl<'a> Server<'a> {
                 stream,
                 rbuf: Vec::new(),
                 rpos: 0,
+                rend: 0,
                 wbuf: Handshake::greeting(),
                 wpos: 0,
                 handshake: Some(Handshake::new()),
@@ -489,7 +501,7 @@ impl<'a> Server<'a> {
             if c.close.is_some() || c.ending {
                 return;
             }
-            let input = &c.rbuf[c.rpos..];
+            let input = &c.rbuf[c.rpos..c.rend];
             if let Some(h) = c.handshake.as_mut() {
                 match h.advance(input, &self.export, &mut c.wbuf) {
                     Ok((0, Next::More)) => return,
