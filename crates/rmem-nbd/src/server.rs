@@ -45,6 +45,8 @@ impl Default for Limits {
 /// Pages of a request tried per pass while earlier ones wait: enough to keep the servers
 /// busy with a large request, few enough that a pass over blocked requests stays short.
 const WAIT_WINDOW: usize = 256;
+/// A read's data from this size up is sent from its own buffer rather than copied.
+const OWN_CHUNK_MIN: usize = 64 * 1024;
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
 /// Room for received bytes a connection keeps when it has none waiting (more was needed by
@@ -126,6 +128,12 @@ impl Write for Stream {
             Stream::Unix(s) => s.write(b),
         }
     }
+    fn write_vectored(&mut self, b: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(b),
+            Stream::Unix(s) => s.write_vectored(b),
+        }
+    }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -141,8 +149,14 @@ struct Conn {
     rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
+    /// Bytes to send: the chunks of `out` (from byte `opos` of the first; `out_bytes` in all
+    /// unsent), then `wbuf`. Replies are written into `wbuf`; a large read's data is queued
+    /// as its own chunk instead of being copied (at 1 MiB reads that copy was a third of the
+    /// copies the server made).
+    out: VecDeque<Vec<u8>>,
+    opos: usize,
+    out_bytes: usize,
     wbuf: Vec<u8>,
-    wpos: usize,
     /// Some while negotiating.
     handshake: Option<Handshake>,
     structured: bool,
@@ -157,7 +171,21 @@ struct Conn {
 
 impl Conn {
     fn unsent(&self) -> usize {
-        self.wbuf.len() - self.wpos
+        self.out_bytes + self.wbuf.len()
+    }
+
+    /// Queue a read's data after what is in `wbuf`: copied if small, moved if large.
+    fn push_data(&mut self, data: Vec<u8>) {
+        if data.len() < OWN_CHUNK_MIN {
+            self.wbuf.extend_from_slice(&data);
+            return;
+        }
+        if !self.wbuf.is_empty() {
+            self.out_bytes += self.wbuf.len();
+            self.out.push_back(std::mem::take(&mut self.wbuf));
+        }
+        self.out_bytes += data.len();
+        self.out.push_back(data);
     }
 
     fn may_read(&self, limits: &Limits) -> bool {
@@ -169,13 +197,42 @@ impl Conn {
 
     /// Write what can be written now.
     fn send(&mut self) {
-        while self.wpos < self.wbuf.len() {
-            match self.stream.write(&self.wbuf[self.wpos..]) {
+        if !self.wbuf.is_empty() {
+            self.out_bytes += self.wbuf.len();
+            self.out.push_back(std::mem::take(&mut self.wbuf));
+        }
+        while self.out_bytes > 0 {
+            let mut slices = [io::IoSlice::new(&[]); 64];
+            let mut n = 0;
+            for (k, chunk) in self.out.iter().take(slices.len()).enumerate() {
+                let from = if k == 0 { self.opos } else { 0 };
+                slices[k] = io::IoSlice::new(&chunk[from..]);
+                n += 1;
+            }
+            match self.stream.write_vectored(&slices[..n]) {
                 Ok(0) => {
                     self.close.get_or_insert_with(|| "the client closed".into());
                     return;
                 }
-                Ok(n) => self.wpos += n,
+                Ok(mut sent) => {
+                    self.out_bytes -= sent;
+                    while sent > 0 {
+                        let front = self.out.front().expect("sent bytes were queued");
+                        let left = front.len() - self.opos;
+                        if sent < left {
+                            self.opos += sent;
+                            break;
+                        }
+                        sent -= left;
+                        self.opos = 0;
+                        let mut done = self.out.pop_front().expect("front exists");
+                        // Keep one small buffer for the next replies.
+                        if self.wbuf.capacity() == 0 && done.capacity() <= OWN_CHUNK_MIN * 16 {
+                            done.clear();
+                            self.wbuf = done;
+                        }
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -184,13 +241,6 @@ impl Conn {
                     return;
                 }
             }
-        }
-        if self.wpos == self.wbuf.len() {
-            self.wbuf.clear();
-            self.wpos = 0;
-        } else if self.wpos > (1 << 20) && self.wpos > self.wbuf.len() / 2 {
-            self.wbuf.drain(..self.wpos);
-            self.wpos = 0;
         }
     }
 
@@ -479,8 +529,10 @@ impl<'a> Server<'a> {
                 rbuf: Vec::new(),
                 rpos: 0,
                 rend: 0,
+                out: VecDeque::new(),
+                opos: 0,
+                out_bytes: 0,
                 wbuf: Handshake::greeting(),
-                wpos: 0,
                 handshake: Some(Handshake::new()),
                 structured: false,
                 requests: 0,
@@ -692,14 +744,14 @@ impl<'a> Server<'a> {
         match (req.command, c.structured, error) {
             (Command::Read, true, 0) => {
                 proto::structured_data_header(&mut c.wbuf, req.cookie, req.offset, req.length);
-                c.wbuf.extend_from_slice(&req.data);
+                c.push_data(req.data);
             }
             (Command::Read, true, e) => {
                 proto::structured_error(&mut c.wbuf, req.cookie, e, message)
             }
             (Command::Read, false, 0) => {
                 proto::simple_reply(&mut c.wbuf, req.cookie, 0);
-                c.wbuf.extend_from_slice(&req.data);
+                c.push_data(req.data);
             }
             (_, _, e) => proto::simple_reply(&mut c.wbuf, req.cookie, e),
         }
