@@ -32,6 +32,9 @@ pub enum BenchCommand {
     /// What surviving a server loss costs: each redundancy layout, with and without
     /// encryption, against none (time, memory, latency), and its repair throughput.
     Redundancy(crate::redundancy_bench::RedundancyArgs),
+    /// The block device (`rmem nbd`, data fitting its cache and 4x it) under fio against
+    /// nbdkit's memory plugin, nbdkit's file plugin and the kernel's loop device.
+    Nbd(crate::nbd_bench::NbdBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -82,6 +85,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Syscalls(a) => crate::syscall_bench::syscalls(a),
         BenchCommand::Fork(a) => crate::fork_bench::fork(a),
         BenchCommand::Redundancy(a) => crate::redundancy_bench::redundancy(a),
+        BenchCommand::Nbd(a) => crate::nbd_bench::nbd(a),
     };
     match r {
         Ok(()) => 0,
@@ -312,13 +316,13 @@ fn xorshift(x: &mut u64) -> u64 {
 }
 
 /// A 4 KiB read request and its answer over the client's own transport, without userfaultfd.
-struct RawRoundTrip {
+pub(crate) struct RawRoundTrip {
     store: RemoteStore,
     pages: u64,
 }
 
 impl RawRoundTrip {
-    fn connect(config: &Config) -> Result<RawRoundTrip, String> {
+    pub(crate) fn connect(config: &Config) -> Result<RawRoundTrip, String> {
         let mut store = RemoteStore::connect(
             &config.servers,
             &config.token,
@@ -345,7 +349,7 @@ impl RawRoundTrip {
         Ok(raw)
     }
 
-    fn sample(&mut self, n: usize, x: &mut u64) -> Result<Vec<Duration>, String> {
+    pub(crate) fn sample(&mut self, n: usize, x: &mut u64) -> Result<Vec<Duration>, String> {
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let p = PageIndex(xorshift(x) % self.pages);

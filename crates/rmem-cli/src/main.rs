@@ -12,6 +12,7 @@ mod fork_bench;
 mod hostfile;
 mod launch;
 mod launch_cmd;
+mod nbd_bench;
 mod nbd_cmd;
 mod policy_bench;
 mod programs_bench;

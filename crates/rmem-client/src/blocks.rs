@@ -213,7 +213,10 @@ impl BlockCache {
             }
             PageState::Filling => return Ok(Step::Wait),
             // Resident, or staged or syncing: its buffer holds what the servers will hold.
-            _ => {
+            s => {
+                if s.is_mapped() {
+                    self.c.states.hit(page);
+                }
                 let b = self.c.buffer_of[&page];
                 out.copy_from_slice(&self.c.buf(b)[off..off + out.len()]);
             }
@@ -268,10 +271,15 @@ impl BlockCache {
             PageState::ZeroClean | PageState::Clean | PageState::Syncing => {
                 // A syncing page's write in flight was copied when it was sent: the buffer
                 // may change now.
+                self.c.states.hit(page);
                 self.c.states.dirty(page);
                 self.c.buffer_of[&page]
             }
-            PageState::Dirty | PageState::SyncingDirty => self.c.buffer_of[&page],
+            PageState::Dirty => {
+                self.c.states.hit(page);
+                self.c.buffer_of[&page]
+            }
+            PageState::SyncingDirty => self.c.buffer_of[&page],
             PageState::ForkedClean | PageState::ForkedZero => {
                 unreachable!("page {} forked: the block cache never forks", page.0)
             }

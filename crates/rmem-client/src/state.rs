@@ -153,6 +153,13 @@ impl PageStates {
         self.policy.on_miss(page);
     }
 
+    /// A front end that sees every access used the resident `page` (the block device).
+    pub fn hit(&mut self, page: PageIndex) {
+        if !self.locked.contains(&page) {
+            self.policy.on_hit(page);
+        }
+    }
+
     /// An untouched page is zero-filled: mapped as zero, writable if the fault was a write or
     /// the page is pinned. Returns whether it is mapped writable.
     pub fn zero_fill(&mut self, page: PageIndex, write: bool) -> bool {

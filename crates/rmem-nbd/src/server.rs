@@ -45,8 +45,13 @@ impl Default for Limits {
 /// Pages of a request tried per pass while earlier ones wait: enough to keep the servers
 /// busy with a large request, few enough that a pass over blocked requests stays short.
 const WAIT_WINDOW: usize = 256;
+/// A read's data from this size up is sent from its own buffer rather than copied.
+const OWN_CHUNK_MIN: usize = 64 * 1024;
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
+/// Room for received bytes a connection keeps when it has none waiting (more was needed by
+/// a write larger than this, up to the maximum request).
+const RBUF_KEEP: usize = 8 << 20;
 
 /// Why the server stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +128,12 @@ impl Write for Stream {
             Stream::Unix(s) => s.write(b),
         }
     }
+    fn write_vectored(&mut self, b: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(b),
+            Stream::Unix(s) => s.write_vectored(b),
+        }
+    }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -133,10 +144,19 @@ struct Conn {
     id: u64,
     peer: String,
     stream: Stream,
+    /// Received bytes are `rbuf[rpos..rend]`; the rest of `rbuf` is room for more. Its
+    /// length only grows (zeroed once), so a receive does not clear the room it reads into.
     rbuf: Vec<u8>,
     rpos: usize,
+    rend: usize,
+    /// Bytes to send: the chunks of `out` (from byte `opos` of the first; `out_bytes` in all
+    /// unsent), then `wbuf`. Replies are written into `wbuf`; a large read's data is queued
+    /// as its own chunk instead of being copied (at 1 MiB reads that copy was a third of the
+    /// copies the server made).
+    out: VecDeque<Vec<u8>>,
+    opos: usize,
+    out_bytes: usize,
     wbuf: Vec<u8>,
-    wpos: usize,
     /// Some while negotiating.
     handshake: Option<Handshake>,
     structured: bool,
@@ -151,7 +171,21 @@ struct Conn {
 
 impl Conn {
     fn unsent(&self) -> usize {
-        self.wbuf.len() - self.wpos
+        self.out_bytes + self.wbuf.len()
+    }
+
+    /// Queue a read's data after what is in `wbuf`: copied if small, moved if large.
+    fn push_data(&mut self, data: Vec<u8>) {
+        if data.len() < OWN_CHUNK_MIN {
+            self.wbuf.extend_from_slice(&data);
+            return;
+        }
+        if !self.wbuf.is_empty() {
+            self.out_bytes += self.wbuf.len();
+            self.out.push_back(std::mem::take(&mut self.wbuf));
+        }
+        self.out_bytes += data.len();
+        self.out.push_back(data);
     }
 
     fn may_read(&self, limits: &Limits) -> bool {
@@ -163,13 +197,42 @@ impl Conn {
 
     /// Write what can be written now.
     fn send(&mut self) {
-        while self.wpos < self.wbuf.len() {
-            match self.stream.write(&self.wbuf[self.wpos..]) {
+        if !self.wbuf.is_empty() {
+            self.out_bytes += self.wbuf.len();
+            self.out.push_back(std::mem::take(&mut self.wbuf));
+        }
+        while self.out_bytes > 0 {
+            let mut slices = [io::IoSlice::new(&[]); 64];
+            let mut n = 0;
+            for (k, chunk) in self.out.iter().take(slices.len()).enumerate() {
+                let from = if k == 0 { self.opos } else { 0 };
+                slices[k] = io::IoSlice::new(&chunk[from..]);
+                n += 1;
+            }
+            match self.stream.write_vectored(&slices[..n]) {
                 Ok(0) => {
                     self.close.get_or_insert_with(|| "the client closed".into());
                     return;
                 }
-                Ok(n) => self.wpos += n,
+                Ok(mut sent) => {
+                    self.out_bytes -= sent;
+                    while sent > 0 {
+                        let front = self.out.front().expect("sent bytes were queued");
+                        let left = front.len() - self.opos;
+                        if sent < left {
+                            self.opos += sent;
+                            break;
+                        }
+                        sent -= left;
+                        self.opos = 0;
+                        let mut done = self.out.pop_front().expect("front exists");
+                        // Keep one small buffer for the next replies.
+                        if self.wbuf.capacity() == 0 && done.capacity() <= OWN_CHUNK_MIN * 16 {
+                            done.clear();
+                            self.wbuf = done;
+                        }
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -179,35 +242,33 @@ impl Conn {
                 }
             }
         }
-        if self.wpos == self.wbuf.len() {
-            self.wbuf.clear();
-            self.wpos = 0;
-        } else if self.wpos > (1 << 20) && self.wpos > self.wbuf.len() / 2 {
-            self.wbuf.drain(..self.wpos);
-            self.wpos = 0;
-        }
     }
 
     /// Read what is there. False at end of file or on an error (recorded in `close`).
     fn receive(&mut self) {
-        if self.rpos > 0 && self.rpos == self.rbuf.len() {
-            self.rbuf.clear();
+        if self.rpos == self.rend {
             self.rpos = 0;
-        } else if self.rpos > READ_CHUNK {
-            self.rbuf.drain(..self.rpos);
+            self.rend = 0;
+            if self.rbuf.len() > RBUF_KEEP {
+                // A large write's payload is done: give its room back.
+                self.rbuf = Vec::new();
+            }
+        } else if self.rbuf.len() - self.rend < READ_CHUNK && self.rpos > 0 {
+            // Move the part of a message received so far to the front.
+            self.rbuf.copy_within(self.rpos..self.rend, 0);
+            self.rend -= self.rpos;
             self.rpos = 0;
         }
-        let old = self.rbuf.len();
-        self.rbuf.resize(old + READ_CHUNK, 0);
-        let r = self.stream.read(&mut self.rbuf[old..]);
+        if self.rbuf.len() - self.rend < READ_CHUNK {
+            self.rbuf.resize(self.rend + READ_CHUNK, 0);
+        }
+        let r = self.stream.read(&mut self.rbuf[self.rend..]);
         match r {
             Ok(0) => {
-                self.rbuf.truncate(old);
                 self.close.get_or_insert_with(|| "the client closed".into());
             }
-            Ok(n) => self.rbuf.truncate(old + n),
+            Ok(n) => self.rend += n,
             Err(e) => {
-                self.rbuf.truncate(old);
                 if !matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
@@ -467,8 +528,11 @@ impl<'a> Server<'a> {
                 stream,
                 rbuf: Vec::new(),
                 rpos: 0,
+                rend: 0,
+                out: VecDeque::new(),
+                opos: 0,
+                out_bytes: 0,
                 wbuf: Handshake::greeting(),
-                wpos: 0,
                 handshake: Some(Handshake::new()),
                 structured: false,
                 requests: 0,
@@ -489,7 +553,7 @@ impl<'a> Server<'a> {
             if c.close.is_some() || c.ending {
                 return;
             }
-            let input = &c.rbuf[c.rpos..];
+            let input = &c.rbuf[c.rpos..c.rend];
             if let Some(h) = c.handshake.as_mut() {
                 match h.advance(input, &self.export, &mut c.wbuf) {
                     Ok((0, Next::More)) => return,
@@ -680,14 +744,14 @@ impl<'a> Server<'a> {
         match (req.command, c.structured, error) {
             (Command::Read, true, 0) => {
                 proto::structured_data_header(&mut c.wbuf, req.cookie, req.offset, req.length);
-                c.wbuf.extend_from_slice(&req.data);
+                c.push_data(req.data);
             }
             (Command::Read, true, e) => {
                 proto::structured_error(&mut c.wbuf, req.cookie, e, message)
             }
             (Command::Read, false, 0) => {
                 proto::simple_reply(&mut c.wbuf, req.cookie, 0);
-                c.wbuf.extend_from_slice(&req.data);
+                c.push_data(req.data);
             }
             (_, _, e) => proto::simple_reply(&mut c.wbuf, req.cookie, e),
         }

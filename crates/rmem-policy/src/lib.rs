@@ -4,7 +4,8 @@
 //! from its `--policy` name. The runtime feeds a policy the events it can see: a miss on a
 //! page about to come in, before any victim is chosen for it ([`Policy::on_miss`]), the page
 //! becoming resident and evictable ([`Policy::insert`]),
-//! a first write to a resident page ([`Policy::on_write`]), a page leaving the evictable set
+//! a first write to a resident page ([`Policy::on_write`]), a use of a resident page where the
+//! front end can see it ([`Policy::on_hit`], the block device only), a page leaving the evictable set
 //! for any other reason ([`Policy::remove`]), and asks it for victims
 //! ([`Policy::select_victim`]). A policy only ever returns a page it holds, and forgets it as
 //! it returns it, so it can never pick a page that is in flight. The same trait drives the
@@ -53,6 +54,10 @@ pub trait Policy: Send {
     fn insert(&mut self, page: PageIndex, how: Admission);
     /// `page` took its first write since it became resident.
     fn on_write(&mut self, _page: PageIndex) {}
+    /// `page`, resident, was used again. Only a front end that sees every access reports
+    /// this (the block device's reads and writes of cached blocks); the pager cannot, so
+    /// under `rmem run` and in the simulator no policy hears of hits. No-op if not held.
+    fn on_hit(&mut self, _page: PageIndex) {}
     /// `page` is no longer evictable (freed by the program). No-op if not held.
     fn remove(&mut self, page: PageIndex);
     /// Choose a victim among the held pages and forget it. `None` when none is held.

@@ -1,9 +1,11 @@
 //! JumboMem's pseudo-NRU (Pakin and Johnson, section IV-A): recently fetched pages are kept in
 //! preference to pages not recently fetched; modified pages get no extra preference.
 //!
-//! A user-level runtime cannot see whether a resident page was used since it came in, so
+//! The pager cannot see whether a resident page was used since it came in, so there
 //! "recently used" can only mean "recently fetched". Here that is one generation bit: pages
-//! admitted since the last reset are *recent*, the others *old*. Victims are old pages, in
+//! admitted since the last reset are *recent*, the others *old*. The block device sees every
+//! use of a cached block ([`Policy::on_hit`]): a hit on an old page makes it recent again,
+//! which is NRU's reference bit proper. Victims are old pages, in
 //! address order from just after the previous victim (as fifo). When no old page is left,
 //! every recent page becomes old at once (the reset that clears NRU's reference bits), which
 //! costs O(1): the two sets are swapped.
@@ -35,6 +37,12 @@ impl Policy for Nru {
             Admission::Declined => self.old.insert(page),
             Admission::Fetched | Admission::ZeroFilled => self.recent.insert(page),
         };
+    }
+
+    fn on_hit(&mut self, page: PageIndex) {
+        if self.old.remove(page) {
+            self.recent.insert(page);
+        }
     }
 
     fn remove(&mut self, page: PageIndex) {
@@ -77,6 +85,22 @@ mod tests {
         assert_eq!(n.select_victim(), Some(PageIndex(6)));
         assert_eq!(n.select_victim(), Some(PageIndex(3)));
         assert_eq!(n.select_victim(), None);
+        assert_eq!(n.len(), 0);
+    }
+
+    /// A hit on an old page makes it recent: the next victims are the old pages not used.
+    #[test]
+    fn a_hit_keeps_a_page() {
+        let mut n = Nru::new();
+        for p in [1, 2, 3, 4] {
+            n.insert(PageIndex(p), Admission::Fetched);
+        }
+        assert_eq!(n.select_victim(), Some(PageIndex(1)));
+        n.on_hit(PageIndex(2));
+        n.on_hit(PageIndex(9)); // not held: ignored
+        assert_eq!(n.select_victim(), Some(PageIndex(3)));
+        assert_eq!(n.select_victim(), Some(PageIndex(4)));
+        assert_eq!(n.select_victim(), Some(PageIndex(2)));
         assert_eq!(n.len(), 0);
     }
 }

@@ -10,7 +10,7 @@
 //! ([`swap::SwapRig`]).
 
 pub(crate) mod limits;
-mod plot;
+pub(crate) mod plot;
 mod swap;
 
 use crate::bench_cmd::{err, local_setup, percentile_us, write_json};
