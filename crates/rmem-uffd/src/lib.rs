@@ -748,6 +748,10 @@ impl Uffd {
         Ok(())
     }
 
+    /// How long [`Uffd::move_range`] retries a piece whose source is there but will not move
+    /// (transient: a swap-in in progress) before it gives up.
+    const MOVE_STALL_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
     /// Move `[src, src+len)` to `dst`, which must be missing and registered with this
     /// userfaultfd, leaving `src` missing. Every 4 KiB piece of `src` that is present or
     /// swapped out is moved; a piece that is missing (a hole) becomes the zero page at `dst`,
@@ -776,7 +780,8 @@ impl Uffd {
         keep_unwritten: bool,
     ) -> Result<Moved, UffdError> {
         let mut done = 0;
-        let mut stalls = 0;
+        let mut stalls = 0u32;
+        let mut stalled_at = None;
         // Pieces shared copy-on-write, skipped for now (offsets from the start).
         let mut shared = Vec::new();
         while done < len {
@@ -822,8 +827,11 @@ impl Uffd {
                 _ => return Err(fail(e)),
             };
             match (at_src, at_dst) {
-                // The kernel moved this piece and said otherwise.
-                (false, true) => done += PIECE,
+                // The kernel moved this piece and said otherwise: `dst` was missing (the
+                // caller's promise) and the kernel never maps over a present page, so only
+                // this move can have filled it. The source may be present again already (a
+                // thread touched it since, where nothing serves its faults).
+                (_, true) => done += PIECE,
                 // A hole: nothing to move, and the destination must read as zero.
                 (false, false) => {
                     if self.zeropage(dst + done, PIECE)? == Resolve::AlreadyMapped {
@@ -834,15 +842,21 @@ impl Uffd {
                     }
                     done += PIECE;
                 }
-                // Both populated: moving would overwrite whatever `dst` holds.
-                (true, true) => return Err(fail(e)),
-                // Source still there, destination empty: a transient failure; try again.
+                // Source still there, destination empty: a transient failure (the page is
+                // being swapped in by another thread, which on a loaded machine takes as long
+                // as the disk does); try again, for a bounded time rather than a count.
                 (true, false) => {
                     stalls += 1;
-                    if stalls > 1000 {
+                    let now = std::time::Instant::now();
+                    let since = *stalled_at.get_or_insert(now);
+                    if now.duration_since(since) > Self::MOVE_STALL_MAX {
                         return Err(fail(e));
                     }
-                    std::thread::yield_now();
+                    if stalls < 100 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
                 }
             }
         }
