@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod pool;
 pub mod size;
 
 use auth::{Nonce, Proof};
@@ -109,6 +110,11 @@ pub enum Op {
     Attach = 0x08,
     EndSession = 0x09,
     Status = 0x0A,
+    /// The pool manager's protocol ([`pool`]): same frames and handshake, its own version.
+    PoolServerBeat = 0x20,
+    PoolClientBeat = 0x21,
+    PoolStatus = 0x22,
+    PoolDrain = 0x23,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
@@ -119,6 +125,10 @@ pub enum Op {
     Attached = 0x88,
     SessionEnded = 0x89,
     StatusOk = 0x8A,
+    PoolServerAck = 0xA0,
+    PoolClientAck = 0xA1,
+    PoolStatusOk = 0xA2,
+    PoolDrainOk = 0xA3,
     Error = 0xFF,
 }
 
@@ -135,6 +145,10 @@ impl Op {
             0x08 => Op::Attach,
             0x09 => Op::EndSession,
             0x0A => Op::Status,
+            0x20 => Op::PoolServerBeat,
+            0x21 => Op::PoolClientBeat,
+            0x22 => Op::PoolStatus,
+            0x23 => Op::PoolDrain,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
@@ -145,6 +159,10 @@ impl Op {
             0x88 => Op::Attached,
             0x89 => Op::SessionEnded,
             0x8A => Op::StatusOk,
+            0xA0 => Op::PoolServerAck,
+            0xA1 => Op::PoolClientAck,
+            0xA2 => Op::PoolStatusOk,
+            0xA3 => Op::PoolDrainOk,
             0xFF => Op::Error,
             _ => return None,
         })

@@ -16,14 +16,23 @@
 //! page is left with fewer pieces than it needs, the loss is an error naming every server
 //! lost.
 //!
+//! The server list is owned here and only grows: the servers named at the start, and in a
+//! pool (a [`PoolLink`] to the manager) every server the manager offers later, each joined by
+//! [`RemoteStore::join`] as the first ones were. A server's index never changes, so the
+//! groups that name it stay valid; a joined server takes new pages (and repairs) as any other.
+//! In a pool the client also never places beyond its grant: a new page that would take more
+//! is refused as when every server is full.
+//!
 //! [`codec`]: super::codec
 //! [`remote::Conn`]: super::remote::Conn
 
 use super::codec::{Codec, Redundancy};
 use super::remote::{Answer, Conn, Kind, Orphan, Timing};
 use super::{Completion, PageStore, StoreCounters, StoreError};
-use crate::config::Placement;
+use crate::config::{Config, Placement};
+use crate::pool::PoolLink;
 use crate::PageIndex;
+use rmem_proto::pool::{ServerUse, SERVER_DRAINING, UNLIMITED};
 use rmem_proto::{PageKey, Request, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -48,6 +57,9 @@ pub const REPAIR_WINDOW: usize = 32;
 /// comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
 const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Connecting to a server the manager offers gives up after this long (the pager waits
+/// meanwhile), and is tried again after [`REVIVE_EVERY`].
+const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
 
 const CHUNK: usize = 1 << 16;
 /// A group member that is no server: a piece not stored (fewer servers left than the
@@ -231,6 +243,19 @@ pub struct RemoteStore {
     refusals: HashMap<u64, Vec<usize>>,
     repair: Repair,
     next_revive: Instant,
+    /// The pool this client is in, if any: where new servers come from, and its grant.
+    pool: Option<Pool>,
+}
+
+/// A client's part of a pool, as the store follows it.
+struct Pool {
+    link: PoolLink,
+    /// The manager's answer last acted on.
+    epoch: u64,
+    /// The most bytes this client may place on servers ([`UNLIMITED`]: no limit).
+    grant_bytes: u64,
+    /// Offered servers that could not be joined, and when to try again.
+    retry: HashMap<String, Instant>,
 }
 
 fn bit(piece: usize) -> u32 {
@@ -438,26 +463,92 @@ impl RemoteStore {
         layout: Layout,
         timing: Timing,
     ) -> Result<RemoteStore, StoreError> {
+        RemoteStore::open(servers, token, page_size, layout, timing, None)
+    }
+
+    /// The store `config` names: its servers, or those of its pool manager (then this store
+    /// follows the pool: servers that join take new pages; the client's grant bounds what it
+    /// places). The layout is `config`'s, over the servers it starts with.
+    pub fn from_config(config: &Config) -> Result<RemoteStore, StoreError> {
+        let Some(manager) = &config.manager else {
+            let (redundancy, encrypt) = config.layout();
+            let layout = Layout {
+                placement: config.placement,
+                redundancy,
+                encrypt,
+            };
+            return RemoteStore::connect_with(
+                &config.servers,
+                &config.token,
+                config.page_size,
+                layout,
+                Timing::of(config),
+            );
+        };
+        let io = |e| StoreError::Io {
+            server: manager.clone(),
+            source: e,
+        };
+        let session = SessionId::random().map_err(io)?;
+        let max = config.max_remote_bytes.unwrap_or(UNLIMITED);
+        let link = PoolLink::start(manager, &config.token, session, client_name(), max)?;
+        let view = link.view();
+        let servers: Vec<String> = view
+            .servers
+            .iter()
+            .filter(|s| s.flags & SERVER_DRAINING == 0)
+            .map(|s| s.addr.clone())
+            .collect();
+        if servers.is_empty() {
+            return Err(StoreError::Manager {
+                manager: manager.clone(),
+                detail: "knows no live memory server with room (rmem server --manager adds \
+                         one)"
+                    .into(),
+            });
+        }
+        let c = Config {
+            servers,
+            ..config.clone()
+        };
+        let (redundancy, encrypt) = c.layout();
+        let layout = Layout {
+            placement: c.placement,
+            redundancy,
+            encrypt,
+        };
+        RemoteStore::open(
+            &c.servers,
+            &c.token,
+            c.page_size,
+            layout,
+            Timing::of(&c),
+            Some(link),
+        )
+    }
+
+    /// Open a session on every server of `servers` (in a pool, those that answer: the
+    /// manager's list may name one that just went away).
+    fn open(
+        servers: &[String],
+        token: &[u8],
+        page_size: usize,
+        layout: Layout,
+        timing: Timing,
+        pool: Option<PoolLink>,
+    ) -> Result<RemoteStore, StoreError> {
         assert!(servers.len() <= SERVERS_MAX, "too many servers");
         let w = layout.redundancy.width();
-        if servers.len() < w {
-            return Err(StoreError::Layout(format!(
-                "--redundancy {} puts each page on {w} servers; there are {}",
-                layout.redundancy,
-                servers.len()
-            )));
-        }
         let io = |e| StoreError::Io {
             server: "(none)".into(),
             source: e,
         };
         let codec = Codec::new(page_size, layout.redundancy, layout.encrypt).map_err(io)?;
-        let session = SessionId::random().map_err(io)?;
-        let mut conns = Vec::with_capacity(servers.len());
-        for s in servers {
-            conns.push(Conn::connect(s, token, codec.unit_len(), session, timing)?);
-        }
-        Ok(RemoteStore {
+        let session = match &pool {
+            Some(p) => p.session(),
+            None => SessionId::random().map_err(io)?,
+        };
+        let mut store = RemoteStore {
             book: Book {
                 page_buf: vec![0; page_size],
                 codec,
@@ -466,7 +557,7 @@ impl RemoteStore {
                 ops: HashMap::new(),
                 next_op: 0,
                 busy: HashMap::new(),
-                dead: vec![None; conns.len()],
+                dead: Vec::new(),
                 counters: Arc::new(StoreCounters {
                     layout: format!(
                         "{}{}",
@@ -476,7 +567,7 @@ impl RemoteStore {
                     ..StoreCounters::default()
                 }),
             },
-            conns,
+            conns: Vec::new(),
             placement: layout.placement,
             token: token.to_vec(),
             timing,
@@ -486,7 +577,117 @@ impl RemoteStore {
             refusals: HashMap::new(),
             repair: Repair::default(),
             next_revive: Instant::now(),
-        })
+            pool: None,
+        };
+        let unit = store.book.unit();
+        for s in servers {
+            match Conn::connect(s, token, unit, session, timing) {
+                Ok(c) => store.join(c),
+                Err(e) if pool.is_some() => {
+                    eprintln!("rmem: the pool's memory server {s} is not usable now ({e})")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if store.conns.len() < w {
+            return Err(StoreError::Layout(format!(
+                "--redundancy {} puts each page on {w} servers; there are {}",
+                layout.redundancy,
+                store.conns.len()
+            )));
+        }
+        store.pool = pool.map(|link| Pool {
+            epoch: link.epoch(),
+            grant_bytes: link.view().grant_bytes,
+            link,
+            retry: HashMap::new(),
+        });
+        Ok(store)
+    }
+
+    /// Add a connected server to the list: it takes new pages from now on. Its index is
+    /// the list's length and never changes.
+    fn join(&mut self, conn: Conn) {
+        assert!(self.conns.len() < SERVERS_MAX, "too many servers");
+        self.conns.push(conn);
+        self.book.dead.push(None);
+    }
+
+    /// Act on what the pool's manager last said: join the servers it offers that this store
+    /// lacks, take the free memory it reports for placement and the grant, and tell it what
+    /// this client uses where (sent with the next beat).
+    fn follow_pool(&mut self, now: Instant) {
+        let Some(pool) = &mut self.pool else {
+            return;
+        };
+        let uses = self
+            .conns
+            .iter()
+            .zip(&self.book.dead)
+            .filter(|(_, d)| d.is_none())
+            .map(|(c, _)| ServerUse {
+                server: c.name.clone(),
+                bytes: c.used_bytes,
+            })
+            .collect();
+        pool.link.report(uses);
+        let epoch = pool.link.epoch();
+        let retry_due = pool.retry.values().any(|&t| t <= now);
+        if epoch == pool.epoch && !retry_due {
+            return;
+        }
+        pool.epoch = epoch;
+        let view = pool.link.view();
+        pool.grant_bytes = view.grant_bytes;
+        for offer in view.servers {
+            if let Some(c) = self.conns.iter_mut().find(|c| c.name == offer.addr) {
+                // What the server has free now, and what of it this client holds.
+                c.capacity_bytes = offer.free_bytes.saturating_add(c.used_bytes);
+                continue;
+            }
+            let pool = self.pool.as_mut().expect("checked");
+            let due = pool.retry.get(&offer.addr).is_none_or(|&t| t <= now);
+            if offer.flags & SERVER_DRAINING != 0 || !due || self.conns.len() >= SERVERS_MAX {
+                continue;
+            }
+            let mut timing = self.timing;
+            timing.connect = JOIN_TIMEOUT;
+            let unit = self.book.unit();
+            match Conn::connect(&offer.addr, &self.token, unit, self.session, timing) {
+                Ok(mut c) => {
+                    c.set_timing(self.timing);
+                    eprintln!(
+                        "rmem: memory server {} joined the pool; it takes new pages",
+                        offer.addr
+                    );
+                    pool.retry.remove(&offer.addr);
+                    self.join(c);
+                    // Pages left short of pieces for want of servers can be whole again.
+                    self.queue_repairs(|b, m| m.iter().any(|&x| !b.alive(x)));
+                }
+                Err(_) => {
+                    pool.retry.insert(offer.addr, now + REVIVE_EVERY);
+                }
+            }
+        }
+    }
+
+    /// Whether one more page fits in this client's grant.
+    fn within_grant(&self, page: u64) -> Result<(), StoreError> {
+        let grant_bytes = self.pool.as_ref().map_or(UNLIMITED, |p| p.grant_bytes);
+        if grant_bytes == UNLIMITED {
+            return Ok(());
+        }
+        let used_bytes: u64 = self.conns.iter().map(|c| c.used_bytes).sum();
+        let need = (self.book.codec.redundancy().width() * self.book.unit()) as u64;
+        if used_bytes.saturating_add(need) > grant_bytes {
+            return Err(StoreError::OverGrant {
+                page,
+                grant_bytes,
+                used_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// This client's session id (the same on every server it started with).
@@ -524,15 +725,22 @@ impl RemoteStore {
         let n = self.conns.len();
         let w = self.book.codec.redundancy().width();
         let start = match self.placement {
-            Placement::Priority => 0,
+            Placement::Priority | Placement::Free => 0,
             Placement::Stripe => (page % n as u64) as usize,
         };
         let refused = self.refusals.get(&page).map_or(&[][..], |r| r.as_slice());
-        let order: Vec<u16> = (0..n)
+        let mut order: Vec<u16> = (0..n)
             .map(|i| ((start + i) % n) as u16)
             .filter(|&s| self.book.alive(s) && !refused.contains(&(s as usize)))
             .filter(|s| !keep.contains(s))
             .collect();
+        if self.placement == Placement::Free {
+            let free = |s: &u16| {
+                let c = &self.conns[*s as usize];
+                c.capacity_bytes.saturating_sub(c.used_bytes)
+            };
+            order.sort_by_key(|s| std::cmp::Reverse(free(s)));
+        }
         let mut out: Vec<u16> = keep.to_vec();
         let roomy = order.iter().filter(|&&s| !self.conns[s as usize].full);
         let full = order.iter().filter(|&&s| self.conns[s as usize].full);
@@ -633,7 +841,10 @@ impl RemoteStore {
                 }
                 self.heal(page, &m)?
             }
-            None => self.choose(page, &[])?,
+            None => {
+                self.within_grant(page)?;
+                self.choose(page, &[])?
+            }
         };
         let g = self.book.groups.intern(&members);
         let changed = match old {
@@ -1217,8 +1428,9 @@ impl PageStore for RemoteStore {
             .conns
             .iter()
             .fold(0u64, |sum, c| sum.saturating_add(c.capacity_bytes));
+        let grant = self.pool.as_ref().map_or(UNLIMITED, |p| p.grant_bytes);
         let per_page = (r.width() * self.book.unit()) as u128;
-        (raw as u128 * self.book.codec.page_size() as u128 / per_page) as u64
+        (raw.min(grant) as u128 * self.book.codec.page_size() as u128 / per_page) as u64
     }
 
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
@@ -1342,6 +1554,7 @@ impl PageStore for RemoteStore {
         self.each_live(|c| c.tick(now))?;
         self.fail_over_reads();
         self.revive(now);
+        self.follow_pool(now);
         if !self.todo.is_empty() || self.repair.started.is_some() {
             self.settle(&mut |_| {})?;
             self.repair_step()?;
@@ -1392,4 +1605,16 @@ impl Drop for RemoteStore {
             }
         }
     }
+}
+
+/// How this client is named to the pool's manager: `PROGRAM (pid N) on HOST`.
+fn client_name() -> String {
+    let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!(
+        "{} (pid {}) on {}",
+        program.trim(),
+        std::process::id(),
+        host.trim()
+    )
 }
