@@ -11,7 +11,8 @@ pub enum PoolCommand {
     /// The pool's servers (address, capacity, free memory, health) and clients (what each
     /// uses where).
     Status(StatusArgs),
-    /// Move every page off SERVER, then let it go (not in this version: the manager says so).
+    /// Move every page off SERVER to the pool's other servers while the programs run, then
+    /// let it exit; waits until it holds nothing (or --wait runs out).
     Drain(DrainArgs),
 }
 
@@ -42,6 +43,46 @@ pub struct DrainArgs {
     pub server: String,
     #[command(flatten)]
     pub common: Common,
+    /// How long to wait for the server to be empty, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub wait: f64,
+}
+
+/// Ask for the drain, then watch the pool's status until the server holds nothing and has
+/// left, or `--wait` runs out (then say what is left: the pool had no room for it).
+fn drain(a: &DrainArgs) -> Result<(), String> {
+    let req = PoolRequest::Drain {
+        server: a.server.clone(),
+    };
+    ask(&a.common, &req)?;
+    let until = std::time::Instant::now() + Duration::from_secs_f64(a.wait.max(0.0));
+    loop {
+        let left = match ask(&a.common, &PoolRequest::Status)? {
+            PoolResponse::StatusOk(st) => st
+                .servers
+                .iter()
+                .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
+                .map(|s| s.used_bytes),
+            other => return Err(format!("unexpected answer {:?}", other.op())),
+        };
+        match left {
+            None | Some(0) => {
+                println!("rmem pool: {} drained: no page left on it", a.server);
+                return Ok(());
+            }
+            Some(b) if std::time::Instant::now() >= until => {
+                return Err(format!(
+                    "{} still holds {} after {:.0} s: the other servers have no room for it \
+                     (or a client does not follow the pool); it keeps serving what it holds \
+                     and takes no new pages",
+                    a.server,
+                    format_size(b),
+                    a.wait
+                ))
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
 }
 
 pub fn run(c: PoolCommand) -> i32 {
@@ -51,12 +92,7 @@ pub fn run(c: PoolCommand) -> i32 {
             PoolResponse::StatusOk(st) => print!("{}", to_text(&a.common.manager, &st)),
             other => eprintln!("rmem pool: unexpected answer {:?}", other.op()),
         }),
-        PoolCommand::Drain(a) => {
-            let req = PoolRequest::Drain {
-                server: a.server.clone(),
-            };
-            ask(&a.common, &req).map(|_| println!("rmem pool: {} drained", a.server))
-        }
+        PoolCommand::Drain(a) => drain(a),
     };
     match r {
         Ok(()) => 0,

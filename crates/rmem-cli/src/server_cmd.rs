@@ -219,10 +219,28 @@ fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String>
     };
     let manager_name = manager.to_string();
     let mut joined = false;
+    let drained = server.state();
+    let mut empty_beats = 0;
     let acked = move |r: PoolResponse| {
-        if !joined && matches!(r, PoolResponse::ServerAck { .. }) {
+        let PoolResponse::ServerAck { flags, .. } = r else {
+            return;
+        };
+        if !joined {
             log::info!("{listen}: joined the pool of manager {manager_name}");
             joined = true;
+        }
+        // Drained: nothing left on it for two beats in a row (clients see it leave in
+        // between, so none is surprised by the closed links), then it goes.
+        if flags & rmem_proto::pool::ACK_DRAIN != 0 {
+            empty_beats = if drained.used_bytes() == 0 {
+                empty_beats + 1
+            } else {
+                0
+            };
+            if empty_beats >= 2 {
+                log::info!("{listen}: drained, nothing left on it: exiting");
+                std::process::exit(0);
+            }
         }
     };
     spawn_beats(

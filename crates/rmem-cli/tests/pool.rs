@@ -3,7 +3,9 @@
 //! runs (one as `nobody` when run as root); a server that joins mid-run and receives pages
 //! while the 8-thread verifying stress runs; the manager killed and restarted mid-run (the
 //! programs finish, `rmem pool status` is right again within a few heartbeats) and one client
-//! killed without touching the other's pages; `--max-remote` enforced from both sides; bad
+//! killed without touching the other's pages; a server drained mid-run (`rmem pool drain`)
+//! with no redundancy: zero mismatches and the server ends empty and exits; `--max-remote`
+//! enforced from both sides; bad
 //! input (wrong token, malformed frames, an unreachable manager, a memory server taken for a
 //! manager). Everything runs on loopback (no root needed); every wait is bounded and every
 //! process is killed when its test ends.
@@ -304,6 +306,73 @@ fn the_manager_restarted_mid_run_is_right_again_within_a_few_heartbeats() {
 }
 
 #[test]
+fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    // No redundancy: a page lost or stale on the way would be a mismatch, or the end.
+    let prog = build_c("tests/c/stress.c");
+    let run = run_in_pool(
+        &m.addr,
+        &[
+            "--api",
+            "--page-size",
+            "4K",
+            "--local",
+            "8M",
+            "--redundancy",
+            "none",
+        ],
+        &[prog.to_str().unwrap(), "8", "32", "60000"],
+        false,
+    );
+    let victim = servers[0].addr.clone();
+    await_status(&m.addr, Duration::from_secs(30), |st| {
+        st["servers"].as_array().unwrap().iter().any(|s| {
+            s["addr"] == victim.as_str() && s["used_bytes"].as_u64().unwrap_or(0) > 1 << 20
+        })
+    })
+    .unwrap();
+    let drained = run_bounded(
+        Command::new(rmem())
+            .args([
+                "pool",
+                "drain",
+                &victim,
+                "--manager",
+                &m.addr,
+                "--wait",
+                "60",
+            ])
+            .env("RMEM_TOKEN", TOKEN),
+        Duration::from_secs(90),
+    );
+    let out = wait_bounded(run, Duration::from_secs(240), "stress under a drain");
+    assert!(
+        drained.status.success(),
+        "{}\n{}",
+        shown(&drained),
+        shown(&out)
+    );
+    assert_stress_ok(&out);
+    let leaving = format!("memory server {victim} is leaving the pool");
+    assert!(out.stderr.contains(&leaving), "{}", shown(&out));
+    // The drained server exits by itself once empty.
+    let t = Instant::now();
+    while servers[0].child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        servers[0].child.try_wait().unwrap().is_some(),
+        "{}",
+        servers[0].log()
+    );
+    assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+    servers.remove(0);
+}
+
+#[test]
 fn max_remote_is_enforced_by_the_grant_and_by_the_client() {
     let _one = serial();
     let m = ManagerProcess::start("127.0.0.1:0", &["--max-remote", "6M"]);
@@ -456,11 +525,11 @@ fn bad_input_gives_a_clear_error() {
         matches!(answer, rmem_proto::pool::PoolResponse::Error { ref message, .. } if message.contains("not HOST:PORT")),
         "{answer:?}"
     );
-    // Draining is not built yet, and says so.
+    // A drain of a server the pool does not have.
     let out = rmem_with(
         TOKEN,
-        &["pool", "drain", &server.addr, "--manager", &m.addr],
+        &["pool", "drain", "10.9.9.9:9", "--manager", &m.addr],
     );
     assert_eq!(out.status.code(), Some(1));
-    assert!(out.stderr.contains("not supported"), "{}", shown(&out));
+    assert!(out.stderr.contains("no live server"), "{}", shown(&out));
 }

@@ -316,12 +316,18 @@ fn answer(config: &ManagerConfig, pool: &Mutex<Pool>, req: PoolRequest) -> PoolR
             }
         }
         PoolRequest::Status => PoolResponse::StatusOk(p.status(now, config.heartbeat)),
-        PoolRequest::Drain { server } => PoolResponse::Error {
-            code: ErrorCode::Internal,
-            message: format!(
-                "draining {server} is not supported by this manager yet: stop its clients \
-                 first, or rely on their redundancy"
-            ),
+        PoolRequest::Drain { server } => match p.servers.get_mut(&server) {
+            Some(e) if !Pool::lost(e, now, config.heartbeat) => {
+                if !e.drain {
+                    log::info!("server {server}: draining (asked by rmem pool drain)");
+                }
+                e.drain = true;
+                PoolResponse::DrainOk
+            }
+            _ => PoolResponse::Error {
+                code: ErrorCode::BadRequest,
+                message: format!("no live server {server} in this pool"),
+            },
         },
     }
 }

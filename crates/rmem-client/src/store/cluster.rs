@@ -225,6 +225,9 @@ struct Book {
     busy: HashMap<u64, u64>,
     /// Servers given up, and why.
     dead: Vec<Option<String>>,
+    /// Servers leaving the pool (a drain): still read, never given new pieces; their pages
+    /// move elsewhere like a repair whose source is still there.
+    draining: Vec<bool>,
     page_buf: Vec<u8>,
     counters: Arc<StoreCounters>,
 }
@@ -256,6 +259,8 @@ struct Pool {
     grant_bytes: u64,
     /// Offered servers that could not be joined, and when to try again.
     retry: HashMap<String, Instant>,
+    /// Draining servers this client cannot let go (too few others for its layout): said once.
+    stuck: std::collections::HashSet<String>,
 }
 
 fn bit(piece: usize) -> u32 {
@@ -269,6 +274,11 @@ impl Book {
 
     fn alive(&self, s: u16) -> bool {
         s != NONE && self.dead[s as usize].is_none()
+    }
+
+    /// Whether server `s` may be given pieces: alive and not draining.
+    fn placeable(&self, s: u16) -> bool {
+        self.alive(s) && !self.draining[s as usize]
     }
 
     fn op_id(&mut self) -> u64 {
@@ -291,6 +301,17 @@ impl Book {
                 };
                 let p = piece as usize;
                 fe.answered |= bit(p);
+                if self.codec.plain() && fe.repair {
+                    // A move off a draining server: write it where it goes.
+                    let (page, version) = (fe.page, fe.version);
+                    self.ops.remove(&op);
+                    todo.push(Todo::RepairWrite {
+                        page,
+                        version,
+                        data: data.to_vec(),
+                    });
+                    return;
+                }
                 if self.codec.plain() {
                     let page = fe.page;
                     self.ops.remove(&op);
@@ -558,6 +579,7 @@ impl RemoteStore {
                 next_op: 0,
                 busy: HashMap::new(),
                 dead: Vec::new(),
+                draining: Vec::new(),
                 counters: Arc::new(StoreCounters {
                     layout: format!(
                         "{}{}",
@@ -601,6 +623,7 @@ impl RemoteStore {
             grant_bytes: link.view().grant_bytes,
             link,
             retry: HashMap::new(),
+            stuck: Default::default(),
         });
         Ok(store)
     }
@@ -611,6 +634,7 @@ impl RemoteStore {
         assert!(self.conns.len() < SERVERS_MAX, "too many servers");
         self.conns.push(conn);
         self.book.dead.push(None);
+        self.book.draining.push(false);
     }
 
     /// Act on what the pool's manager last said: join the servers it offers that this store
@@ -640,9 +664,38 @@ impl RemoteStore {
         let view = pool.link.view();
         pool.grant_bytes = view.grant_bytes;
         for offer in view.servers {
-            if let Some(c) = self.conns.iter_mut().find(|c| c.name == offer.addr) {
+            if let Some(s) = self.conns.iter().position(|c| c.name == offer.addr) {
                 // What the server has free now, and what of it this client holds.
+                let c = &mut self.conns[s];
                 c.capacity_bytes = offer.free_bytes.saturating_add(c.used_bytes);
+                let draining = offer.flags & SERVER_DRAINING != 0;
+                let others = (0..self.conns.len() as u16)
+                    .filter(|&x| x as usize != s && self.book.placeable(x))
+                    .count();
+                let width = self.book.codec.redundancy().width();
+                if draining && !self.book.draining[s] && self.book.dead[s].is_none() {
+                    let pool = self.pool.as_mut().expect("checked");
+                    if others < width {
+                        // Pages could not be placed at all without it: it stays (the drain
+                        // never completes; rmem pool drain says so).
+                        if pool.stuck.insert(offer.addr.clone()) {
+                            eprintln!(
+                            "rmem: memory server {} cannot leave: --redundancy {} needs {width} \
+                             other servers, there are {others}",
+                            offer.addr,
+                            self.book.codec.redundancy()
+                        );
+                        }
+                        continue;
+                    }
+                    self.book.draining[s] = true;
+                    let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
+                    eprintln!(
+                        "rmem: memory server {} is leaving the pool; moving the {queued} \
+                         pages it holds to the others",
+                        offer.addr
+                    );
+                }
                 continue;
             }
             let pool = self.pool.as_mut().expect("checked");
@@ -663,7 +716,7 @@ impl RemoteStore {
                     pool.retry.remove(&offer.addr);
                     self.join(c);
                     // Pages left short of pieces for want of servers can be whole again.
-                    self.queue_repairs(|b, m| m.iter().any(|&x| !b.alive(x)));
+                    self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
                 }
                 Err(_) => {
                     pool.retry.insert(offer.addr, now + REVIVE_EVERY);
@@ -731,7 +784,7 @@ impl RemoteStore {
         let refused = self.refusals.get(&page).map_or(&[][..], |r| r.as_slice());
         let mut order: Vec<u16> = (0..n)
             .map(|i| ((start + i) % n) as u16)
-            .filter(|&s| self.book.alive(s) && !refused.contains(&(s as usize)))
+            .filter(|&s| self.book.placeable(s) && !refused.contains(&(s as usize)))
             .filter(|s| !keep.contains(s))
             .collect();
         if self.placement == Placement::Free {
@@ -836,7 +889,7 @@ impl RemoteStore {
         let members = match old {
             Some(g) => {
                 let m = self.book.groups.members[g as usize].clone();
-                if m.iter().all(|&s| self.book.alive(s)) {
+                if m.iter().all(|&s| self.book.placeable(s)) {
                     return Ok((g, 0));
                 }
                 self.heal(page, &m)?
@@ -860,19 +913,19 @@ impl RemoteStore {
         Ok((g, changed))
     }
 
-    /// `members` with every dead one replaced by a live server outside the group.
+    /// `members` with every dead or draining one replaced by a live server outside the group.
     fn heal(&self, page: u64, members: &[u16]) -> Result<Vec<u16>, StoreError> {
         let keep: Vec<u16> = members
             .iter()
             .copied()
-            .filter(|&s| self.book.alive(s))
+            .filter(|&s| self.book.placeable(s))
             .collect();
         let fresh = self.choose(page, &keep)?;
         let mut extra = fresh[keep.len()..].iter();
         Ok(members
             .iter()
             .map(|&s| {
-                if self.book.alive(s) {
+                if self.book.placeable(s) {
                     s
                 } else {
                     *extra.next().unwrap_or(&NONE)
@@ -1148,6 +1201,12 @@ impl RemoteStore {
     /// Give server `s` up. Without redundancy that is the end (the error is returned);
     /// with it, its requests go to the others and its pages are queued for repair.
     fn bury(&mut self, s: usize, cause: StoreError) -> Result<(), StoreError> {
+        if self.book.draining[s] && self.conns[s].used_bytes == 0 {
+            // A drained server that went away holding nothing of ours: not a loss.
+            self.book.dead[s] = Some("drained".into());
+            let _ = self.conns[s].take_orphans();
+            return Ok(());
+        }
         if self.book.codec.redundancy().tolerates() == 0 {
             return Err(cause);
         }
@@ -1289,12 +1348,12 @@ impl RemoteStore {
                 continue;
             };
             let m = &self.book.groups.members[g as usize];
-            if m.iter().all(|&s| self.book.alive(s)) {
+            if m.iter().all(|&s| self.book.placeable(s)) {
                 continue;
             }
             // No live server outside the group: it stays degraded until one comes back.
             let spare = (0..self.conns.len() as u16)
-                .any(|s| self.book.alive(s) && !m.contains(&s) && !self.conns[s as usize].full);
+                .any(|s| self.book.placeable(s) && !m.contains(&s) && !self.conns[s as usize].full);
             if !spare {
                 self.repair.degraded += 1;
                 continue;
@@ -1334,17 +1393,23 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// Whether a server was given up (not one that left after a drain).
+    fn any_lost(&self) -> bool {
+        (0..self.conns.len()).any(|s| self.book.dead[s].is_some() && !self.book.draining[s])
+    }
+
     /// Try buried servers again now and then: one that answers takes new pages (a fresh
     /// session: whatever it kept of the old one is not trusted).
     fn revive(&mut self, now: Instant) {
-        if now < self.next_revive || self.book.dead.iter().all(Option::is_none) {
+        if now < self.next_revive || !self.any_lost() {
             return;
         }
         self.next_revive = now + REVIVE_EVERY;
         let mut timing = self.timing;
         timing.connect = REVIVE_TIMEOUT;
         for s in 0..self.conns.len() {
-            if self.book.dead[s].is_none() {
+            // A drained server left on purpose: it is not called back.
+            if self.book.dead[s].is_none() || self.book.draining[s] {
                 continue;
             }
             let Ok(session) = SessionId::random() else {
@@ -1357,7 +1422,8 @@ impl RemoteStore {
                 eprintln!("rmem: memory server {name} is back; it takes new pages");
                 self.conns[s] = c;
                 self.book.dead[s] = None;
-                self.queue_repairs(|b, m| m.iter().any(|&x| !b.alive(x)));
+                self.book.draining[s] = false;
+                self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
             }
         }
     }
@@ -1570,10 +1636,7 @@ impl PageStore for RemoteStore {
             .map(|s| self.conns[s].heartbeat())
             .min();
         // A repair or a buried server wants ticks too.
-        match (
-            self.repair.started,
-            self.book.dead.iter().any(Option::is_some),
-        ) {
+        match (self.repair.started, self.any_lost()) {
             (None, false) => h,
             _ => Some(h.unwrap_or(REVIVE_EVERY).min(Duration::from_millis(10))),
         }
