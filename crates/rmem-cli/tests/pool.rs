@@ -533,3 +533,69 @@ fn bad_input_gives_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stderr.contains("no live server"), "{}", shown(&out));
 }
+
+#[test]
+fn rmem_nbd_through_a_manager_round_trips_a_file() {
+    let _one = serial();
+    if Command::new("nbdcopy").arg("--version").output().is_err() {
+        eprintln!("skipped: nbdcopy is not installed (apt-get install libnbd-bin)");
+        return;
+    }
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let _servers = servers(&m.addr, 3, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 3).unwrap();
+    let mut nbd = Command::new(rmem())
+        .args([
+            "nbd",
+            "--manager",
+            &m.addr,
+            "--size",
+            "16M",
+            "--cache",
+            "2M",
+        ])
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RMEM_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let line = first_line(&mut nbd);
+    let log = tee_stderr(&mut nbd);
+    let _nbd = Kill(nbd);
+    let uri = line
+        .split_whitespace()
+        .find(|w| w.starts_with("nbd://"))
+        .unwrap_or_else(|| panic!("{line:?} {}", log.lock().unwrap()))
+        .to_string();
+    let dir = scratch("pool-nbd");
+    let (src, back) = (dir.join("src"), dir.join("back"));
+    random_lines(&src, 400_000, 0x5DEECE66D); // about 8 MiB, 4x the cache
+    let copy = |from: &str, to: &str| {
+        let out = run_bounded(
+            Command::new("nbdcopy").args([from, to]),
+            Duration::from_secs(120),
+        );
+        assert!(out.status.success(), "nbdcopy {from} {to}: {}", shown(&out));
+    };
+    copy(src.to_str().unwrap(), &uri);
+    let len = std::fs::metadata(&src).unwrap().len();
+    copy(&uri, back.to_str().unwrap());
+    let back_bytes = std::fs::read(&back).unwrap();
+    assert!(
+        back_bytes[..len as usize] == std::fs::read(&src).unwrap()[..],
+        "the device gave back other bytes"
+    );
+    await_status(&m.addr, Duration::from_secs(10), |st| {
+        st["clients"][0]["used_bytes"].as_u64().unwrap_or(0) > 4 << 20
+    })
+    .unwrap();
+}
