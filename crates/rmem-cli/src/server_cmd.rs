@@ -206,7 +206,11 @@ fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String>
             addr: std::net::SocketAddr::new(ip, listen.port()).to_string(),
             capacity_bytes: st.capacity_bytes,
             used_bytes: st.used_bytes,
-            flags: 0,
+            flags: if LEAVING.load(std::sync::atomic::Ordering::Relaxed) {
+                rmem_proto::pool::SERVER_DRAINING
+            } else {
+                0
+            },
             sessions: st
                 .sessions
                 .iter()
@@ -243,6 +247,9 @@ fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String>
             }
         }
     };
+    // SIGTERM in a pool: leave without loss (a drain), not at once; a second one ends it.
+    // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
+    unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
     spawn_beats(
         conn,
         manager.into(),
@@ -253,6 +260,16 @@ fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String>
         |m: &str| log::warn!("{m}"),
     )
     .map_err(|e| format!("--manager: cannot start the heartbeat thread: {e}"))
+}
+
+/// Set by the first SIGTERM to a server in a pool: its beats say it is draining.
+static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    if LEAVING.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(128 + libc::SIGTERM) };
+    }
 }
 
 /// Beyond the capacity, what a locked server may map for itself: connection threads' stacks

@@ -4,7 +4,8 @@
 //! while the 8-thread verifying stress runs; the manager killed and restarted mid-run (the
 //! programs finish, `rmem pool status` is right again within a few heartbeats) and one client
 //! killed without touching the other's pages; a server drained mid-run (`rmem pool drain`)
-//! with no redundancy: zero mismatches and the server ends empty and exits; `--max-remote`
+//! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
+//! exits; `rmem nbd --manager` round-trips a file; `--max-remote`
 //! enforced from both sides; bad
 //! input (wrong token, malformed frames, an unreachable manager, a memory server taken for a
 //! manager). Everything runs on loopback (no root needed); every wait is bounded and every
@@ -59,13 +60,22 @@ impl Drop for ManagerProcess {
     }
 }
 
-/// `n` servers of `capacity` in the pool of `manager`, each with a short lease.
+/// `n` servers of `capacity` in the pool of `manager`, each with a lease of 10 s: short enough
+/// that a killed client's pages go within the test, long enough that a machine loaded by
+/// other work (the suite runs beside it) does not expire a live one.
 fn servers(manager: &str, n: usize, capacity: &str) -> Vec<ServerProcess> {
     (0..n)
         .map(|_| {
             ServerProcess::start(
                 TOKEN,
-                &["--capacity", capacity, "--lease", "3", "--manager", manager],
+                &[
+                    "--capacity",
+                    capacity,
+                    "--lease",
+                    "10",
+                    "--manager",
+                    manager,
+                ],
             )
         })
         .collect()
@@ -235,7 +245,7 @@ fn a_server_that_joins_mid_run_receives_pages() {
     .unwrap();
     let late = ServerProcess::start(
         TOKEN,
-        &["--capacity", "256M", "--lease", "3", "--manager", &m.addr],
+        &["--capacity", "256M", "--lease", "10", "--manager", &m.addr],
     );
     let joined =
         await_status(&m.addr, Duration::from_secs(60), |st| {
@@ -293,7 +303,7 @@ fn the_manager_restarted_mid_run_is_right_again_within_a_few_heartbeats() {
     let out = wait_bounded(a, Duration::from_secs(240), "stress a in the pool");
     assert_stress_ok(&out);
     assert!(out.stderr.contains("is back"), "{}", shown(&out));
-    await_status(&addr, Duration::from_secs(15), |st| {
+    await_status(&addr, Duration::from_secs(40), |st| {
         clients(st) == 0
             && st["servers"]
                 .as_array()
@@ -305,16 +315,12 @@ fn the_manager_restarted_mid_run_is_right_again_within_a_few_heartbeats() {
     assert!(m.log().contains("joined"), "{}", m.log());
 }
 
-#[test]
-fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
-    let _one = serial();
-    let m = ManagerProcess::start("127.0.0.1:0", &[]);
-    let mut servers = servers(&m.addr, 4, "256M");
-    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
-    // No redundancy: a page lost or stale on the way would be a mismatch, or the end.
+/// The stress with no redundancy (a page lost or stale on the way would be a mismatch, or
+/// the end), started and run until `server` holds more than 1 MiB of it.
+fn stress_holding_on(manager: &str, server: &str) -> Child {
     let prog = build_c("tests/c/stress.c");
     let run = run_in_pool(
-        &m.addr,
+        manager,
         &[
             "--api",
             "--page-size",
@@ -327,13 +333,25 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
         &[prog.to_str().unwrap(), "8", "32", "60000"],
         false,
     );
-    let victim = servers[0].addr.clone();
-    await_status(&m.addr, Duration::from_secs(30), |st| {
-        st["servers"].as_array().unwrap().iter().any(|s| {
-            s["addr"] == victim.as_str() && s["used_bytes"].as_u64().unwrap_or(0) > 1 << 20
-        })
+    await_status(manager, Duration::from_secs(30), |st| {
+        st["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["addr"] == server && s["used_bytes"].as_u64().unwrap_or(0) > 1 << 20)
     })
     .unwrap();
+    run
+}
+
+#[test]
+fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let run = stress_holding_on(&m.addr, &servers[0].addr);
+    let victim = servers[0].addr.clone();
     let drained = run_bounded(
         Command::new(rmem())
             .args([
@@ -370,6 +388,23 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     );
     assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
     servers.remove(0);
+    // SIGTERM to a server in a pool is a drain too: a second program runs meanwhile.
+    let run = stress_holding_on(&m.addr, &servers[0].addr);
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(servers[0].child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while servers[0].child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = wait_bounded(
+        run,
+        Duration::from_secs(240),
+        "stress under a SIGTERM drain",
+    );
+    assert_stress_ok(&out);
+    let st = servers[0].child.try_wait().unwrap();
+    assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", servers[0].log());
+    assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
 }
 
 #[test]

@@ -288,6 +288,11 @@ fn answer(config: &ManagerConfig, pool: &Mutex<Pool>, req: PoolRequest) -> PoolR
             if Pool::lost(e, now, config.heartbeat) {
                 log::info!("server {addr} is back");
             }
+            if beat.flags & pool::SERVER_DRAINING != 0 && !e.drain {
+                // It asked to leave itself (SIGTERM): a drain like rmem pool drain's.
+                log::info!("server {addr}: draining (it is leaving)");
+                e.drain = true;
+            }
             e.beat = beat;
             e.last = now;
             PoolResponse::ServerAck {
