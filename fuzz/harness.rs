@@ -7,7 +7,8 @@
 //! ([`proto_request`]) and as a client reads them ([`proto_response`], status included), the
 //! server's handshake, attach and request loop against a lying client ([`server_session`]),
 //! the client's handshake, attach and answer matching against a lying server
-//! ([`client_session`]), and the metrics endpoint's HTTP request heads ([`metrics_http`]).
+//! ([`client_session`]), the metrics endpoint's HTTP request heads ([`metrics_http`]), and
+//! the pool manager's messages both ways ([`pool_frames`]).
 #![allow(dead_code)]
 
 use rmem_client::config::Placement;
@@ -29,12 +30,13 @@ use std::time::{Duration, Instant};
 pub type Target = (&'static str, fn(&[u8]));
 
 /// The targets.
-pub const TARGETS: [Target; 5] = [
+pub const TARGETS: [Target; 6] = [
     ("proto_request", proto_request),
     ("proto_response", proto_response),
     ("server_session", server_session),
     ("client_session", client_session),
     ("metrics_http", metrics_http),
+    ("pool_frames", pool_frames),
 ];
 
 pub const TOKEN: &[u8] = b"fuzz-token";
@@ -77,6 +79,29 @@ pub fn proto_response(data: &[u8]) {
             let h2 = parse_header(&again, u32::MAX).unwrap().unwrap();
             assert_eq!((h2.op, h2.tag), (h.op, h.tag));
             assert_eq!(Response::decode(h2.op, &again[HEADER_LEN..]), Ok(resp));
+        }
+    });
+}
+
+/// Frames as the pool manager and its clients decode them (`rmem_proto::pool`, both
+/// directions); whatever decodes encodes back to itself.
+pub fn pool_frames(data: &[u8]) {
+    use rmem_proto::pool::{PoolRequest, PoolResponse};
+    frames(data, |h, body| {
+        let again = |encode: &dyn Fn(&mut Vec<u8>)| {
+            let mut again = Vec::new();
+            encode(&mut again);
+            let h2 = parse_header(&again, u32::MAX).unwrap().unwrap();
+            assert_eq!((h2.op, h2.tag), (h.op, h.tag));
+            again
+        };
+        if let Ok(req) = PoolRequest::decode(h.op, body) {
+            let f = again(&|o| req.encode(h.tag, o));
+            assert_eq!(PoolRequest::decode(h.op, &f[HEADER_LEN..]), Ok(req));
+        }
+        if let Ok(resp) = PoolResponse::decode(h.op, body) {
+            let f = again(&|o| resp.encode(h.tag, o));
+            assert_eq!(PoolResponse::decode(h.op, &f[HEADER_LEN..]), Ok(resp));
         }
     });
 }
@@ -509,8 +534,91 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     for r in &requests {
         out.push(("proto_request", r.clone()));
     }
+    out.extend(pool_seeds().into_iter().map(|f| ("pool_frames", f)));
     for r in responses.iter().chain(&answers) {
         out.push(("proto_response", r.clone()));
     }
+    out
+}
+
+/// One frame of each of the pool manager's messages.
+fn pool_seeds() -> Vec<Vec<u8>> {
+    use rmem_proto::pool::*;
+    let uses = vec![ServerUse {
+        server: "127.0.0.1:7000".into(),
+        bytes: 8192,
+    }];
+    let sessions = vec![SessionUse {
+        session: SessionId(0xF022),
+        bytes: 8192,
+    }];
+    let requests = [
+        PoolRequest::ServerBeat(ServerBeat {
+            addr: "127.0.0.1:7000".into(),
+            capacity_bytes: 1 << 30,
+            used_bytes: 8192,
+            flags: 0,
+            sessions: sessions.clone(),
+        }),
+        PoolRequest::ClientBeat(ClientBeat {
+            session: SessionId(0xF022),
+            name: "stress (pid 1) on fuzz".into(),
+            max_remote_bytes: UNLIMITED,
+            uses: uses.clone(),
+        }),
+        PoolRequest::Status,
+        PoolRequest::Drain {
+            server: "127.0.0.1:7000".into(),
+        },
+    ];
+    let responses = [
+        PoolResponse::ServerAck {
+            heartbeat_ms: 1000,
+            flags: 0,
+        },
+        PoolResponse::ClientAck {
+            heartbeat_ms: 1000,
+            grant_bytes: 1 << 30,
+            servers: vec![ServerOffer {
+                addr: "127.0.0.1:7000".into(),
+                capacity_bytes: 1 << 30,
+                free_bytes: 1 << 29,
+                flags: 0,
+            }],
+        },
+        PoolResponse::StatusOk(PoolStatus {
+            heartbeat_ms: 1000,
+            servers: vec![ServerRow {
+                addr: "127.0.0.1:7000".into(),
+                capacity_bytes: 1 << 30,
+                used_bytes: 8192,
+                flags: ROW_LOST,
+                beat_age_ms: 5,
+                sessions,
+            }],
+            clients: vec![ClientRow {
+                session: SessionId(0xF022),
+                name: "stress".into(),
+                max_remote_bytes: UNLIMITED,
+                grant_bytes: UNLIMITED,
+                beat_age_ms: 3,
+                uses,
+            }],
+        }),
+        PoolResponse::DrainOk,
+    ];
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let mut f = Vec::new();
+        r.encode(i as u64, &mut f);
+        out.push(f);
+    }
+    for (i, r) in responses.iter().enumerate() {
+        let mut f = Vec::new();
+        r.encode(i as u64, &mut f);
+        out.push(f);
+    }
+    let all = out.concat();
+    out.push(all);
     out
 }

@@ -69,6 +69,15 @@ pub struct LaunchArgs {
     /// Seconds a server may take to start and report its address.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub start_timeout: u64,
+    /// Use a pool: the memory servers come from this pool manager (`rmem manager`), placed by
+    /// their free memory, and servers that join later take new pages too. Token from
+    /// RMEM_TOKEN or RMEM_TOKEN_FILE.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["servers", "hostfile"])]
+    pub manager: Option<String>,
+    /// With --manager: the most server memory this program may use (redundancy included);
+    /// beyond it, as when every server is full [default: no limit].
+    #[arg(long, value_name = "SIZE", requires = "manager")]
+    pub max_remote: Option<String>,
 }
 
 /// How one server is reached.
@@ -91,6 +100,10 @@ struct ServerSpec {
 /// The servers `rmem run` will use, and the token they share.
 pub struct Plan {
     servers: Vec<ServerSpec>,
+    /// `--manager`: the pool the servers came from (the program follows it).
+    pub manager: Option<String>,
+    /// `--max-remote`, in bytes.
+    pub max_remote_bytes: Option<u64>,
     /// The local memory budget from the hosts file's first line.
     pub local_bytes: Option<u64>,
     /// The hosts file's `redundancy` and `encrypt` lines (the command line's options win).
@@ -125,16 +138,25 @@ impl Plan {
             .map(HostFile::load)
             .transpose()
             .map_err(|e| e.to_string())?;
-        let servers = match &hostfile {
-            Some(h) => from_hostfile(h, a.launcher)?,
-            None => without_hostfile(a)?,
-        };
-        let token = match a.launcher {
-            Launcher::None => token_from_env("--launcher none")?,
+        let token = match (a.launcher, &a.manager) {
+            (_, Some(_)) => token_from_env("--manager")?,
+            (Launcher::None, None) => token_from_env("--launcher none")?,
             _ => fresh_token(),
         };
+        let servers = match (&hostfile, &a.manager) {
+            (_, Some(m)) => from_manager(m, token.as_bytes())?,
+            (Some(h), None) => from_hostfile(h, a.launcher)?,
+            (None, None) => without_hostfile(a)?,
+        };
+        let max_remote_bytes = a
+            .max_remote
+            .as_deref()
+            .map(|v| parse_size(v).map_err(|e| format!("--max-remote {v}: {e}")))
+            .transpose()?;
         Ok(Plan {
             servers,
+            manager: a.manager.clone(),
+            max_remote_bytes,
             local_bytes: hostfile.as_ref().map(|h| h.local.bytes),
             redundancy: hostfile.as_ref().and_then(|h| h.redundancy.clone()),
             encrypt: hostfile.as_ref().and_then(|h| h.encrypt),
@@ -191,6 +213,48 @@ fn from_hostfile(h: &HostFile, launcher: Launcher) -> Result<Vec<ServerSpec>, St
             })
         })
         .collect()
+}
+
+/// The live servers a pool manager offers now (the program asks again itself, and follows
+/// the pool from then on): already running, nothing to start.
+fn from_manager(manager: &str, token: &[u8]) -> Result<Vec<ServerSpec>, String> {
+    use rmem_client::pool::{ManagerConn, MANAGER_TIMEOUT};
+    use rmem_proto::pool::{PoolRequest, PoolResponse, ROW_LOST, SERVER_DRAINING};
+    let chain = |e: rmem_client::store::StoreError| rmem_client::error_chain(&e);
+    let mut conn = ManagerConn::connect(manager, token, MANAGER_TIMEOUT).map_err(chain)?;
+    let PoolResponse::StatusOk(st) = conn
+        .ask(&PoolRequest::Status, MANAGER_TIMEOUT)
+        .map_err(chain)?
+    else {
+        return Err(format!(
+            "pool manager {manager} answered status with something else"
+        ));
+    };
+    let specs: Vec<ServerSpec> = st
+        .servers
+        .iter()
+        .filter(|s| s.flags & (ROW_LOST | SERVER_DRAINING) == 0)
+        .filter_map(|s| {
+            let (host, port) = s.addr.rsplit_once(':')?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            Some(ServerSpec {
+                host: HostLine {
+                    host: host.to_string(),
+                    port: Some(port.parse().ok()?),
+                    bytes: s.capacity_bytes.saturating_sub(s.used_bytes),
+                    line: 0,
+                },
+                how: How::Running,
+            })
+        })
+        .collect();
+    if specs.is_empty() {
+        return Err(format!(
+            "pool manager {manager} knows no live memory server (start some with rmem server \
+             --manager {manager})"
+        ));
+    }
+    Ok(specs)
 }
 
 fn without_hostfile(a: &LaunchArgs) -> Result<Vec<ServerSpec>, String> {
@@ -776,6 +840,8 @@ pub fn start_local_servers(
     };
     start(&Plan {
         servers: vec![spec; count],
+        manager: None,
+        max_remote_bytes: None,
         local_bytes: None,
         redundancy: None,
         encrypt: None,

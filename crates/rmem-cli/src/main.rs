@@ -2,6 +2,7 @@
 //!
 //! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
 //! `rmem nbd` serves remote memory as a block device,
+//! `rmem manager` runs a pool's manager and `rmem pool` asks it,
 //! `rmem status` asks a server what it holds, `rmem bench` measures, `rmem cc` compiles DLM
 //! programs (cc/). Each subcommand lives in its own module.
 
@@ -12,9 +13,11 @@ mod fork_bench;
 mod hostfile;
 mod launch;
 mod launch_cmd;
+mod manager_cmd;
 mod nbd_bench;
 mod nbd_cmd;
 mod policy_bench;
+mod pool_cmd;
 mod programs_bench;
 mod redundancy_bench;
 mod run_cmd;
@@ -63,6 +66,12 @@ enum Command {
     /// Show a memory server's capacity, use and sessions (token from RMEM_TOKEN or
     /// RMEM_TOKEN_FILE).
     Status(status_cmd::StatusArgs),
+    /// Run a memory pool's manager: it knows the servers (capacity, free memory, health by
+    /// heartbeat) and the clients (what each uses where).
+    Manager(manager_cmd::ManagerArgs),
+    /// Ask a pool's manager: `rmem pool status --manager HOST:PORT [--json]`.
+    #[command(subcommand)]
+    Pool(pool_cmd::PoolCommand),
 }
 
 fn main() {
@@ -84,6 +93,8 @@ fn main() {
         Command::Nbd(a) => nbd_cmd::run(a),
         Command::Cc { args } => cc::run(&args),
         Command::Status(a) => status_cmd::run(a),
+        Command::Manager(a) => manager_cmd::run(a),
+        Command::Pool(c) => pool_cmd::run(c),
     };
     std::process::exit(code);
 }

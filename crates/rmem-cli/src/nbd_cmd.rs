@@ -6,8 +6,7 @@
 use crate::launch;
 use rmem_client::blocks::BlockCache;
 use rmem_client::config::{Config, Placement};
-use rmem_client::store::cluster::{Layout, RemoteStore};
-use rmem_client::store::remote::Timing;
+use rmem_client::store::cluster::RemoteStore;
 use rmem_client::Stats;
 use rmem_nbd::proto::{self, Export};
 use rmem_nbd::server::{Limits, Listener, Server};
@@ -52,9 +51,10 @@ pub struct NbdArgs {
     /// Replacement policy of the cache: adaptive, fifo, history or nru.
     #[arg(long, default_value = rmem_policy::DEFAULT_POLICY)]
     pub policy: String,
-    /// Placement of blocks on servers: priority (fill in order) or stripe (round-robin).
-    #[arg(long, default_value = "stripe")]
-    pub placement: String,
+    /// Placement of blocks on servers: stripe (round-robin), priority (fill in order) or
+    /// free (the most free memory first) [default: stripe; free with --manager].
+    #[arg(long)]
+    pub placement: Option<String>,
     /// --redundancy (none, replicas:N, ec:K+M, auto), --encrypt, --no-encrypt: as `rmem run`.
     #[command(flatten)]
     pub layout: crate::run_cmd::LayoutArgs,
@@ -109,11 +109,7 @@ fn check(a: &NbdArgs, plan: &launch::Plan) -> Result<Checked, String> {
     }
     let page_size = size("block-size", &a.block_size)? as usize;
     let cache_bytes = size("cache", &a.cache)?;
-    let placement = match a.placement.as_str() {
-        "priority" => Placement::Priority,
-        "stripe" | "round-robin" => Placement::Stripe,
-        p => return Err(format!("--placement {p}: expected priority or stripe")),
-    };
+    let placement = crate::run_cmd::placement(a.placement.as_deref(), plan, Placement::Stripe)?;
     if rmem_policy::by_name(&a.policy).is_none() {
         return Err(format!(
             "--policy {}: known policies are {}",
@@ -208,6 +204,8 @@ pub fn run(a: NbdArgs) -> i32 {
     };
     checked.config.servers = servers.iter().map(|s| s.addr.clone()).collect();
     checked.config.token = plan.token.clone().into_bytes();
+    checked.config.manager = plan.manager.clone();
+    checked.config.max_remote_bytes = plan.max_remote_bytes;
     let code = serve(&a, &checked, listeners, &wheres, stop);
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     if let Some(p) = &a.socket {
@@ -225,19 +223,13 @@ fn serve(
 ) -> i32 {
     let c = &checked.config;
     let (redundancy, encrypt) = c.layout();
-    let layout = Layout {
-        placement: c.placement,
-        redundancy,
-        encrypt,
+    let store = match RemoteStore::from_config(c) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rmem nbd: {}", rmem_client::error_chain(&e));
+            return 1;
+        }
     };
-    let store =
-        match RemoteStore::connect_with(&c.servers, &c.token, c.page_size, layout, Timing::of(c)) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("rmem nbd: {}", rmem_client::error_chain(&e));
-                return 1;
-            }
-        };
     use rmem_client::store::PageStore;
     let capacity = store.capacity_bytes();
     if capacity < checked.size_bytes {

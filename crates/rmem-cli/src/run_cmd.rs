@@ -24,9 +24,10 @@ pub struct RunArgs {
     /// Replacement policy: adaptive, fifo, history or nru (docs/configuration.md).
     #[arg(long, default_value = rmem_policy::DEFAULT_POLICY)]
     pub policy: String,
-    /// Placement of pages on servers: priority (fill in order) or stripe (round-robin).
-    #[arg(long, default_value = "priority")]
-    pub placement: String,
+    /// Placement of pages on servers: priority (fill in order), stripe (round-robin) or free
+    /// (the most free memory first) [default: priority; free with --manager].
+    #[arg(long)]
+    pub placement: Option<String>,
     /// Only explicit allocations (rmem_alloc, dlm_alloc) go remote; without it, every
     /// allocation of at least --min-alloc bytes does (transparent mode, through LD_PRELOAD).
     #[arg(long)]
@@ -140,14 +141,30 @@ fn describe(s: ExitStatus) -> String {
     }
 }
 
+/// `--placement`: as given, else `free` in a pool (`--manager`), else `default`.
+pub fn placement(
+    given: Option<&str>,
+    plan: &launch::Plan,
+    default: Placement,
+) -> Result<Placement, String> {
+    Ok(match given {
+        None if plan.manager.is_some() => Placement::Free,
+        None => default,
+        Some("priority") => Placement::Priority,
+        Some("stripe" | "round-robin") => Placement::Stripe,
+        Some("free") => Placement::Free,
+        Some(p) => {
+            return Err(format!(
+                "--placement {p}: expected priority, stripe or free"
+            ))
+        }
+    })
+}
+
 /// Parse and check the configuration before starting anything.
 fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
     let size = |name: &str, v: &str| parse_size(v).map_err(|e| format!("--{name} {v}: {e}"));
-    let placement = match args.placement.as_str() {
-        "priority" => Placement::Priority,
-        "stripe" | "round-robin" => Placement::Stripe,
-        p => return Err(format!("--placement {p}: expected priority or stripe")),
-    };
+    let placement = placement(args.placement.as_deref(), plan, Placement::Priority)?;
     args.layout.redundancy(plan)?;
     if rmem_policy::by_name(&args.policy).is_none() {
         return Err(format!(
@@ -173,7 +190,7 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
     };
     c.validate().map_err(|e| e.to_string())?;
     let (host, cap) = plan.smallest_server();
-    if cap < c.page_size as u64 {
+    if cap < c.page_size as u64 && plan.manager.is_none() {
         return Err(format!(
             "the memory server on {host} would hold {cap} bytes: less than one page"
         ));
@@ -275,6 +292,16 @@ pub fn run(args: RunArgs) -> i32 {
                 None => "auto",
             },
         );
+    if let Some(m) = &plan.manager {
+        // The program asks the manager itself, and follows the pool from then on.
+        cmd.env("RMEM_MANAGER", m);
+        match plan.max_remote_bytes {
+            Some(b) => cmd.env("RMEM_MAX_REMOTE", b.to_string()),
+            None => cmd.env_remove("RMEM_MAX_REMOTE"),
+        };
+    } else {
+        cmd.env_remove("RMEM_MANAGER");
+    }
     match &preload {
         None => {
             cmd.env("RMEM_MODE", "api");

@@ -1,6 +1,7 @@
 //! `rmem server`: a memory server daemon. Its log (the `log` facade) goes to stderr, one line
 //! per event: `rmem-server LEVEL message`.
 
+use rmem_proto::pool::{PoolRequest, PoolResponse, ServerBeat, SessionUse};
 use rmem_proto::size::parse_size;
 use rmem_server::{Server, ServerConfig};
 use std::io::{BufRead, Read, Write};
@@ -38,6 +39,11 @@ pub struct ServerArgs {
     /// LOCK_MARGIN_BYTES, unless the server has CAP_IPC_LOCK.
     #[arg(long)]
     pub lock: bool,
+    /// Join the pool of this manager (`rmem manager`): register, then beat every heartbeat
+    /// with the capacity, the bytes used and each session's bytes. The manager may come
+    /// later, go and come back: the server serves its clients meanwhile.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub manager: Option<String>,
     /// Log every client disconnect and session end, and debug lines (RMEM_LOG overrides).
     #[arg(long, short)]
     pub verbose: bool,
@@ -107,31 +113,14 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     if !(a.lease.is_finite() && (0.1..=86400.0).contains(&a.lease)) {
         return Err(format!("--lease: {} is not 0.1 to 86400 seconds", a.lease));
     }
-    let token = match (&a.token_file, std::env::var("RMEM_TOKEN")) {
-        _ if a.token_stdin => token_from_stdin()?,
-        (Some(path), _) => std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
-            .trim_end()
-            .as_bytes()
-            .to_vec(),
-        (None, Ok(t)) if !t.is_empty() => t.into_bytes(),
-        _ => {
-            return Err(
-                "no token: give --token-file PATH, --token-stdin, or set RMEM_TOKEN (never on the command line)"
-                    .into(),
-            );
-        }
-    };
-    if token.is_empty() {
-        return Err("the token is empty".into());
-    }
+    let token = token(a.token_file.as_deref(), a.token_stdin)?;
     if a.lock {
         lock_memory(capacity_bytes)?;
     }
     let server = Server::bind(ServerConfig {
         listen: a.listen,
         capacity_bytes,
-        token,
+        token: token.clone(),
         frame_len_max,
         lease: std::time::Duration::from_secs_f64(a.lease),
         verbose: a.verbose,
@@ -150,6 +139,9 @@ fn serve(a: ServerArgs) -> Result<(), String> {
             .map_err(|e| format!("--metrics: {}", rmem_client::error_chain(&e)))?;
         log::info!("{}: metrics on http://{bound}/metrics", server.local_addr());
     }
+    if let Some(m) = &a.manager {
+        join_pool(m, &server, &token)?;
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
@@ -159,6 +151,125 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     let _ = out.flush();
     drop(out);
     server.run().map_err(|e| e.to_string())
+}
+
+/// The token: from `--token-stdin`, `--token-file`, else `RMEM_TOKEN` (never on a command
+/// line). Shared by `rmem server` and `rmem manager`.
+pub(crate) fn token(file: Option<&std::path::Path>, stdin: bool) -> Result<Vec<u8>, String> {
+    let token = match (file, std::env::var("RMEM_TOKEN")) {
+        _ if stdin => token_from_stdin()?,
+        (Some(path), _) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
+            .trim_end()
+            .as_bytes()
+            .to_vec(),
+        (None, Ok(t)) if !t.is_empty() => t.into_bytes(),
+        _ => {
+            return Err(
+                "no token: give --token-file PATH, --token-stdin, or set RMEM_TOKEN (never on the command line)"
+                    .into(),
+            );
+        }
+    };
+    if token.is_empty() {
+        return Err("the token is empty".into());
+    }
+    Ok(token)
+}
+
+/// `--manager`: register with the pool's manager and beat from a thread for as long as the
+/// server runs. A manager that refuses the token is an error now; one that cannot be reached
+/// yet is tried again every heartbeat (a server can join at any time, the manager too).
+fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String> {
+    use rmem_client::pool::{spawn_beats, ManagerConn, MANAGER_TIMEOUT};
+    use rmem_client::store::StoreError;
+    let conn = match ManagerConn::connect(manager, token, MANAGER_TIMEOUT) {
+        Ok(c) => Some(c),
+        Err(e @ StoreError::Manager { .. }) if !e.to_string().contains("cannot connect") => {
+            return Err(format!("--manager: {}", rmem_client::error_chain(&e)))
+        }
+        Err(e) => {
+            log::warn!("{}; joining when it answers", rmem_client::error_chain(&e));
+            None
+        }
+    };
+    let listen = server.local_addr();
+    let state = server.state();
+    // Clients reach this server where the manager does when it listens on every address.
+    let beat = move |toward: Option<std::net::IpAddr>| {
+        let ip = match toward {
+            Some(ip) if listen.ip().is_unspecified() => ip,
+            _ => listen.ip(),
+        };
+        let st = state.status();
+        PoolRequest::ServerBeat(ServerBeat {
+            addr: std::net::SocketAddr::new(ip, listen.port()).to_string(),
+            capacity_bytes: st.capacity_bytes,
+            used_bytes: st.used_bytes,
+            flags: if LEAVING.load(std::sync::atomic::Ordering::Relaxed) {
+                rmem_proto::pool::SERVER_DRAINING
+            } else {
+                0
+            },
+            sessions: st
+                .sessions
+                .iter()
+                .map(|s| SessionUse {
+                    session: s.id,
+                    bytes: s.used_bytes,
+                })
+                .collect(),
+        })
+    };
+    let manager_name = manager.to_string();
+    let mut joined = false;
+    let drained = server.state();
+    let mut empty_beats = 0;
+    let acked = move |r: PoolResponse| {
+        let PoolResponse::ServerAck { flags, .. } = r else {
+            return;
+        };
+        if !joined {
+            log::info!("{listen}: joined the pool of manager {manager_name}");
+            joined = true;
+        }
+        // Drained: nothing left on it for two beats in a row (clients see it leave in
+        // between, so none is surprised by the closed links), then it goes.
+        if flags & rmem_proto::pool::ACK_DRAIN != 0 {
+            empty_beats = if drained.used_bytes() == 0 {
+                empty_beats + 1
+            } else {
+                0
+            };
+            if empty_beats >= 2 {
+                log::info!("{listen}: drained, nothing left on it: exiting");
+                std::process::exit(0);
+            }
+        }
+    };
+    // SIGTERM in a pool: leave without loss (a drain), not at once; a second one ends it.
+    // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
+    unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
+    spawn_beats(
+        conn,
+        manager.into(),
+        token.to_vec(),
+        std::time::Duration::from_secs(1),
+        beat,
+        acked,
+        |m: &str| log::warn!("{m}"),
+    )
+    .map_err(|e| format!("--manager: cannot start the heartbeat thread: {e}"))
+}
+
+/// Set by the first SIGTERM to a server in a pool: its beats say it is draining.
+static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    if LEAVING.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(128 + libc::SIGTERM) };
+    }
 }
 
 /// Beyond the capacity, what a locked server may map for itself: connection threads' stacks

@@ -154,6 +154,11 @@ fn metrics_http() {
     run("metrics_http");
 }
 
+#[test]
+fn pool_frames() {
+    run("pool_frames");
+}
+
 /// Rewrite the committed seeds from harness::seeds() (after a protocol change).
 #[test]
 #[ignore]

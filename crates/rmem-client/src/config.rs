@@ -12,6 +12,9 @@ pub enum Placement {
     Priority,
     /// Page i goes to server i mod N, or the next one with room (JumboMem).
     Stripe,
+    /// The server with the most free memory first (a pool's servers, as the manager and this
+    /// client's own placements since say): new servers and emptier ones fill first.
+    Free,
 }
 
 impl Placement {
@@ -19,6 +22,7 @@ impl Placement {
         match self {
             Placement::Priority => "priority",
             Placement::Stripe => "stripe",
+            Placement::Free => "free",
         }
     }
 }
@@ -26,8 +30,15 @@ impl Placement {
 /// What the runtime needs to start.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Memory servers, `host:port`, in priority order.
+    /// Memory servers, `host:port`, in priority order (with a manager: where to start; the
+    /// manager's list wins).
     pub servers: Vec<String>,
+    /// The pool manager (`host:port`) that names the servers and grants this client its
+    /// share (`RMEM_MANAGER`); none: the servers above are all there is.
+    pub manager: Option<String>,
+    /// The most server memory this client asks to use, redundancy included
+    /// (`RMEM_MAX_REMOTE`; `None`: no limit of its own). Only with a manager.
+    pub max_remote_bytes: Option<u64>,
     /// Shared secret presented to every server.
     pub token: Vec<u8>,
     /// Most bytes of region pages resident locally (the local memory budget).
@@ -80,6 +91,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             servers: Vec::new(),
+            manager: None,
+            max_remote_bytes: None,
             token: Vec::new(),
             local_bytes: 1 << 30,
             page_size: 64 << 10,
@@ -113,7 +126,7 @@ pub enum ConfigError {
         value: String,
         reason: String,
     },
-    #[error("no memory servers: set RMEM_SERVERS=host:port[,host:port...] (rmem run does this)")]
+    #[error("no memory servers: set RMEM_SERVERS=host:port[,host:port...] or RMEM_MANAGER=host:port (rmem run does this)")]
     NoServers,
     #[error("no token: set RMEM_TOKEN or RMEM_TOKEN_FILE (rmem run does this)")]
     NoToken,
@@ -184,7 +197,7 @@ fn on_off_var(name: &'static str, default: bool) -> Result<bool, ConfigError> {
 
 fn servers_from_env() -> Result<Vec<String>, ConfigError> {
     Ok(var("RMEM_SERVERS")
-        .ok_or(ConfigError::NoServers)?
+        .unwrap_or_default()
         .split(',')
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
@@ -219,9 +232,11 @@ pub struct OwnServers {
     pub encrypt: Option<bool>,
 }
 
-/// `RMEM_SERVERS` names at least one server (else a program may start its own).
+/// `RMEM_SERVERS` names at least one server, or `RMEM_MANAGER` a pool (else a program may
+/// start its own).
 pub fn servers_configured() -> bool {
     var("RMEM_SERVERS").is_some_and(|v| v.split(',').any(|s| !s.trim().is_empty()))
+        || var("RMEM_MANAGER").is_some()
 }
 
 impl Config {
@@ -238,18 +253,25 @@ impl Config {
             Some(o) => (o.servers.clone(), o.token.clone()),
             None => (servers_from_env()?, token_from_env()?),
         };
-        if servers.is_empty() {
+        let manager = own.map_or_else(|| var("RMEM_MANAGER"), |_| None);
+        if servers.is_empty() && manager.is_none() {
             return Err(ConfigError::NoServers);
         }
+        let max_remote_bytes = match var("RMEM_MAX_REMOTE").as_deref() {
+            None | Some("none") => None,
+            Some(_) => Some(size_var("RMEM_MAX_REMOTE", 0)?),
+        };
         let local_default = own.and_then(|o| o.local_bytes).unwrap_or(d.local_bytes);
         let placement = match var("RMEM_PLACEMENT").as_deref() {
+            None if manager.is_some() => Placement::Free,
             None | Some("priority") => Placement::Priority,
             Some("stripe") | Some("round-robin") => Placement::Stripe,
+            Some("free") => Placement::Free,
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     var: "RMEM_PLACEMENT",
                     value: other.into(),
-                    reason: "expected priority or stripe".into(),
+                    reason: "expected priority, stripe or free".into(),
                 })
             }
         };
@@ -278,6 +300,8 @@ impl Config {
             };
         let c = Config {
             servers,
+            manager,
+            max_remote_bytes,
             token,
             local_bytes: size_var("RMEM_LOCAL", local_default)?,
             page_size: size_var("RMEM_PAGE_SIZE", d.page_size as u64)? as usize,

@@ -15,6 +15,9 @@
 //! A second front end, [`blocks::BlockCache`], holds pages in buffers instead of a mapped
 //! region, over the same [`state::PageStates`] and page stores: the block device (`rmem nbd`)
 //! is built on it.
+//!
+//! In a pool (`rmem run --manager`), [`pool::PoolLink`] beats to the manager and tells the
+//! cluster layer of servers that join and of the client's grant.
 
 pub mod alloc;
 pub mod blocks;
@@ -22,6 +25,7 @@ pub mod config;
 pub mod own_servers;
 pub mod pager;
 pub mod pages;
+pub mod pool;
 pub mod prefetch;
 pub mod protect;
 pub mod region;

@@ -5,9 +5,8 @@ use crate::config::{Config, ConfigError};
 use crate::pager::{Command, Done, Mailbox, Pager, PagerSetup, Park, Parked, TraceOut};
 use crate::region::{Mapping, Staging, REGION_AT};
 use crate::stats::{Stats, StatsSnapshot};
-use crate::store::cluster::Layout;
 use crate::store::mem::MemStore;
-use crate::store::remote::{RemoteStore, Timing};
+use crate::store::remote::RemoteStore;
 use crate::store::{PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::trace::TraceWriter;
@@ -177,19 +176,7 @@ impl Runtime {
     /// Python bindings raise an exception instead of ending the process).
     pub fn connect_with(config: &Config, on_fatal: FatalHandler) -> Result<Runtime, RuntimeError> {
         config.validate()?;
-        let (redundancy, encrypt) = config.layout();
-        let layout = Layout {
-            placement: config.placement,
-            redundancy,
-            encrypt,
-        };
-        let store = RemoteStore::connect_with(
-            &config.servers,
-            &config.token,
-            config.page_size,
-            layout,
-            Timing::of(config),
-        )?;
+        let store = RemoteStore::from_config(config)?;
         Runtime::start(config, Box::new(store), on_fatal)
     }
 

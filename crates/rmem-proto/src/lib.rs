@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod pool;
 pub mod size;
 
 use auth::{Nonce, Proof};
@@ -122,6 +123,11 @@ pub enum Op {
     Status = 0x0A,
     Snapshot = 0x0B,
     EndSnapshot = 0x0C,
+    /// The pool manager's protocol ([`pool`]): same frames and handshake, its own version.
+    PoolServerBeat = 0x20,
+    PoolClientBeat = 0x21,
+    PoolStatus = 0x22,
+    PoolDrain = 0x23,
     Welcome = 0x81,
     ReadOk = 0x82,
     WriteOk = 0x83,
@@ -133,6 +139,10 @@ pub enum Op {
     SessionEnded = 0x89,
     StatusOk = 0x8A,
     SnapshotOk = 0x8B,
+    PoolServerAck = 0xA0,
+    PoolClientAck = 0xA1,
+    PoolStatusOk = 0xA2,
+    PoolDrainOk = 0xA3,
     Error = 0xFF,
 }
 
@@ -151,6 +161,10 @@ impl Op {
             0x0A => Op::Status,
             0x0B => Op::Snapshot,
             0x0C => Op::EndSnapshot,
+            0x20 => Op::PoolServerBeat,
+            0x21 => Op::PoolClientBeat,
+            0x22 => Op::PoolStatus,
+            0x23 => Op::PoolDrain,
             0x81 => Op::Welcome,
             0x82 => Op::ReadOk,
             0x83 => Op::WriteOk,
@@ -162,6 +176,10 @@ impl Op {
             0x89 => Op::SessionEnded,
             0x8A => Op::StatusOk,
             0x8B => Op::SnapshotOk,
+            0xA0 => Op::PoolServerAck,
+            0xA1 => Op::PoolClientAck,
+            0xA2 => Op::PoolStatusOk,
+            0xA3 => Op::PoolDrainOk,
             0xFF => Op::Error,
             _ => return None,
         })

@@ -11,9 +11,11 @@
 //! through the `log` facade (the `rmem server` binary prints them on stderr, by level). Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
 //! Pages are stored compactly in slabs ([`slab`]); `rmem server --lock` locks the server's
-//! memory (mlockall, in rmem-cli: this crate has no unsafe code).
+//! memory (mlockall, in rmem-cli: this crate has no unsafe code). The pool manager
+//! (`rmem manager`, [`manager`]) lives here too: it shares the listener's handshake.
 #![forbid(unsafe_code)]
 
+pub mod manager;
 pub mod metrics;
 pub mod session;
 pub mod slab;
@@ -153,36 +155,13 @@ impl Server {
     /// Accept and serve clients forever.
     pub fn run(self) -> Result<(), ServerError> {
         self.spawn_reaper()?;
-        loop {
-            let (sock, peer) = match self.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // Out of descriptors or similar: log, back off, keep serving the others.
-                Err(e) => {
-                    log::error!("{}: accept failed: {e}", self.addr);
-                    std::thread::sleep(Duration::from_millis(50));
-                    continue;
-                }
-            };
-            if self.state.connections() >= CONNECTIONS_MAX {
-                log::warn!(
-                    "{}: refusing {peer}: {CONNECTIONS_MAX} connections already",
-                    self.addr
-                );
-                continue;
-            }
-            self.state.connections.fetch_add(1, Ordering::Relaxed);
+        let me = self.addr;
+        accept_loop(&self.listener, me, &self.state.connections, |sock, peer| {
             let config = self.config.clone();
             let state = self.state.clone();
-            let me = self.addr;
-            let spawned = std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
+            std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
                 let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0 };
-                match conn.serve(sock) {
-                    Ok(()) => {}
-                    // A client that exits mid-answer is not news; anything else is.
-                    Err(Close::Io(e)) if is_disconnect(&e) => log::debug!("{me}: {peer} hung up: {e}"),
-                    Err(reason) => log::warn!("{me}: closing {peer}: {reason}"),
-                }
+                log_close(me, peer, conn.serve(sock));
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if let Some(a) = conn.attachment.take() {
                     let id = a.session.id;
@@ -192,12 +171,8 @@ impl Server {
                         None => log::log!(level, "{me}: client {peer} disconnected, session {id} has ended"),
                     }
                 }
-            });
-            if let Err(e) = spawned {
-                self.state.connections.fetch_sub(1, Ordering::Relaxed);
-                log::error!("{}: cannot serve {peer}: {e}", self.addr);
-            }
-        }
+            }).map(drop)
+        })
     }
 
     /// A thread that frees the pages of sessions whose lease ran out, checking often enough
@@ -243,6 +218,47 @@ impl Server {
     /// Run on a background thread.
     pub fn spawn(self) -> std::thread::JoinHandle<Result<(), ServerError>> {
         std::thread::spawn(move || self.run())
+    }
+}
+
+/// Accept connections on `listener` forever, each handed to `spawn` (which starts a thread
+/// that serves it and takes one off `connections` when done) while fewer than
+/// [`CONNECTIONS_MAX`] are open: the memory server's and the manager's loop.
+fn accept_loop(
+    listener: &TcpListener,
+    me: SocketAddr,
+    connections: &AtomicUsize,
+    mut spawn: impl FnMut(TcpStream, SocketAddr) -> io::Result<()>,
+) -> ! {
+    loop {
+        let (sock, peer) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // Out of descriptors or similar: log, back off, keep serving the others.
+            Err(e) => {
+                log::error!("{me}: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if connections.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+            log::warn!("{me}: refusing {peer}: {CONNECTIONS_MAX} connections already");
+            continue;
+        }
+        connections.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = spawn(sock, peer) {
+            connections.fetch_sub(1, Ordering::Relaxed);
+            log::error!("{me}: cannot serve {peer}: {e}");
+        }
+    }
+}
+
+/// Log why a connection ended: a peer that hangs up is not news; anything else is.
+fn log_close(me: SocketAddr, peer: SocketAddr, r: Result<(), Close>) {
+    match r {
+        Ok(()) => {}
+        Err(Close::Io(e)) if is_disconnect(&e) => log::debug!("{me}: {peer} hung up: {e}"),
+        Err(reason) => log::warn!("{me}: closing {peer}: {reason}"),
     }
 }
 
@@ -334,6 +350,95 @@ fn read_frame<R: Read>(
     Ok(Some(h))
 }
 
+/// What a `Welcome` tells the client besides the proof.
+struct Welcomed {
+    version: u16,
+    frame_len_max: u32,
+    capacity_bytes: u64,
+    used_bytes: u64,
+}
+
+/// The listener's side of the challenge and response (`rmem_proto::auth`), shared by the
+/// memory server and the pool manager: Hello -> Challenge, Auth -> Welcome. `hello` checks the
+/// client's protocol version and unit size (or says why it refuses them, which the client is
+/// told); `welcome` fills in the answer. The unit size on success; `None` if the peer closed
+/// before saying anything.
+fn accept<R: Read>(
+    reader: &mut R,
+    writer: &mut BufWriter<TcpStream>,
+    token: &[u8],
+    hello: impl FnOnce(u16, u32) -> Result<(), (ErrorCode, String)>,
+    welcome: impl FnOnce() -> Welcomed,
+) -> Result<Option<u32>, Close> {
+    let mut body = Vec::new();
+    let mut out = Vec::new();
+    let Some(h) = read_frame(reader, 4096, &mut body)? else {
+        return Ok(None);
+    };
+    if h.op != Op::Hello {
+        return Err(Close::Bad(format!("expected hello, got {:?}", h.op)));
+    }
+    let Request::Hello {
+        version,
+        page_size,
+        nonce: client_nonce,
+    } = Request::decode(h.op, &body)?
+    else {
+        unreachable!()
+    };
+    let refuse = |code, tag, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<_, Close> {
+        let mut out = Vec::new();
+        Response::Error {
+            code,
+            message: &msg,
+        }
+        .encode(tag, &mut out);
+        let _ = writer.write_all(&out).and_then(|_| writer.flush());
+        Err(Close::Refused(msg))
+    };
+    if let Err((code, msg)) = hello(version, page_size) {
+        return refuse(code, h.tag, msg, writer);
+    }
+    // A fresh nonce for every connection: a recorded Auth proves nothing here.
+    let transcript = auth::Transcript {
+        client_nonce,
+        server_nonce: auth::nonce()?,
+        version,
+        page_size,
+    };
+    Response::Challenge {
+        nonce: transcript.server_nonce,
+    }
+    .encode(h.tag, &mut out);
+    writer.write_all(&out)?;
+    writer.flush()?;
+    out.clear();
+    let Some(h) = read_frame(reader, 4096, &mut body)? else {
+        // A client that exits while it connects (a fork() child that needed its pages and
+        // then ended) is not news: logged as a hang-up.
+        return Err(Close::Io(io::ErrorKind::UnexpectedEof.into()));
+    };
+    let Request::Auth { proof } = Request::decode(h.op, &body)? else {
+        return Err(Close::Bad(format!("expected auth, got {:?}", h.op)));
+    };
+    if !transcript.verify(token, auth::Role::Client, &proof) {
+        let msg = "wrong token: the client's proof of the shared token does not match".into();
+        return refuse(ErrorCode::Unauthorized, h.tag, msg, writer);
+    }
+    let w = welcome();
+    Response::Welcome {
+        version: w.version,
+        frame_len_max: w.frame_len_max,
+        capacity_bytes: w.capacity_bytes,
+        used_bytes: w.used_bytes,
+        proof: transcript.proof(token, auth::Role::Server),
+    }
+    .encode(h.tag, &mut out);
+    writer.write_all(&out)?;
+    writer.flush()?;
+    Ok(Some(page_size))
+}
+
 impl Connection<'_> {
     fn serve(&mut self, sock: TcpStream) -> Result<(), Close> {
         sock.set_nodelay(true)?;
@@ -345,83 +450,32 @@ impl Connection<'_> {
         let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
         let mut body = Vec::new();
         let mut out = Vec::new();
-        // Handshake: Hello -> Challenge, Auth -> Welcome (rmem_proto::auth).
-        let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
+        let config = self.config;
+        let state = self.state;
+        let hello = |version, page_size: u32| {
+            if version != rmem_proto::VERSION {
+                let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
+                return Err((ErrorCode::VersionMismatch, msg));
+            }
+            if !rmem_proto::unit_len_ok(page_size)
+                || page_size as u64 + 64 > config.frame_len_max as u64
+            {
+                let msg = format!("unsupported unit size {page_size}");
+                return Err((ErrorCode::BadRequest, msg));
+            }
+            Ok(())
+        };
+        let welcome = || Welcomed {
+            version: rmem_proto::VERSION,
+            frame_len_max: config.frame_len_max,
+            capacity_bytes: config.capacity_bytes,
+            used_bytes: state.used_bytes(),
+        };
+        let Some(page_size) = accept(&mut reader, &mut writer, &config.token, hello, welcome)?
+        else {
             return Ok(());
         };
-        if h.op != Op::Hello {
-            return Err(Close::Bad(format!("expected hello, got {:?}", h.op)));
-        }
-        let Request::Hello {
-            version,
-            page_size,
-            nonce: client_nonce,
-        } = Request::decode(h.op, &body)?
-        else {
-            unreachable!()
-        };
-        let refuse =
-            |code, tag, msg: String, writer: &mut BufWriter<TcpStream>| -> Result<(), Close> {
-                let mut out = Vec::new();
-                Response::Error {
-                    code,
-                    message: &msg,
-                }
-                .encode(tag, &mut out);
-                let _ = writer.write_all(&out).and_then(|_| writer.flush());
-                Err(Close::Refused(msg))
-            };
-        if version != rmem_proto::VERSION {
-            let msg = format!("protocol version {version} is not {}", rmem_proto::VERSION);
-            return refuse(ErrorCode::VersionMismatch, h.tag, msg, &mut writer);
-        }
-        if !rmem_proto::unit_len_ok(page_size)
-            || page_size as u64 + 64 > self.config.frame_len_max as u64
-        {
-            return refuse(
-                ErrorCode::BadRequest,
-                h.tag,
-                format!("unsupported unit size {page_size}"),
-                &mut writer,
-            );
-        }
-        // A fresh nonce for every connection: a recorded Auth proves nothing here.
-        let transcript = auth::Transcript {
-            client_nonce,
-            server_nonce: auth::nonce()?,
-            version,
-            page_size,
-        };
-        Response::Challenge {
-            nonce: transcript.server_nonce,
-        }
-        .encode(h.tag, &mut out);
-        writer.write_all(&out)?;
-        writer.flush()?;
-        out.clear();
-        let Some(h) = read_frame(&mut reader, 4096, &mut body)? else {
-            // A client that exits while it connects (a fork() child that needed its pages
-            // and then ended) is not news: logged as a hang-up.
-            return Err(Close::Io(io::ErrorKind::UnexpectedEof.into()));
-        };
-        let Request::Auth { proof } = Request::decode(h.op, &body)? else {
-            return Err(Close::Bad(format!("expected auth, got {:?}", h.op)));
-        };
-        if !transcript.verify(&self.config.token, auth::Role::Client, &proof) {
-            let msg = "wrong token: the client's proof of the shared token does not match".into();
-            return refuse(ErrorCode::Unauthorized, h.tag, msg, &mut writer);
-        }
         self.page_size = page_size as usize;
-        Response::Welcome {
-            version: rmem_proto::VERSION,
-            frame_len_max: self.config.frame_len_max,
-            capacity_bytes: self.config.capacity_bytes,
-            used_bytes: self.state.used_bytes(),
-            proof: transcript.proof(&self.config.token, auth::Role::Server),
-        }
-        .encode(h.tag, &mut out);
-        writer.write_all(&out)?;
-        writer.flush()?;
         reader.get_mut().deadline = None;
         sock.set_read_timeout(None)?;
         // Requests, answered in order; flush only when no further request is buffered.

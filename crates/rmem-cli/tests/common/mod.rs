@@ -209,32 +209,8 @@ impl ServerProcess {
                 c
             }
         };
-        let mut child = cmd
-            .arg("server")
-            .args(args)
-            .env("RMEM_TOKEN", token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let line = first_line(&mut child);
-        let addr = line
-            .strip_prefix("rmem-server listening on ")
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address: {line:?}"))
-            .to_string();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("{l}");
-                let mut s = sink.lock().unwrap();
-                s.push_str(&l);
-                s.push('\n');
-            }
-        });
+        cmd.arg("server").args(args);
+        let (child, addr, log) = start_daemon(cmd, token, "rmem-server");
         ServerProcess { child, addr, log }
     }
 
@@ -305,6 +281,47 @@ pub fn status_json(server: &str, token: &str) -> serde_json::Value {
     );
     assert!(out.status.success(), "rmem status: {}", out.stderr);
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+/// Start `cmd` (an rmem daemon: `rmem server`, `rmem manager`) with `RMEM_TOKEN` = token and
+/// wait for its first line, `NAME listening on ADDR ...`: the child, ADDR, and its stderr as it
+/// comes.
+pub fn start_daemon(
+    mut cmd: Command,
+    token: &str,
+    name: &str,
+) -> (Child, String, Arc<Mutex<String>>) {
+    let mut child = cmd
+        .env("RMEM_TOKEN", token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = first_line(&mut child);
+    let addr = line
+        .strip_prefix(&format!("{name} listening on "))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address: {line:?}"))
+        .to_string();
+    let log = tee_stderr(&mut child);
+    (child, addr, log)
+}
+
+/// A child's (piped) stderr passed on to ours and kept, as it comes.
+pub fn tee_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let sink = log.clone();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("{l}");
+            let mut s = sink.lock().unwrap();
+            s.push_str(&l);
+            s.push('\n');
+        }
+    });
+    log
 }
 
 /// The first line a child writes on its (piped) stdout.

@@ -25,14 +25,23 @@
 //! connection per server, unlinked until first used, to that server's snapshot. A buried
 //! server has no snapshot and stays buried in the child.
 //!
+//! The server list is owned here and only grows: the servers named at the start, and in a
+//! pool (a [`PoolLink`] to the manager) every server the manager offers later, each joined by
+//! [`RemoteStore::join`] as the first ones were. A server's index never changes, so the
+//! groups that name it stay valid; a joined server takes new pages (and repairs) as any other.
+//! In a pool the client also never places beyond its grant: a new page that would take more
+//! is refused as when every server is full.
+//!
 //! [`codec`]: super::codec
 //! [`remote::Conn`]: super::remote::Conn
 
 use super::codec::{self, Codec, Redundancy, Stamp};
 use super::remote::{Answer, Conn, Kind, Orphan, Timing};
 use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
-use crate::config::Placement;
+use crate::config::{Config, Placement};
+use crate::pool::PoolLink;
 use crate::PageIndex;
+use rmem_proto::pool::{ServerUse, SERVER_DRAINING, UNLIMITED};
 use rmem_proto::{PageKey, Request, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -57,6 +66,9 @@ pub const REPAIR_WINDOW: usize = 32;
 /// comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
 const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Connecting to a server the manager offers gives up after this long (the pager waits
+/// meanwhile), and is tried again after [`REVIVE_EVERY`].
+const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
 
 const CHUNK: usize = 1 << 16;
 /// A group member that is no server: a piece not stored (fewer servers left than the
@@ -224,6 +236,9 @@ struct Book {
     busy: HashMap<u64, u64>,
     /// Servers given up, and why.
     dead: Vec<Option<String>>,
+    /// Servers leaving the pool (a drain): still read, never given new pieces; their pages
+    /// move elsewhere like a repair whose source is still there.
+    draining: Vec<bool>,
     page_buf: Vec<u8>,
     counters: Arc<StoreCounters>,
 }
@@ -251,6 +266,21 @@ pub struct RemoteStore {
     /// server each is stored degraded at once. Delivered by the next `poll`; until then they
     /// count as in flight.
     finished: Vec<u64>,
+    /// The pool this client is in, if any: where new servers come from, and its grant.
+    pool: Option<Pool>,
+}
+
+/// A client's part of a pool, as the store follows it.
+struct Pool {
+    link: PoolLink,
+    /// The manager's answer last acted on.
+    epoch: u64,
+    /// The most bytes this client may place on servers ([`UNLIMITED`]: no limit).
+    grant_bytes: u64,
+    /// Offered servers that could not be joined, and when to try again.
+    retry: HashMap<String, Instant>,
+    /// Draining servers this client cannot let go (too few others for its layout): said once.
+    stuck: std::collections::HashSet<String>,
 }
 
 fn bit(piece: usize) -> u32 {
@@ -264,6 +294,11 @@ impl Book {
 
     fn alive(&self, s: u16) -> bool {
         s != NONE && self.dead[s as usize].is_none()
+    }
+
+    /// Whether server `s` may be given pieces: alive and not draining.
+    fn placeable(&self, s: u16) -> bool {
+        self.alive(s) && !self.draining[s as usize]
     }
 
     fn op_id(&mut self) -> u64 {
@@ -286,6 +321,17 @@ impl Book {
                 };
                 let p = piece as usize;
                 fe.answered |= bit(p);
+                if self.codec.plain() && fe.repair {
+                    // A move off a draining server: write it where it goes.
+                    let (page, stamp) = (fe.page, fe.stamp);
+                    self.ops.remove(&op);
+                    todo.push(Todo::RepairWrite {
+                        page,
+                        stamp,
+                        data: data.to_vec(),
+                    });
+                    return;
+                }
                 if self.codec.plain() {
                     let page = fe.page;
                     self.ops.remove(&op);
@@ -458,35 +504,102 @@ impl RemoteStore {
         layout: Layout,
         timing: Timing,
     ) -> Result<RemoteStore, StoreError> {
+        RemoteStore::open(servers, token, page_size, layout, timing, None)
+    }
+
+    /// The store `config` names: its servers, or those of its pool manager (then this store
+    /// follows the pool: servers that join take new pages; the client's grant bounds what it
+    /// places). The layout is `config`'s, over the servers it starts with.
+    pub fn from_config(config: &Config) -> Result<RemoteStore, StoreError> {
+        let Some(manager) = &config.manager else {
+            let (redundancy, encrypt) = config.layout();
+            let layout = Layout {
+                placement: config.placement,
+                redundancy,
+                encrypt,
+            };
+            return RemoteStore::connect_with(
+                &config.servers,
+                &config.token,
+                config.page_size,
+                layout,
+                Timing::of(config),
+            );
+        };
+        let io = |e| StoreError::Io {
+            server: manager.clone(),
+            source: e,
+        };
+        let session = SessionId::random().map_err(io)?;
+        let max = config.max_remote_bytes.unwrap_or(UNLIMITED);
+        let link = PoolLink::start(manager, &config.token, session, client_name(), max)?;
+        let view = link.view();
+        let servers: Vec<String> = view
+            .servers
+            .iter()
+            .filter(|s| s.flags & SERVER_DRAINING == 0)
+            .map(|s| s.addr.clone())
+            .collect();
+        if servers.is_empty() {
+            return Err(StoreError::Manager {
+                manager: manager.clone(),
+                detail: "knows no live memory server with room (rmem server --manager adds \
+                         one)"
+                    .into(),
+            });
+        }
+        let c = Config {
+            servers,
+            ..config.clone()
+        };
+        let (redundancy, encrypt) = c.layout();
+        let layout = Layout {
+            placement: c.placement,
+            redundancy,
+            encrypt,
+        };
+        RemoteStore::open(
+            &c.servers,
+            &c.token,
+            c.page_size,
+            layout,
+            Timing::of(&c),
+            Some(link),
+        )
+    }
+
+    /// Open a session on every server of `servers` (in a pool, those that answer: the
+    /// manager's list may name one that just went away).
+    fn open(
+        servers: &[String],
+        token: &[u8],
+        page_size: usize,
+        layout: Layout,
+        timing: Timing,
+        pool: Option<PoolLink>,
+    ) -> Result<RemoteStore, StoreError> {
         assert!(servers.len() <= SERVERS_MAX, "too many servers");
         let w = layout.redundancy.width();
-        if servers.len() < w {
-            return Err(StoreError::Layout(format!(
-                "--redundancy {} puts each page on {w} servers; there are {}",
-                layout.redundancy,
-                servers.len()
-            )));
-        }
         let io = |e| StoreError::Io {
             server: "(none)".into(),
             source: e,
         };
-        let codec = Arc::new(Codec::new(page_size, layout.redundancy, layout.encrypt).map_err(io)?);
-        let session = SessionId::random().map_err(io)?;
-        let mut conns = Vec::with_capacity(servers.len());
-        for s in servers {
-            conns.push(Conn::connect(s, token, codec.unit_len(), session, timing)?);
-        }
-        Ok(RemoteStore {
+        let codec = Codec::new(page_size, layout.redundancy, layout.encrypt).map_err(io)?;
+        let session = match &pool {
+            Some(p) => p.session(),
+            None => SessionId::random().map_err(io)?,
+        };
+        let mut store = RemoteStore {
             book: Book {
                 page_buf: vec![0; page_size],
-                codec,
+                codec: Arc::new(codec),
                 meta: Meta::default(),
                 groups: Groups::default(),
                 ops: HashMap::new(),
                 next_op: 0,
                 busy: HashMap::new(),
-                dead: vec![None; conns.len()],
+                dead: Vec::new(),
+                draining: Vec::new(),
                 counters: Arc::new(StoreCounters {
                     layout: format!(
                         "{}{}",
@@ -496,7 +609,7 @@ impl RemoteStore {
                     ..StoreCounters::default()
                 }),
             },
-            conns,
+            conns: Vec::new(),
             placement: layout.placement,
             token: token.to_vec(),
             timing,
@@ -508,7 +621,148 @@ impl RemoteStore {
             next_revive: Instant::now(),
             child_codec: None,
             finished: Vec::new(),
-        })
+            pool: None,
+        };
+        let unit = store.book.unit();
+        for s in servers {
+            match Conn::connect(s, token, unit, session, timing) {
+                Ok(c) => store.join(c),
+                Err(e) if pool.is_some() => {
+                    eprintln!("rmem: the pool's memory server {s} is not usable now ({e})")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if store.conns.len() < w {
+            return Err(StoreError::Layout(format!(
+                "--redundancy {} puts each page on {w} servers; there are {}",
+                layout.redundancy,
+                store.conns.len()
+            )));
+        }
+        store.pool = pool.map(|link| Pool {
+            epoch: link.epoch(),
+            grant_bytes: link.view().grant_bytes,
+            link,
+            retry: HashMap::new(),
+            stuck: Default::default(),
+        });
+        Ok(store)
+    }
+
+    /// Add a connected server to the list: it takes new pages from now on. Its index is
+    /// the list's length and never changes.
+    fn join(&mut self, conn: Conn) {
+        assert!(self.conns.len() < SERVERS_MAX, "too many servers");
+        self.conns.push(conn);
+        self.book.dead.push(None);
+        self.book.draining.push(false);
+    }
+
+    /// Act on what the pool's manager last said: join the servers it offers that this store
+    /// lacks, take the free memory it reports for placement and the grant, and tell it what
+    /// this client uses where (sent with the next beat).
+    fn follow_pool(&mut self, now: Instant) {
+        let Some(pool) = &mut self.pool else {
+            return;
+        };
+        let uses = self
+            .conns
+            .iter()
+            .zip(&self.book.dead)
+            .filter(|(_, d)| d.is_none())
+            .map(|(c, _)| ServerUse {
+                server: c.name.clone(),
+                bytes: c.used_bytes,
+            })
+            .collect();
+        pool.link.report(uses);
+        let epoch = pool.link.epoch();
+        let retry_due = pool.retry.values().any(|&t| t <= now);
+        if epoch == pool.epoch && !retry_due {
+            return;
+        }
+        pool.epoch = epoch;
+        let view = pool.link.view();
+        pool.grant_bytes = view.grant_bytes;
+        for offer in view.servers {
+            if let Some(s) = self.conns.iter().position(|c| c.name == offer.addr) {
+                // What the server has free now, and what of it this client holds.
+                let c = &mut self.conns[s];
+                c.capacity_bytes = offer.free_bytes.saturating_add(c.used_bytes);
+                let draining = offer.flags & SERVER_DRAINING != 0;
+                let others = (0..self.conns.len() as u16)
+                    .filter(|&x| x as usize != s && self.book.placeable(x))
+                    .count();
+                let width = self.book.codec.redundancy().width();
+                if draining && !self.book.draining[s] && self.book.dead[s].is_none() {
+                    let pool = self.pool.as_mut().expect("checked");
+                    if others < width {
+                        // Pages could not be placed at all without it: it stays (the drain
+                        // never completes; rmem pool drain says so).
+                        if pool.stuck.insert(offer.addr.clone()) {
+                            eprintln!(
+                            "rmem: memory server {} cannot leave: --redundancy {} needs {width} \
+                             other servers, there are {others}",
+                            offer.addr,
+                            self.book.codec.redundancy()
+                        );
+                        }
+                        continue;
+                    }
+                    self.book.draining[s] = true;
+                    let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
+                    eprintln!(
+                        "rmem: memory server {} is leaving the pool; moving the {queued} \
+                         pages it holds to the others",
+                        offer.addr
+                    );
+                }
+                continue;
+            }
+            let pool = self.pool.as_mut().expect("checked");
+            let due = pool.retry.get(&offer.addr).is_none_or(|&t| t <= now);
+            if offer.flags & SERVER_DRAINING != 0 || !due || self.conns.len() >= SERVERS_MAX {
+                continue;
+            }
+            let mut timing = self.timing;
+            timing.connect = JOIN_TIMEOUT;
+            let unit = self.book.unit();
+            match Conn::connect(&offer.addr, &self.token, unit, self.session, timing) {
+                Ok(mut c) => {
+                    c.set_timing(self.timing);
+                    eprintln!(
+                        "rmem: memory server {} joined the pool; it takes new pages",
+                        offer.addr
+                    );
+                    pool.retry.remove(&offer.addr);
+                    self.join(c);
+                    // Pages left short of pieces for want of servers can be whole again.
+                    self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
+                }
+                Err(_) => {
+                    pool.retry.insert(offer.addr, now + REVIVE_EVERY);
+                }
+            }
+        }
+    }
+
+    /// Whether one more page fits in this client's grant.
+    fn within_grant(&self, page: u64) -> Result<(), StoreError> {
+        let grant_bytes = self.pool.as_ref().map_or(UNLIMITED, |p| p.grant_bytes);
+        if grant_bytes == UNLIMITED {
+            return Ok(());
+        }
+        let used_bytes: u64 = self.conns.iter().map(|c| c.used_bytes).sum();
+        let need = (self.book.codec.redundancy().width() * self.book.unit()) as u64;
+        if used_bytes.saturating_add(need) > grant_bytes {
+            return Err(StoreError::OverGrant {
+                page,
+                grant_bytes,
+                used_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// This client's session id (the same on every server it started with).
@@ -546,15 +800,22 @@ impl RemoteStore {
         let n = self.conns.len();
         let w = self.book.codec.redundancy().width();
         let start = match self.placement {
-            Placement::Priority => 0,
+            Placement::Priority | Placement::Free => 0,
             Placement::Stripe => (page % n as u64) as usize,
         };
         let refused = self.refusals.get(&page).map_or(&[][..], |r| r.as_slice());
-        let order: Vec<u16> = (0..n)
+        let mut order: Vec<u16> = (0..n)
             .map(|i| ((start + i) % n) as u16)
-            .filter(|&s| self.book.alive(s) && !refused.contains(&(s as usize)))
+            .filter(|&s| self.book.placeable(s) && !refused.contains(&(s as usize)))
             .filter(|s| !keep.contains(s))
             .collect();
+        if self.placement == Placement::Free {
+            let free = |s: &u16| {
+                let c = &self.conns[*s as usize];
+                c.capacity_bytes.saturating_sub(c.used_bytes)
+            };
+            order.sort_by_key(|s| std::cmp::Reverse(free(s)));
+        }
         let mut out: Vec<u16> = keep.to_vec();
         let roomy = order.iter().filter(|&&s| !self.conns[s as usize].full);
         let full = order.iter().filter(|&&s| self.conns[s as usize].full);
@@ -650,12 +911,15 @@ impl RemoteStore {
         let members = match old {
             Some(g) => {
                 let m = self.book.groups.members[g as usize].clone();
-                if m.iter().all(|&s| self.book.alive(s)) {
+                if m.iter().all(|&s| self.book.placeable(s)) {
                     return Ok((g, 0));
                 }
                 self.heal(page, &m)?
             }
-            None => self.choose(page, &[])?,
+            None => {
+                self.within_grant(page)?;
+                self.choose(page, &[])?
+            }
         };
         let g = self.book.groups.intern(&members);
         let changed = match old {
@@ -671,19 +935,19 @@ impl RemoteStore {
         Ok((g, changed))
     }
 
-    /// `members` with every dead one replaced by a live server outside the group.
+    /// `members` with every dead or draining one replaced by a live server outside the group.
     fn heal(&self, page: u64, members: &[u16]) -> Result<Vec<u16>, StoreError> {
         let keep: Vec<u16> = members
             .iter()
             .copied()
-            .filter(|&s| self.book.alive(s))
+            .filter(|&s| self.book.placeable(s))
             .collect();
         let fresh = self.choose(page, &keep)?;
         let mut extra = fresh[keep.len()..].iter();
         Ok(members
             .iter()
             .map(|&s| {
-                if self.book.alive(s) {
+                if self.book.placeable(s) {
                     s
                 } else {
                     *extra.next().unwrap_or(&NONE)
@@ -963,6 +1227,12 @@ impl RemoteStore {
     /// Give server `s` up. Without redundancy that is the end (the error is returned);
     /// with it, its requests go to the others and its pages are queued for repair.
     fn bury(&mut self, s: usize, cause: StoreError) -> Result<(), StoreError> {
+        if self.book.draining[s] && self.conns[s].used_bytes == 0 {
+            // A drained server that went away holding nothing of ours: not a loss.
+            self.book.dead[s] = Some("drained".into());
+            let _ = self.conns[s].take_orphans();
+            return Ok(());
+        }
         if self.book.codec.redundancy().tolerates() == 0 {
             return Err(cause);
         }
@@ -1112,12 +1382,12 @@ impl RemoteStore {
                 continue;
             };
             let m = &self.book.groups.members[g as usize];
-            if m.iter().all(|&s| self.book.alive(s)) {
+            if m.iter().all(|&s| self.book.placeable(s)) {
                 continue;
             }
             // No live server outside the group: it stays degraded until one comes back.
             let spare = (0..self.conns.len() as u16)
-                .any(|s| self.book.alive(s) && !m.contains(&s) && !self.conns[s as usize].full);
+                .any(|s| self.book.placeable(s) && !m.contains(&s) && !self.conns[s as usize].full);
             if !spare {
                 self.repair.degraded += 1;
                 continue;
@@ -1157,17 +1427,23 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// Whether a server was given up (not one that left after a drain).
+    fn any_lost(&self) -> bool {
+        (0..self.conns.len()).any(|s| self.book.dead[s].is_some() && !self.book.draining[s])
+    }
+
     /// Try buried servers again now and then: one that answers takes new pages (a fresh
     /// session: whatever it kept of the old one is not trusted).
     fn revive(&mut self, now: Instant) {
-        if now < self.next_revive || self.book.dead.iter().all(Option::is_none) {
+        if now < self.next_revive || !self.any_lost() {
             return;
         }
         self.next_revive = now + REVIVE_EVERY;
         let mut timing = self.timing;
         timing.connect = REVIVE_TIMEOUT;
         for s in 0..self.conns.len() {
-            if self.book.dead[s].is_none() {
+            // A drained server left on purpose: it is not called back.
+            if self.book.dead[s].is_none() || self.book.draining[s] {
                 continue;
             }
             let Ok(session) = SessionId::random() else {
@@ -1180,7 +1456,8 @@ impl RemoteStore {
                 eprintln!("rmem: memory server {name} is back; it takes new pages");
                 self.conns[s] = c;
                 self.book.dead[s] = None;
-                self.queue_repairs(|b, m| m.iter().any(|&x| !b.alive(x)));
+                self.book.draining[s] = false;
+                self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
             }
         }
     }
@@ -1251,8 +1528,9 @@ impl PageStore for RemoteStore {
             .conns
             .iter()
             .fold(0u64, |sum, c| sum.saturating_add(c.capacity_bytes));
+        let grant = self.pool.as_ref().map_or(UNLIMITED, |p| p.grant_bytes);
         let per_page = (r.width() * self.book.unit()) as u128;
-        (raw as u128 * self.book.codec.page_size() as u128 / per_page) as u64
+        (raw.min(grant) as u128 * self.book.codec.page_size() as u128 / per_page) as u64
     }
 
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
@@ -1376,6 +1654,7 @@ impl PageStore for RemoteStore {
         self.each_live(|c| c.tick(now))?;
         self.fail_over_reads();
         self.revive(now);
+        self.follow_pool(now);
         // No one to hand a completion to here: a write-back that finishes is kept for the
         // next poll. A fetch finishes only on an answer, and answers are taken only by poll.
         let mut finished = std::mem::take(&mut self.finished);
@@ -1395,10 +1674,7 @@ impl PageStore for RemoteStore {
             .map(|s| self.conns[s].heartbeat())
             .min();
         // A repair or a buried server wants ticks too.
-        match (
-            self.repair.started,
-            self.book.dead.iter().any(Option::is_some),
-        ) {
+        match (self.repair.started, self.any_lost()) {
             (None, false) => h,
             _ => Some(h.unwrap_or(REVIVE_EVERY).min(Duration::from_millis(10))),
         }
@@ -1518,6 +1794,7 @@ impl PageStore for RemoteStore {
                 next_op: 0,
                 busy: HashMap::new(),
                 dead: self.book.dead.clone(),
+                draining: self.book.draining.clone(),
                 page_buf: vec![0; self.book.codec.page_size()],
                 counters,
             },
@@ -1534,6 +1811,9 @@ impl PageStore for RemoteStore {
             // The parent's finished write-backs are the parent's: the child reinstalls those
             // pages from its copy of the staging slots (PageStates::after_fork).
             finished: Vec::new(),
+            // The pool is the parent's to follow: the child goes on with the servers its
+            // snapshot is on (a drained server keeps the child's snapshot until it ends).
+            pool: None,
         };
         // A page whose group lost a server is as degraded in the snapshot as here: the child
         // rebuilds its own copy (the parent's repairs reach only the parent's session).
@@ -1561,4 +1841,16 @@ impl Drop for RemoteStore {
             }
         }
     }
+}
+
+/// How this client is named to the pool's manager: `PROGRAM (pid N) on HOST`.
+fn client_name() -> String {
+    let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!(
+        "{} (pid {}) on {}",
+        program.trim(),
+        std::process::id(),
+        host.trim()
+    )
 }

@@ -70,6 +70,20 @@ pub enum StoreError {
          with --no-overcommit so that allocations beyond it fail instead"
     )]
     AllFull { page: u64, servers: String },
+    #[error(
+        "this program may keep at most {grant_bytes} bytes on the pool's servers (its grant: \
+         --max-remote, or the manager's own limit) and holds {used_bytes}, so page {page} \
+         cannot be written back. Allocations take server memory only as their pages are \
+         written (overcommit); raise --max-remote, or run with --no-overcommit so that \
+         allocations beyond it fail instead"
+    )]
+    OverGrant {
+        page: u64,
+        grant_bytes: u64,
+        used_bytes: u64,
+    },
+    #[error("pool manager {manager}: {detail}")]
+    Manager { manager: String, detail: String },
     #[error("memory servers lost: {servers}; {detail}")]
     Lost { servers: String, detail: String },
     #[error("{0}")]

@@ -285,22 +285,7 @@ fn open(
     };
     // Connecting, the handshake and the attach all together, however slowly bytes come.
     let deadline = Instant::now() + timeout;
-    let addrs: Vec<_> = server.to_socket_addrs().map_err(connect_err)?.collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-    let mut sock = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => {
-                sock = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
-    }
-    let mut sock = sock.ok_or_else(|| connect_err(last))?;
-    sock.set_nodelay(true).map_err(connect_err)?;
-    sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
-    sock.set_write_timeout(Some(timeout)).map_err(connect_err)?;
+    let mut sock = dial(server, timeout)?;
     let welcome = handshake(&mut sock, server, token, page_size, deadline)?;
     let proto = |what: String| StoreError::Protocol {
         server: server.into(),
@@ -360,6 +345,32 @@ fn open(
         lease,
         existed,
     })
+}
+
+/// Connect to `server` (`host:port`, every address it resolves to in turn), blocking, with
+/// `timeout` for each attempt and as the socket's read and write timeout.
+pub(crate) fn dial(server: &str, timeout: Duration) -> Result<TcpStream, StoreError> {
+    let connect_err = |source| StoreError::Connect {
+        server: server.into(),
+        source,
+    };
+    let addrs: Vec<_> = server.to_socket_addrs().map_err(connect_err)?.collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    let mut sock = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                sock = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let sock = sock.ok_or_else(|| connect_err(last))?;
+    sock.set_nodelay(true).map_err(connect_err)?;
+    sock.set_read_timeout(Some(timeout)).map_err(connect_err)?;
+    sock.set_write_timeout(Some(timeout)).map_err(connect_err)?;
+    Ok(sock)
 }
 
 impl Conn {
@@ -1180,6 +1191,26 @@ pub fn handshake(
     page_size: usize,
     deadline: Instant,
 ) -> Result<Welcome, StoreError> {
+    handshake_as(
+        sock,
+        server,
+        token,
+        rmem_proto::VERSION,
+        page_size as u32,
+        deadline,
+    )
+}
+
+/// [`handshake`] speaking protocol `version` (the memory servers' or the pool manager's,
+/// `rmem_proto::pool::VERSION`) with unit size `unit`.
+pub fn handshake_as(
+    sock: &mut TcpStream,
+    server: &str,
+    token: &[u8],
+    version: u16,
+    unit: u32,
+    deadline: Instant,
+) -> Result<Welcome, StoreError> {
     let proto = |what: String| StoreError::Protocol {
         server: server.into(),
         what,
@@ -1196,8 +1227,8 @@ pub fn handshake(
     let mut transcript = auth::Transcript {
         client_nonce: auth::nonce().map_err(|e| io_err(server, e))?,
         server_nonce: [0; auth::NONCE_LEN],
-        version: rmem_proto::VERSION,
-        page_size: page_size as u32,
+        version,
+        page_size: unit,
     };
     send(
         sock,
@@ -1239,10 +1270,10 @@ pub fn handshake(
             used_bytes,
             proof,
         } => {
-            if version != rmem_proto::VERSION {
+            if version != transcript.version {
                 return Err(proto(format!(
                     "protocol version {version}, this client speaks {}",
-                    rmem_proto::VERSION
+                    transcript.version
                 )));
             }
             if !transcript.verify(token, auth::Role::Server, &proof) {

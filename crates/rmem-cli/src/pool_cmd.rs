@@ -1,0 +1,208 @@
+//! `rmem pool status|drain --manager HOST:PORT`: ask a pool's manager (token from RMEM_TOKEN or
+//! RMEM_TOKEN_FILE, the same challenge and response as a memory server's).
+
+use rmem_client::pool::ManagerConn;
+use rmem_proto::pool::{self, PoolRequest, PoolResponse, PoolStatus};
+use rmem_proto::size::format_size;
+use std::time::Duration;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PoolCommand {
+    /// The pool's servers (address, capacity, free memory, health) and clients (what each
+    /// uses where).
+    Status(StatusArgs),
+    /// Move every page off SERVER to the pool's other servers while the programs run, then
+    /// let it exit; waits until it holds nothing (or --wait runs out).
+    Drain(DrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Common {
+    /// The pool manager, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub manager: String,
+    /// How long connecting and the answer may take, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub timeout: f64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Print JSON: heartbeat_s, servers (addr, capacity_bytes, used_bytes, free_bytes, health,
+    /// last_beat_s, sessions), clients (session, name, max_remote_bytes, grant_bytes,
+    /// used_bytes, last_beat_s, uses).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// The server to drain, as the pool names it (HOST:PORT).
+    pub server: String,
+    #[command(flatten)]
+    pub common: Common,
+    /// How long to wait for the server to be empty, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub wait: f64,
+}
+
+/// Ask for the drain, then watch the pool's status until the server holds nothing and has
+/// left, or `--wait` runs out (then say what is left: the pool had no room for it).
+fn drain(a: &DrainArgs) -> Result<(), String> {
+    let req = PoolRequest::Drain {
+        server: a.server.clone(),
+    };
+    ask(&a.common, &req)?;
+    let until = std::time::Instant::now() + Duration::from_secs_f64(a.wait.max(0.0));
+    loop {
+        let left = match ask(&a.common, &PoolRequest::Status)? {
+            PoolResponse::StatusOk(st) => st
+                .servers
+                .iter()
+                .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
+                .map(|s| s.used_bytes),
+            other => return Err(format!("unexpected answer {:?}", other.op())),
+        };
+        match left {
+            None | Some(0) => {
+                println!("rmem pool: {} drained: no page left on it", a.server);
+                return Ok(());
+            }
+            Some(b) if std::time::Instant::now() >= until => {
+                return Err(format!(
+                    "{} still holds {} after {:.0} s: the other servers have no room for it \
+                     (or a client does not follow the pool); it keeps serving what it holds \
+                     and takes no new pages",
+                    a.server,
+                    format_size(b),
+                    a.wait
+                ))
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+pub fn run(c: PoolCommand) -> i32 {
+    let r = match &c {
+        PoolCommand::Status(a) => ask(&a.common, &PoolRequest::Status).map(|r| match r {
+            PoolResponse::StatusOk(st) if a.json => println!("{}", to_json(&st)),
+            PoolResponse::StatusOk(st) => print!("{}", to_text(&a.common.manager, &st)),
+            other => eprintln!("rmem pool: unexpected answer {:?}", other.op()),
+        }),
+        PoolCommand::Drain(a) => drain(a),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rmem pool: {e}");
+            1
+        }
+    }
+}
+
+fn ask(c: &Common, req: &PoolRequest) -> Result<PoolResponse, String> {
+    if !(c.timeout.is_finite() && c.timeout > 0.0) {
+        return Err(format!("--timeout: {} is not a positive number", c.timeout));
+    }
+    let timeout = Duration::from_secs_f64(c.timeout);
+    let token = crate::launch::token_from_env("rmem pool")?;
+    let chain = |e: rmem_client::store::StoreError| rmem_client::error_chain(&e);
+    let mut conn = ManagerConn::connect(&c.manager, token.as_bytes(), timeout).map_err(chain)?;
+    conn.ask(req, timeout).map_err(chain)
+}
+
+fn health(flags: u32) -> &'static str {
+    match (
+        flags & pool::ROW_LOST != 0,
+        flags & pool::SERVER_DRAINING != 0,
+    ) {
+        (true, _) => "lost",
+        (false, true) => "draining",
+        _ => "ok",
+    }
+}
+
+fn limit(b: u64) -> serde_json::Value {
+    if b == pool::UNLIMITED {
+        serde_json::Value::Null
+    } else {
+        b.into()
+    }
+}
+
+fn to_json(st: &PoolStatus) -> serde_json::Value {
+    serde_json::json!({
+        "heartbeat_s": st.heartbeat_ms as f64 / 1000.0,
+        "servers": st.servers.iter().map(|s| serde_json::json!({
+            "addr": s.addr,
+            "capacity_bytes": s.capacity_bytes,
+            "used_bytes": s.used_bytes,
+            "free_bytes": s.capacity_bytes.saturating_sub(s.used_bytes),
+            "health": health(s.flags),
+            "last_beat_s": s.beat_age_ms as f64 / 1000.0,
+            "sessions": s.sessions.iter().map(|u| serde_json::json!({
+                "id": u.session.to_string(), "used_bytes": u.bytes,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "clients": st.clients.iter().map(|c| serde_json::json!({
+            "session": c.session.to_string(),
+            "name": c.name,
+            "max_remote_bytes": limit(c.max_remote_bytes),
+            "grant_bytes": limit(c.grant_bytes),
+            "used_bytes": c.uses.iter().map(|u| u.bytes).sum::<u64>(),
+            "last_beat_s": c.beat_age_ms as f64 / 1000.0,
+            "uses": c.uses.iter().map(|u| serde_json::json!({
+                "server": u.server, "used_bytes": u.bytes,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn to_text(manager: &str, st: &PoolStatus) -> String {
+    let mut o = format!(
+        "pool manager {manager}: {} servers, {} clients, heartbeat {:.1} s\n",
+        st.servers.len(),
+        st.clients.len(),
+        st.heartbeat_ms as f64 / 1000.0
+    );
+    o += &format!(
+        "  {:<24} {:>10} {:>10} {:>10}  {:<8} {:>9} sessions\n",
+        "server", "capacity", "used", "free", "health", "last beat"
+    );
+    for s in &st.servers {
+        o += &format!(
+            "  {:<24} {:>10} {:>10} {:>10}  {:<8} {:>7.1} s {}\n",
+            s.addr,
+            format_size(s.capacity_bytes),
+            format_size(s.used_bytes),
+            format_size(s.capacity_bytes.saturating_sub(s.used_bytes)),
+            health(s.flags),
+            s.beat_age_ms as f64 / 1000.0,
+            s.sessions.len()
+        );
+    }
+    let size = |b: u64| {
+        if b == pool::UNLIMITED {
+            "no limit".to_string()
+        } else {
+            format_size(b)
+        }
+    };
+    for c in &st.clients {
+        let used: u64 = c.uses.iter().map(|u| u.bytes).sum();
+        o += &format!(
+            "  client {} {}: {} used, grant {}\n",
+            c.session,
+            c.name,
+            format_size(used),
+            size(c.grant_bytes)
+        );
+        for u in c.uses.iter().filter(|u| u.bytes > 0) {
+            o += &format!("    {:<24} {:>10}\n", u.server, format_size(u.bytes));
+        }
+    }
+    o
+}

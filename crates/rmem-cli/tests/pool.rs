@@ -1,0 +1,636 @@
+//! A memory pool end to end: a real `rmem manager`, real `rmem server --manager` processes and
+//! programs under `rmem run --manager`: two programs at once with outputs identical to plain
+//! runs (one as `nobody` when run as root); a server that joins mid-run and receives pages
+//! while the 8-thread verifying stress runs; the manager killed and restarted mid-run (the
+//! programs finish, `rmem pool status` is right again within a few heartbeats) and one client
+//! killed without touching the other's pages; a server drained mid-run (`rmem pool drain`)
+//! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
+//! exits; `rmem nbd --manager` round-trips a file; `--max-remote`
+//! enforced from both sides; bad
+//! input (wrong token, malformed frames, an unreachable manager, a memory server taken for a
+//! manager). Everything runs on loopback (no root needed); every wait is bounded and every
+//! process is killed when its test ends.
+
+mod common;
+use common::*;
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "secret-for-the-pool-test";
+/// The manager's heartbeat in these tests, in milliseconds.
+const BEAT_MS: u64 = 200;
+
+/// The tests here run several programs each: one at a time, or the 2-core machines they run
+/// on time them out.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running `rmem manager`, killed when dropped.
+struct ManagerProcess {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl ManagerProcess {
+    fn start(listen: &str, args: &[&str]) -> ManagerProcess {
+        let mut cmd = Command::new(rmem());
+        cmd.args(["manager", "--listen", listen, "--heartbeat-ms"])
+            .arg(BEAT_MS.to_string())
+            .args(args);
+        let (child, addr, log) = start_daemon(cmd, TOKEN, "rmem-manager");
+        ManagerProcess { child, addr, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` servers of `capacity` in the pool of `manager`, each with a lease of 10 s: short enough
+/// that a killed client's pages go within the test, long enough that a machine loaded by
+/// other work (the suite runs beside it) does not expire a live one.
+fn servers(manager: &str, n: usize, capacity: &str) -> Vec<ServerProcess> {
+    (0..n)
+        .map(|_| {
+            ServerProcess::start(
+                TOKEN,
+                &[
+                    "--capacity",
+                    capacity,
+                    "--lease",
+                    "10",
+                    "--manager",
+                    manager,
+                ],
+            )
+        })
+        .collect()
+}
+
+/// `rmem pool status --manager M --json`, parsed; `None` if it failed.
+fn pool_status(manager: &str) -> Option<serde_json::Value> {
+    let out = run_bounded(
+        Command::new(rmem())
+            .args(["pool", "status", "--json", "--manager", manager])
+            .env("RMEM_TOKEN", TOKEN),
+        Duration::from_secs(20),
+    );
+    if !out.status.success() {
+        return None;
+    }
+    Some(serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout)))
+}
+
+/// Wait up to `limit` until the pool's status satisfies `ok`; the last status seen.
+fn await_status(
+    manager: &str,
+    limit: Duration,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value, String> {
+    let t = Instant::now();
+    let mut last = None;
+    while t.elapsed() < limit {
+        if let Some(st) = pool_status(manager) {
+            if ok(&st) {
+                return Ok(st);
+            }
+            last = Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(BEAT_MS / 2));
+    }
+    Err(format!("after {limit:?}: {last:?}"))
+}
+
+fn live_servers(st: &serde_json::Value) -> usize {
+    st["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["health"] == "ok")
+        .count()
+}
+
+fn clients(st: &serde_json::Value) -> usize {
+    st["clients"].as_array().unwrap().len()
+}
+
+/// `rmem run --manager M OPTS -- PROGRAM`, started (stdout and stderr piped).
+fn run_in_pool(manager: &str, opts: &[&str], program: &[&str], as_nobody: bool) -> Child {
+    let dir = scratch("pool-run");
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stats = dir.join(format!("stats-{n}.json"));
+    let mut cmd = rmem_run(
+        &[&["--manager", manager][..], opts].concat(),
+        &stats,
+        program,
+        as_nobody,
+    );
+    cmd.env("RMEM_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.spawn().unwrap()
+}
+
+/// The 8-thread verifying stress under `rmem run --manager`, 4 KiB pages, 8 MiB local.
+fn stress_in_pool(manager: &str, threads: &str, mib: &str, ops: &str) -> Child {
+    let prog = build_c("tests/c/stress.c");
+    run_in_pool(
+        manager,
+        &["--api", "--page-size", "4K", "--local", "8M"],
+        &[prog.to_str().unwrap(), threads, mib, ops],
+        false,
+    )
+}
+
+fn shown(out: &Output) -> String {
+    format!(
+        "{:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status, out.stdout, out.stderr
+    )
+}
+
+fn assert_stress_ok(out: &Output) {
+    assert!(out.status.success(), "{}", shown(out));
+    assert!(
+        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
+        "{}",
+        shown(out)
+    );
+}
+
+/// A file of `lines` pseudo-random lines (the same every run).
+fn random_lines(path: &std::path::Path, lines: usize, seed: u64) {
+    let mut x = seed;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for _ in 0..lines {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        writeln!(f, "{:016x} {}", x, x % 1000).unwrap();
+    }
+    f.flush().unwrap();
+    drop(f);
+    let _ = Command::new("chmod").arg("644").arg(path).status();
+}
+
+#[test]
+fn two_programs_through_a_manager_match_plain_runs() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let _servers = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let dir = scratch("pool-sort");
+    let (a, b) = (dir.join("a.txt"), dir.join("b.txt"));
+    random_lines(&a, 200_000, 0x9E3779B97F4A7C15);
+    random_lines(&b, 150_000, 0x2545F4914F6CDD1D);
+    let plain = |f: &std::path::Path| {
+        let out = run_bounded(
+            Command::new("sort").arg("-S").arg("16M").arg(f),
+            Duration::from_secs(60),
+        );
+        assert!(out.status.success());
+        out.stdout
+    };
+    // sort's 16 MiB buffer is remote (transparent mode), 2 MiB of it resident at once; the
+    // second program runs as nobody when the test runs as root (the unprivileged path).
+    let opts = ["--local", "2M", "--page-size", "16K"];
+    let sort = |f: &std::path::Path, nobody| {
+        run_in_pool(
+            &m.addr,
+            &opts,
+            &["sort", "-S", "16M", f.to_str().unwrap()],
+            nobody,
+        )
+    };
+    let (ra, rb) = (sort(&a, false), sort(&b, true));
+    let oa = wait_bounded(ra, Duration::from_secs(180), "sort a in the pool");
+    let ob = wait_bounded(rb, Duration::from_secs(180), "sort b in the pool");
+    assert!(oa.status.success(), "{}", shown(&oa));
+    assert!(ob.status.success(), "{}", shown(&ob));
+    assert!(oa.stdout == plain(&a), "sort a differs from a plain run");
+    assert!(ob.stdout == plain(&b), "sort b differs from a plain run");
+    // Their pages went to the pool: swap-outs were written to its servers.
+    for o in [&oa, &ob] {
+        assert!(!o.stderr.contains(" 0 swap-outs"), "{}", shown(o));
+    }
+}
+
+#[test]
+fn a_server_that_joins_mid_run_receives_pages() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let _first = servers(&m.addr, 3, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 3).unwrap();
+    let run = stress_in_pool(&m.addr, "8", "32", "80000");
+    // Once the program holds pages on the first three, a fourth joins.
+    await_status(&m.addr, Duration::from_secs(30), |st| {
+        st["clients"][0]["used_bytes"].as_u64().unwrap_or(0) > 1 << 20
+    })
+    .unwrap();
+    let late = ServerProcess::start(
+        TOKEN,
+        &["--capacity", "256M", "--lease", "10", "--manager", &m.addr],
+    );
+    let joined =
+        await_status(&m.addr, Duration::from_secs(60), |st| {
+            st["servers"].as_array().unwrap().iter().any(|s| {
+                s["addr"] == late.addr.as_str() && s["used_bytes"].as_u64().unwrap_or(0) > 0
+            })
+        });
+    let out = wait_bounded(run, Duration::from_secs(240), "stress in the pool");
+    assert_stress_ok(&out);
+    joined.unwrap_or_else(|e| panic!("{e}\n{}", shown(&out)));
+    assert!(
+        out.stderr
+            .contains(&format!("memory server {} joined the pool", late.addr)),
+        "{}",
+        shown(&out)
+    );
+    // The server's own count agrees that it holds pages of that session.
+    let _ = status_json(&late.addr, TOKEN);
+}
+
+#[test]
+fn the_manager_restarted_mid_run_is_right_again_within_a_few_heartbeats() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let addr = m.addr.clone();
+    let _servers = servers(&addr, 4, "256M");
+    await_status(&addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let a = stress_in_pool(&addr, "8", "32", "60000");
+    let b = stress_in_pool(&addr, "4", "16", "10000000");
+    await_status(&addr, Duration::from_secs(30), |st| clients(st) == 2).unwrap();
+    drop(m); // SIGKILL
+    std::thread::sleep(Duration::from_millis(5 * BEAT_MS));
+    assert!(pool_status(&addr).is_none(), "the manager is gone");
+    let m = ManagerProcess::start(&addr, &[]);
+    let t = Instant::now();
+    let st = await_status(&addr, Duration::from_secs(5), |st| {
+        live_servers(st) == 4
+            && clients(st) == 2
+            && st["clients"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["used_bytes"].as_u64().unwrap_or(0) > 0)
+    })
+    .unwrap();
+    eprintln!(
+        "pool status right again {:.2} s after the restart: {st}",
+        t.elapsed().as_secs_f64()
+    );
+    // One client lost outright: the other's pages are untouched, and the lost one's go when
+    // their leases run out.
+    let mut b = b;
+    b.kill().unwrap();
+    let _ = b.wait();
+    let out = wait_bounded(a, Duration::from_secs(240), "stress a in the pool");
+    assert_stress_ok(&out);
+    assert!(out.stderr.contains("is back"), "{}", shown(&out));
+    await_status(&addr, Duration::from_secs(40), |st| {
+        clients(st) == 0
+            && st["servers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["used_bytes"] == 0)
+    })
+    .unwrap();
+    assert!(m.log().contains("joined"), "{}", m.log());
+}
+
+/// The stress with no redundancy (a page lost or stale on the way would be a mismatch, or
+/// the end), started and run until `server` holds more than 1 MiB of it.
+fn stress_holding_on(manager: &str, server: &str) -> Child {
+    let prog = build_c("tests/c/stress.c");
+    let run = run_in_pool(
+        manager,
+        &[
+            "--api",
+            "--page-size",
+            "4K",
+            "--local",
+            "8M",
+            "--redundancy",
+            "none",
+        ],
+        &[prog.to_str().unwrap(), "8", "32", "60000"],
+        false,
+    );
+    await_status(manager, Duration::from_secs(30), |st| {
+        st["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["addr"] == server && s["used_bytes"].as_u64().unwrap_or(0) > 1 << 20)
+    })
+    .unwrap();
+    run
+}
+
+#[test]
+fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let run = stress_holding_on(&m.addr, &servers[0].addr);
+    let victim = servers[0].addr.clone();
+    let drained = run_bounded(
+        Command::new(rmem())
+            .args([
+                "pool",
+                "drain",
+                &victim,
+                "--manager",
+                &m.addr,
+                "--wait",
+                "60",
+            ])
+            .env("RMEM_TOKEN", TOKEN),
+        Duration::from_secs(90),
+    );
+    let out = wait_bounded(run, Duration::from_secs(240), "stress under a drain");
+    assert!(
+        drained.status.success(),
+        "{}\n{}",
+        shown(&drained),
+        shown(&out)
+    );
+    assert_stress_ok(&out);
+    let leaving = format!("memory server {victim} is leaving the pool");
+    assert!(out.stderr.contains(&leaving), "{}", shown(&out));
+    // The drained server exits by itself once empty.
+    let t = Instant::now();
+    while servers[0].child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        servers[0].child.try_wait().unwrap().is_some(),
+        "{}",
+        servers[0].log()
+    );
+    assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+    servers.remove(0);
+    // SIGTERM to a server in a pool is a drain too: a second program runs meanwhile.
+    let run = stress_holding_on(&m.addr, &servers[0].addr);
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(servers[0].child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while servers[0].child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = wait_bounded(
+        run,
+        Duration::from_secs(240),
+        "stress under a SIGTERM drain",
+    );
+    assert_stress_ok(&out);
+    let st = servers[0].child.try_wait().unwrap();
+    assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", servers[0].log());
+    assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+}
+
+#[test]
+fn max_remote_is_enforced_by_the_grant_and_by_the_client() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &["--max-remote", "6M"]);
+    let _servers = servers(&m.addr, 2, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 2).unwrap();
+    let prog = build_c("tests/c/stress.c");
+    let stress = |opts: &[&str]| {
+        let opts = [&["--api", "--page-size", "4K", "--local", "2M"][..], opts].concat();
+        let child = run_in_pool(
+            &m.addr,
+            &opts,
+            &[prog.to_str().unwrap(), "2", "32", "20000"],
+            false,
+        );
+        wait_bounded(child, Duration::from_secs(120), "stress over its grant")
+    };
+    // The manager's cap, then the client's own smaller ask.
+    for (opts, grant) in [
+        (&[][..], 6u64 << 20),
+        (&["--max-remote", "4M"][..], 4 << 20),
+    ] {
+        let out = stress(opts);
+        assert_eq!(out.status.code(), Some(69), "{}", shown(&out));
+        assert!(
+            out.stderr
+                .contains(&format!("may keep at most {grant} bytes")),
+            "{}",
+            shown(&out)
+        );
+    }
+    // Within the grant, the same program runs.
+    let prog_small = [prog.to_str().unwrap(), "2", "3", "20000"];
+    let child = run_in_pool(
+        &m.addr,
+        &["--api", "--page-size", "4K", "--local", "1M"],
+        &prog_small,
+        false,
+    );
+    assert_stress_ok(&wait_bounded(child, Duration::from_secs(120), "stress"));
+}
+
+#[test]
+fn bad_input_gives_a_clear_error() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let server = ServerProcess::start(TOKEN, &["--capacity", "64M", "--manager", &m.addr]);
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 1).unwrap();
+    let rmem_with = |token: &str, args: &[&str]| {
+        run_bounded(
+            Command::new(rmem()).args(args).env("RMEM_TOKEN", token),
+            Duration::from_secs(30),
+        )
+    };
+    // A wrong token: rmem pool, rmem run and rmem server each say so.
+    let out = rmem_with("wrong", &["pool", "status", "--manager", &m.addr]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("wrong token"), "{}", shown(&out));
+    let out = rmem_with("wrong", &["run", "--manager", &m.addr, "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stderr.contains("wrong token"), "{}", shown(&out));
+    let out = rmem_with("wrong", &["server", "--manager", &m.addr]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("wrong token"), "{}", shown(&out));
+    // An unreachable manager.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let out = rmem_with(TOKEN, &["run", "--manager", &closed, "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        out.stderr
+            .contains(&format!("pool manager {closed}: cannot connect")),
+        "{}",
+        shown(&out)
+    );
+    let out = rmem_with(TOKEN, &["pool", "status", "--manager", &closed]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("cannot connect"), "{}", shown(&out));
+    // A memory server taken for a manager, and the reverse.
+    let out = rmem_with(TOKEN, &["pool", "status", "--manager", &server.addr]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("protocol version"), "{}", shown(&out));
+    let out = rmem_with(TOKEN, &["status", &m.addr]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stderr.contains("not a memory server"),
+        "{}",
+        shown(&out)
+    );
+    // Malformed frames: garbage before the handshake, and a bad frame after it. Each closes
+    // that connection only (logged), and the manager goes on.
+    let mut raw = TcpStream::connect(&m.addr).unwrap();
+    raw.write_all(&[0x47; 64]).unwrap();
+    let mut sock = TcpStream::connect(&m.addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    rmem_client::store::remote::handshake_as(
+        &mut sock,
+        &m.addr,
+        TOKEN.as_bytes(),
+        rmem_proto::pool::VERSION,
+        0,
+        deadline,
+    )
+    .unwrap();
+    // A server beat whose session count claims more than the frame holds.
+    let mut frame = Vec::new();
+    rmem_proto::pool::PoolRequest::Drain { server: "x".into() }.encode(1, &mut frame);
+    frame[4] = rmem_proto::Op::PoolServerBeat as u8;
+    sock.write_all(&frame).unwrap();
+    let t = Instant::now();
+    while !m.log().contains("truncated") && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(m.log().contains("truncated"), "{}", m.log());
+    assert!(pool_status(&m.addr).is_some(), "the manager still answers");
+    // A server address that is no address.
+    let mut sock = TcpStream::connect(&m.addr).unwrap();
+    rmem_client::store::remote::handshake_as(
+        &mut sock,
+        &m.addr,
+        TOKEN.as_bytes(),
+        rmem_proto::pool::VERSION,
+        0,
+        Instant::now() + Duration::from_secs(5),
+    )
+    .unwrap();
+    let mut frame = Vec::new();
+    rmem_proto::pool::PoolRequest::ServerBeat(rmem_proto::pool::ServerBeat {
+        addr: "nowhere".into(),
+        capacity_bytes: 1,
+        used_bytes: 0,
+        flags: 0,
+        sessions: vec![],
+    })
+    .encode(1, &mut frame);
+    sock.write_all(&frame).unwrap();
+    let mut body = Vec::new();
+    let h = rmem_client::store::remote::read_frame(
+        &mut sock,
+        &m.addr,
+        "answer",
+        &mut body,
+        1 << 20,
+        Instant::now() + Duration::from_secs(5),
+    )
+    .unwrap();
+    let answer = rmem_proto::pool::PoolResponse::decode(h.op, &body).unwrap();
+    assert!(
+        matches!(answer, rmem_proto::pool::PoolResponse::Error { ref message, .. } if message.contains("not HOST:PORT")),
+        "{answer:?}"
+    );
+    // A drain of a server the pool does not have.
+    let out = rmem_with(
+        TOKEN,
+        &["pool", "drain", "10.9.9.9:9", "--manager", &m.addr],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.contains("no live server"), "{}", shown(&out));
+}
+
+#[test]
+fn rmem_nbd_through_a_manager_round_trips_a_file() {
+    let _one = serial();
+    if Command::new("nbdcopy").arg("--version").output().is_err() {
+        eprintln!("skipped: nbdcopy is not installed (apt-get install libnbd-bin)");
+        return;
+    }
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let _servers = servers(&m.addr, 3, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 3).unwrap();
+    let mut nbd = Command::new(rmem())
+        .args([
+            "nbd",
+            "--manager",
+            &m.addr,
+            "--size",
+            "16M",
+            "--cache",
+            "2M",
+        ])
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RMEM_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let line = first_line(&mut nbd);
+    let log = tee_stderr(&mut nbd);
+    let _nbd = Kill(nbd);
+    let uri = line
+        .split_whitespace()
+        .find(|w| w.starts_with("nbd://"))
+        .unwrap_or_else(|| panic!("{line:?} {}", log.lock().unwrap()))
+        .to_string();
+    let dir = scratch("pool-nbd");
+    let (src, back) = (dir.join("src"), dir.join("back"));
+    random_lines(&src, 400_000, 0x5DEECE66D); // about 8 MiB, 4x the cache
+    let copy = |from: &str, to: &str| {
+        let out = run_bounded(
+            Command::new("nbdcopy").args([from, to]),
+            Duration::from_secs(120),
+        );
+        assert!(out.status.success(), "nbdcopy {from} {to}: {}", shown(&out));
+    };
+    copy(src.to_str().unwrap(), &uri);
+    let len = std::fs::metadata(&src).unwrap().len();
+    copy(&uri, back.to_str().unwrap());
+    let back_bytes = std::fs::read(&back).unwrap();
+    assert!(
+        back_bytes[..len as usize] == std::fs::read(&src).unwrap()[..],
+        "the device gave back other bytes"
+    );
+    await_status(&m.addr, Duration::from_secs(10), |st| {
+        st["clients"][0]["used_bytes"].as_u64().unwrap_or(0) > 4 << 20
+    })
+    .unwrap();
+}
