@@ -230,6 +230,8 @@ pub struct OwnServers {
     /// `RMEM_REDUNDANCY` and `RMEM_ENCRYPT` are not set (or `auto`).
     pub redundancy: Option<crate::store::codec::Redundancy>,
     pub encrypt: Option<bool>,
+    /// A pool manager that names the servers (`servers` are then where to start).
+    pub manager: Option<String>,
 }
 
 /// `RMEM_SERVERS` names at least one server, or `RMEM_MANAGER` a pool (else a program may
@@ -253,7 +255,10 @@ impl Config {
             Some(o) => (o.servers.clone(), o.token.clone()),
             None => (servers_from_env()?, token_from_env()?),
         };
-        let manager = own.map_or_else(|| var("RMEM_MANAGER"), |_| None);
+        let manager = match own {
+            Some(o) => o.manager.clone(),
+            None => var("RMEM_MANAGER"),
+        };
         if servers.is_empty() && manager.is_none() {
             return Err(ConfigError::NoServers);
         }

@@ -122,6 +122,7 @@ impl Helper {
             local_bytes,
             redundancy,
             encrypt,
+            manager: None,
         };
         Ok((Helper { stdin, stdout }, own))
     }

@@ -166,7 +166,8 @@ fn size_arg(what: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
 
 /// Start a runtime; see `rmem.connect` for the arguments.
 #[pyfunction]
-#[pyo3(signature = (servers=None, local=None, page_size=None, hostfile=None, redundancy=None, encrypt=None))]
+#[pyo3(signature = (servers=None, local=None, page_size=None, hostfile=None, redundancy=None, encrypt=None, manager=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one to one
 fn _connect(
     py: Python<'_>,
     servers: Option<Vec<String>>,
@@ -175,6 +176,7 @@ fn _connect(
     hostfile: Option<PathBuf>,
     redundancy: Option<String>,
     encrypt: Option<bool>,
+    manager: Option<String>,
 ) -> PyResult<()> {
     let local = size_arg("local", local)?;
     let page_size = size_arg("page_size", page_size)?;
@@ -195,7 +197,7 @@ fn _connect(
             "already connected: call rmem.close() before connecting again",
         ));
     }
-    let session = py.detach(|| start(servers, local, page_size, hostfile, layout))?;
+    let session = py.detach(|| start(servers, manager, local, page_size, hostfile, layout))?;
     let session = Arc::new(session);
     fork::track(&session);
     *cur = Some(session);
@@ -213,6 +215,7 @@ struct Layout {
 
 fn start(
     servers: Option<Vec<String>>,
+    manager: Option<String>,
     local: Option<u64>,
     page_size: Option<u64>,
     hostfile: Option<PathBuf>,
@@ -221,6 +224,18 @@ fn start(
     let err = |e: &dyn std::error::Error| RmemError::new_err(rmem_client::error_chain(e));
     let mut helper = None;
     let mut config = match (servers, hostfile) {
+        (list, _) if manager.is_some() => {
+            let token = config::token_from_env().map_err(|e| err(&e))?;
+            let own = OwnServers {
+                servers: list.unwrap_or_default(),
+                token,
+                local_bytes: None,
+                redundancy: None,
+                encrypt: None,
+                manager,
+            };
+            Config::from_env_with(Some(&own))
+        }
         (Some(list), _) => {
             let token = config::token_from_env().map_err(|e| err(&e))?;
             let own = OwnServers {
@@ -229,6 +244,7 @@ fn start(
                 local_bytes: None,
                 redundancy: None,
                 encrypt: None,
+                manager: None,
             };
             Config::from_env_with(Some(&own))
         }

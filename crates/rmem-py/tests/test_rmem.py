@@ -10,10 +10,12 @@ The session uses a local budget of BUDGET bytes, so arrays of 4 * BUDGET page in
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -160,8 +162,6 @@ def test_two_threads():
 def test_connect_errors():
     with pytest.raises(rmem.RmemError, match="already connected"):
         rmem.connect()
-    with pytest.raises(rmem.RmemError, match="manager"):
-        rmem.connect(manager="host:7000")
     r = run_py("""
         import rmem
         try:
@@ -279,6 +279,64 @@ def test_multiprocessing_pool_fork_over_remote_arrays():
         print("pool", got == want)
     """)
     assert "pool True" in r.stdout, r.stdout + r.stderr
+
+
+def pool_status(manager, env):
+    r = subprocess.run(
+        [os.environ["RMEM_BIN"], "pool", "status", "--json", "--manager", manager],
+        capture_output=True, text=True, timeout=30, env=env,
+    )
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def test_connect_to_a_pool_manager(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("py-pool-token\n")
+    env = dict(os.environ, RMEM_TOKEN_FILE=str(token))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        manager = "127.0.0.1:%d" % s.getsockname()[1]
+    bin_ = os.environ["RMEM_BIN"]
+    procs = [subprocess.Popen(
+        [bin_, "manager", "--listen", manager, "--token-file", str(token), "--heartbeat-ms", "200"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )]
+    try:
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [bin_, "server", "--token-file", str(token), "--capacity", "256M", "--manager", manager],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            st = pool_status(manager, env)
+            if st and len(st["servers"]) == 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the two servers never joined the pool")
+        r = run_py(f"""
+            import json, os, subprocess, time, numpy as np, rmem
+            rmem.connect(manager="{manager}", local="8M", page_size="64K")
+            n = (32 << 20) // 8
+            a = rmem.array(np.arange(n, dtype=np.float64))
+            print("sum", a.sum() == float(np.arange(n, dtype=np.float64).sum()))
+            # The pool's picture follows the servers' beats (200 ms here).
+            deadline, used = time.time() + 20, 0
+            while time.time() < deadline and used <= 16 << 20:
+                st = json.loads(subprocess.run(
+                    [os.environ["RMEM_BIN"], "pool", "status", "--json", "--manager", "{manager}"],
+                    capture_output=True, text=True, timeout=30).stdout)
+                used = sum(s["used_bytes"] for s in st["servers"])
+                time.sleep(0.1)
+            print("used", used > 16 << 20, used)
+            rmem.close()
+        """, env={"RMEM_TOKEN_FILE": str(token)})
+        assert "sum True" in r.stdout and "used True" in r.stdout, r.stdout + r.stderr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_a_lost_server_raises_server_lost_and_a_touch_ends_the_process(tmp_path):

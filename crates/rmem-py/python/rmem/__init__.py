@@ -89,6 +89,9 @@ def connect(
 
     Where the memory servers come from, first match wins:
 
+    * ``manager``: a memory pool's manager, ``"host:port"`` (``rmem manager``): the pool's
+      servers, placed by free memory, and servers that join later; the token comes from
+      ``RMEM_TOKEN`` or ``RMEM_TOKEN_FILE`` (docs/pool.md);
     * ``servers``: running servers, ``"host:port,host:port"`` or a list of ``"host:port"``;
       the token comes from ``RMEM_TOKEN`` or ``RMEM_TOKEN_FILE``;
     * ``hostfile``: a DLM hosts file; its servers are started (``rmem launch``) and finalized
@@ -109,16 +112,11 @@ def connect(
     :class:`ValueError`; one wider than the servers, :class:`RmemError`); ``encrypt`` is
     ``True`` or ``False`` (left out: on whenever a server is off loopback). Left out, both come
     from ``RMEM_REDUNDANCY`` / ``RMEM_ENCRYPT``, else the hosts file's lines, else the
-    defaults (docs/configuration.md). ``manager`` is accepted for the API to come (a pool
-    manager); this build has none and raises :class:`RmemError` if it is given.
+    defaults (docs/configuration.md).
 
     Raises :class:`RmemError` when already connected, or when no servers can be started or
     reached. The connection is a context manager; :func:`close` ends it.
     """
-    if manager is not None:
-        raise RmemError(
-            "manager= needs a memory pool manager, which this build of rmem does not have"
-        )
     if isinstance(servers, str):
         servers = [s for s in servers.split(",") if s.strip()]
     elif servers is not None:
@@ -131,6 +129,7 @@ def connect(
             hostfile=None if hostfile is None else os.fspath(hostfile),
             redundancy=redundancy,
             encrypt=encrypt,
+            manager=manager,
         )
     return Connection()
 
