@@ -138,15 +138,22 @@ impl Plan {
             .map(HostFile::load)
             .transpose()
             .map_err(|e| e.to_string())?;
+        // Servers named by a hosts file or the options first: a wrong option there is the
+        // error to report, before a missing token. A manager's servers need the token.
+        let named = match (&hostfile, &a.manager) {
+            (_, Some(_)) => None,
+            (Some(h), None) => Some(from_hostfile(h, a.launcher)?),
+            (None, None) => Some(without_hostfile(a)?),
+        };
         let token = match (a.launcher, &a.manager) {
             (_, Some(_)) => token_from_env("--manager")?,
             (Launcher::None, None) => token_from_env("--launcher none")?,
             _ => fresh_token(),
         };
-        let servers = match (&hostfile, &a.manager) {
-            (_, Some(m)) => from_manager(m, token.as_bytes())?,
-            (Some(h), None) => from_hostfile(h, a.launcher)?,
-            (None, None) => without_hostfile(a)?,
+        let servers = match (named, &a.manager) {
+            (Some(servers), _) => servers,
+            (None, Some(m)) => from_manager(m, token.as_bytes())?,
+            (None, None) => unreachable!("servers are named when there is no manager"),
         };
         let max_remote_bytes = a
             .max_remote
@@ -173,12 +180,12 @@ impl Plan {
         })
     }
 
-    /// `(host, bytes)` of the smallest server, to check against the page size.
     /// How many memory servers the plan starts or names.
     pub fn server_count(&self) -> usize {
         self.servers.len()
     }
 
+    /// `(host, bytes)` of the smallest server, to check against the page size.
     pub fn smallest_server(&self) -> (&str, u64) {
         let s = self
             .servers
