@@ -288,7 +288,7 @@ fn start(kind: Kind, size: u64, work: &Path) -> Result<Target, String> {
             let cache = cache.max(1 << 20) >> 12 << 12;
             let stats = work.join(format!("{name}-stats.json"));
             let log = std::fs::File::create(work.join(format!("{name}.log"))).map_err(err)?;
-            let mut child = Command::new(std::env::current_exe().map_err(err)?)
+            let mut child = dies_with_us(&mut Command::new(std::env::current_exe().map_err(err)?))
                 .args(["nbd", "--servers", "1", "--size", &size.to_string()])
                 .args(["--cache", &cache.to_string(), "--socket"])
                 .arg(&sock)
@@ -342,6 +342,19 @@ fn start(kind: Kind, size: u64, work: &Path) -> Result<Target, String> {
     Ok(t)
 }
 
+/// `cmd`, set to be killed when the benchmark dies (a benchmark killed at its time limit
+/// leaves no rmem nbd or fio behind).
+fn dies_with_us(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure calls only prctl, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
+
 /// Run fio with `args` on `target`, bounded to `limit`; its JSON report.
 fn fio(
     target: &Target,
@@ -351,7 +364,7 @@ fn fio(
 ) -> Result<serde_json::Value, String> {
     let out = work.join("fio.json");
     let _ = std::fs::remove_file(&out);
-    let mut child = Command::new("fio")
+    let mut child = dies_with_us(&mut Command::new("fio"))
         .args(args)
         .args(&target.fio_args)
         .arg("--output-format=json")

@@ -412,11 +412,13 @@ impl BlockCache {
 
     /// A free buffer, evicting for it: clean victims give theirs back at once, dirty ones when
     /// their write-back lands. Keeps `evict_ahead` buffers free or coming, so a burst of
-    /// misses does not wait for a round trip per page.
+    /// misses does not wait for a round trip per page, and no more: with every buffer free or
+    /// coming taken, the caller waits for a write-back to land. (Evicting until a buffer is
+    /// free, as it once did, wrote back the whole cache whenever every victim was dirty,
+    /// pages that waiting requests wanted included; with more requests than the cache holds
+    /// they were evicted again before they were written, and the device stopped answering.)
     fn take_buffer(&mut self) -> Result<Option<u32>, StoreError> {
-        while self.c.free.is_empty()
-            || self.c.free.len() + self.c.states.leaving() < self.evict_ahead
-        {
+        while self.c.free.len() + self.c.states.leaving() < self.evict_ahead {
             let Some(v) = self.c.states.take_victim(true) else {
                 break;
             };
@@ -521,6 +523,16 @@ impl BlockCache {
     /// One line naming the servers.
     pub fn describe(&self) -> String {
         self.store.describe()
+    }
+
+    /// One line on what the cache and the store hold and wait for, for stall reports.
+    pub fn describe_in_flight(&self) -> String {
+        format!(
+            "cache: {}, free buffers {}; {}",
+            self.c.states.describe(),
+            self.c.free.len(),
+            self.store.describe_in_flight()
+        )
     }
 }
 
@@ -630,5 +642,45 @@ mod tests {
         let b2 = c.sync(Some(0..2)).unwrap();
         c.take_done(&mut done);
         assert!(done.contains(&b2), "nothing dirty there: done at once");
+    }
+
+    /// Requests that together want more pages than the cache holds, retried in order after
+    /// each poll as the block device does: each pass evicts only what one buffer needs, so
+    /// the pages a later request waits for are not written back again before it writes them,
+    /// and every request finishes. (Evicting the whole cache for one buffer once turned this
+    /// into a loop writing the same pages back forever.)
+    #[test]
+    fn requests_wanting_more_than_the_cache_all_finish() {
+        let (mut c, stats) = cache(4);
+        for p in 0..4 {
+            let data = fill(p, PS);
+            until_done(&mut c, |c| c.write(PageIndex(p), 0, &data).unwrap());
+        }
+        // The first wants a page not in the cache, the second the four that are.
+        let mut requests: Vec<Vec<u64>> = vec![vec![10], vec![0, 1, 2, 3]];
+        let mut passes = 0;
+        while requests.iter().any(|r| !r.is_empty()) {
+            passes += 1;
+            assert!(passes < 100, "never finished: {requests:?}");
+            for r in &mut requests {
+                r.retain(|&p| {
+                    let data = fill(p + 100, PS);
+                    c.write(PageIndex(p), 0, &data).unwrap() == Step::Wait
+                });
+            }
+            c.flush().unwrap();
+            let _ = c.poll().unwrap();
+        }
+        let written = stats.bytes_written_back.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            written <= 4 * PS as u64,
+            "{} pages written back for one new page",
+            written / PS as u64
+        );
+        for p in [0, 1, 2, 3, 10] {
+            let mut out = vec![0; PS];
+            until_done(&mut c, |c| c.read(PageIndex(p), 0, &mut out).unwrap());
+            assert_eq!(out, fill(p + 100, PS), "page {p}");
+        }
     }
 }

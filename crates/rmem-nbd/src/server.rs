@@ -52,6 +52,9 @@ const READ_CHUNK: usize = 256 * 1024;
 /// Room for received bytes a connection keeps when it has none waiting (more was needed by
 /// a write larger than this, up to the maximum request).
 const RBUF_KEEP: usize = 8 << 20;
+/// Requests waiting this long for the store with nothing landing are reported (and again
+/// each such period), naming what the cache and the store wait for.
+const STALL_REPORT: Duration = Duration::from_secs(5);
 
 /// Why the server stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -315,6 +318,8 @@ pub struct Server<'a> {
     blocked: Vec<u64>,
     by_barrier: HashMap<Barrier, u64>,
     done: Vec<Barrier>,
+    /// When a request was last answered: requests waiting long past it are reported.
+    answered_at: Instant,
 }
 
 /// What a run served, for the final report.
@@ -350,6 +355,7 @@ impl<'a> Server<'a> {
             blocked: Vec::new(),
             by_barrier: HashMap::new(),
             done: Vec::new(),
+            answered_at: Instant::now(),
         })
     }
 
@@ -362,6 +368,7 @@ impl<'a> Server<'a> {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut conn_of_fd: Vec<u64> = Vec::new();
         let mut next_tick = Instant::now();
+        let mut reported_at = Instant::now();
         loop {
             // Wait for something to do.
             fds.clear();
@@ -451,6 +458,18 @@ impl<'a> Server<'a> {
             // The store's answers, then everything they unblocked.
             if self.cache.poll()? {
                 self.runnable.extend(self.blocked.drain(..));
+            }
+            let now = Instant::now();
+            if !self.blocked.is_empty()
+                && now.duration_since(self.answered_at.max(reported_at)) > STALL_REPORT
+            {
+                reported_at = now;
+                log::warn!(
+                    "{} requests wait for the store and none was answered for {:?}: {}",
+                    self.blocked.len(),
+                    now.duration_since(self.answered_at),
+                    self.cache.describe_in_flight()
+                );
             }
             self.cache.take_done(&mut self.done);
             for b in std::mem::take(&mut self.done) {
@@ -733,6 +752,7 @@ impl<'a> Server<'a> {
     /// Send a request's reply (if its connection is still there) and forget it.
     fn answer(&mut self, id: u64, error: u32, message: &str) {
         let req = self.reqs.remove(&id).expect("answered request exists");
+        self.answered_at = Instant::now();
         let Some(c) = self.conns.get_mut(&req.conn) else {
             return;
         };
