@@ -29,13 +29,24 @@ fn server() -> String {
 /// the first copy it ever saw of that key (stale), or another key's data under this key
 /// (swapped). Returns its address and the count of lies told.
 fn liar(real: String) -> (String, Arc<AtomicU64>) {
-    proxy(real, true, Duration::ZERO)
+    proxy(real, Mode::Lie)
 }
 
-/// A proxy to `real` that lies in read answers (`lying`), or passes them on truthfully after
-/// `delay`: a slow honest server, so that a fragment read (K of K+1 suffice) decodes from the
-/// liar's piece rather than always from the two honest ones, however the machine is loaded.
-fn proxy(real: String, lying: bool, delay: Duration) -> (String, Arc<AtomicU64>) {
+/// What a proxy does to the read answers it passes.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Lies in every one.
+    Lie,
+    /// Passes them on truthfully after a delay.
+    Slow(Duration),
+    /// Passes them on, but the first under the tag of a request sent later: a bad frame.
+    WrongTagOnce,
+}
+
+/// A proxy to `real` that treats read answers as `mode` says. A slow honest one makes a
+/// fragment read (K of K+1 suffice) decode from the liar's piece rather than always from the
+/// two honest ones, however the machine is loaded.
+fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let lies = Arc::new(AtomicU64::new(0));
@@ -67,13 +78,19 @@ fn proxy(real: String, lying: bool, delay: Duration) -> (String, Arc<AtomicU64>)
                         break;
                     }
                     out.clear();
-                    match (h.op, Response::decode(h.op, &body)) {
-                        (Op::ReadOk, Ok(Response::ReadOk { .. })) if !lying => {
+                    match (mode, h.op, Response::decode(h.op, &body)) {
+                        (Mode::Slow(delay), Op::ReadOk, Ok(Response::ReadOk { .. })) => {
                             std::thread::sleep(delay);
                             out.extend_from_slice(&hdr);
                             out.extend_from_slice(&body);
                         }
-                        (Op::ReadOk, Ok(Response::ReadOk { key, count, data })) => {
+                        (Mode::WrongTagOnce, Op::ReadOk, Ok(r @ Response::ReadOk { .. })) => {
+                            n += 1;
+                            let tag = if n == 1 { h.tag + 1 } else { h.tag };
+                            told.fetch_add(u64::from(n == 1), Relaxed);
+                            r.encode(tag, &mut out);
+                        }
+                        (Mode::Lie, Op::ReadOk, Ok(Response::ReadOk { key, count, data })) => {
                             let mut lie = data.to_vec();
                             let orig = first.entry(key.0).or_insert_with(|| data.to_vec());
                             n += 1;
@@ -118,11 +135,8 @@ fn page(n: u64, round: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Write `pages` pages, read them back, write them again, read again: every read correct.
-fn check(redundancy: &str, encrypt: bool) {
-    let (lying, lies) = liar(server());
-    let (slow, _) = proxy(server(), false, Duration::from_millis(25));
-    let servers = [lying, server(), slow];
+/// A store over `servers` in this order (priority placement), every timeout 5 s.
+fn store_on(servers: &[String], redundancy: &str, encrypt: bool) -> RemoteStore {
     let t = Duration::from_secs(5);
     let timing = Timing {
         connect: t,
@@ -135,7 +149,14 @@ fn check(redundancy: &str, encrypt: bool) {
         redundancy: Redundancy::parse(redundancy).unwrap(),
         encrypt,
     };
-    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    RemoteStore::connect_with(servers, TOKEN, PS, layout, timing).unwrap()
+}
+
+/// Write `pages` pages, read them back, write them again, read again: every read correct.
+fn check(redundancy: &str, encrypt: bool) {
+    let (lying, lies) = liar(server());
+    let (slow, _) = proxy(server(), Mode::Slow(Duration::from_millis(25)));
+    let mut s = store_on(&[lying, server(), slow], redundancy, encrypt);
     let counters = s.counters().unwrap();
     let pages = 60u64;
     for round in 0..2 {
@@ -204,4 +225,55 @@ fn fragments_catch_every_lie_encrypted() {
 #[test]
 fn fragments_catch_every_lie_with_a_checksum() {
     check("ec:2+1", false);
+}
+
+/// A server that answers a read under another request's tag is buried (a bad frame is never
+/// retried), with writes sent after that read still unanswered on its link: each of them is
+/// taken back exactly as it was sent and goes on with the other copy, the read fails over,
+/// and every page reads back right. (Taking the bad answer's request off the link before
+/// checking the answer once left the link's requests one frame out of step with their
+/// bytes, and collecting them panicked.)
+#[test]
+fn a_bad_frame_buries_its_server_and_the_writes_behind_it_go_on() {
+    let (bad, told) = proxy(server(), Mode::WrongTagOnce);
+    let mut s = store_on(&[bad, server()], "replicas:2", false);
+    let pages = 40u64;
+    let pump = |s: &mut RemoteStore, stores: u64, fetches: u64, round: u64| {
+        let (mut stored, mut fetched) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stored < stores || fetched < fetches {
+            assert!(
+                Instant::now() < deadline,
+                "{stored} of {stores} stored, {fetched} of {fetches} fetched"
+            );
+            s.poll(&mut |c| match c {
+                Completion::Stored { .. } => stored += 1,
+                Completion::Fetched { page: at, data } => {
+                    fetched += 1;
+                    assert!(data == page(at.0, round), "page {} wrong", at.0);
+                }
+            })
+            .unwrap();
+            s.tick(Instant::now()).unwrap();
+        }
+    };
+    for p in 0..pages {
+        s.store(PageIndex(p), &page(p, 0)).unwrap();
+    }
+    s.flush().unwrap();
+    pump(&mut s, pages, 0, 0);
+    // Reads, then writes queued behind them on the same links before any answer comes.
+    for p in 0..pages {
+        s.fetch(PageIndex(p)).unwrap();
+    }
+    for p in pages..2 * pages {
+        s.store(PageIndex(p), &page(p, 1)).unwrap();
+    }
+    s.flush().unwrap();
+    pump(&mut s, pages, pages, 0);
+    assert_eq!(told.load(Relaxed), 1, "the bad frame was never sent");
+    for p in pages..2 * pages {
+        s.fetch(PageIndex(p)).unwrap();
+    }
+    pump(&mut s, 0, pages, 1);
 }

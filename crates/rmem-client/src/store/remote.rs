@@ -117,7 +117,7 @@ pub(crate) struct Orphan {
     pub unit: Option<Vec<u8>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Pending {
     tag: u64,
     kind: Kind,
@@ -834,13 +834,16 @@ impl Conn {
                 let body_start = self.in_start + HEADER_LEN;
                 self.in_start += total;
                 self.last_activity = Instant::now();
-                let pending = self
-                    .pending
-                    .pop_front()
-                    .ok_or_else(|| StoreError::Protocol {
-                        server: self.name.clone(),
-                        what: format!("unsolicited {:?} frame", h.op),
-                    })?;
+                // Left at the front until its answer is taken: a bad answer leaves it and its
+                // frame in `out` unanswered together, as `take_orphans` and a re-send expect.
+                let pending =
+                    self.pending
+                        .front()
+                        .copied()
+                        .ok_or_else(|| StoreError::Protocol {
+                            server: self.name.clone(),
+                            what: format!("unsolicited {:?} frame", h.op),
+                        })?;
                 let proto = |what: String| StoreError::Protocol {
                     server: self.name.clone(),
                     what,
@@ -956,6 +959,7 @@ impl Conn {
                         )))
                     }
                 }
+                self.pending.pop_front();
                 self.out.answered(pending.len);
                 // An answer: whatever outage there was is over.
                 self.relinked = None;
