@@ -227,6 +227,9 @@ pub(crate) struct Conn {
     /// It answered `Full`: new pages go elsewhere until this client frees a page there or a
     /// ping shows room.
     pub(crate) full: bool,
+    /// The pool's manager says it keeps pages on disk (`SERVER_DISK`): the slower tier,
+    /// placed on only when the RAM servers are full.
+    pub(crate) disk: bool,
     /// Reads to send again (a swap whose write was refused).
     resend: Vec<Kind>,
     /// The session is a snapshot its parent's connection creates: attach it with
@@ -432,6 +435,7 @@ impl Conn {
             used_bytes: 0,
             server_capacity_bytes: limits.server_capacity_bytes,
             full: false,
+            disk: false,
             resend: Vec::new(),
             snapshot: false,
         }
