@@ -1169,6 +1169,10 @@ pub fn read_frame(
     let mut hdr = [0u8; HEADER_LEN];
     read_exact_by(sock, &mut hdr, deadline).map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => failed(e),
+        // A reset before any answer: the listener went away with the connection in its
+        // backlog (a server killed as the client reconnects, to be restarted): a link
+        // failure, tried again while reconnecting, not a refusal.
+        io::ErrorKind::ConnectionReset => io_err(server, e),
         _ => StoreError::Refused {
             server: server.into(),
             message: format!("no {what} ({e}); is it an rmem server of this version?"),
