@@ -117,6 +117,7 @@ fn server() -> (SocketAddr, SocketAddr) {
             frame_len_max: FRAME_LEN_MAX_DEFAULT,
             lease: Duration::from_secs(30),
             verbose: false,
+            store: Default::default(),
         })
         .expect("bind the fuzzed server");
         let addr = server.local_addr();

@@ -125,6 +125,14 @@ fn health(flags: u32) -> &'static str {
     }
 }
 
+fn tier(flags: u32) -> &'static str {
+    if flags & pool::SERVER_DISK != 0 {
+        "disk"
+    } else {
+        "ram"
+    }
+}
+
 fn limit(b: u64) -> serde_json::Value {
     if b == pool::UNLIMITED {
         serde_json::Value::Null
@@ -142,6 +150,7 @@ fn to_json(st: &PoolStatus) -> serde_json::Value {
             "used_bytes": s.used_bytes,
             "free_bytes": s.capacity_bytes.saturating_sub(s.used_bytes),
             "health": health(s.flags),
+            "tier": tier(s.flags),
             "last_beat_s": s.beat_age_ms as f64 / 1000.0,
             "sessions": s.sessions.iter().map(|u| serde_json::json!({
                 "id": u.session.to_string(), "used_bytes": u.bytes,
@@ -169,16 +178,17 @@ fn to_text(manager: &str, st: &PoolStatus) -> String {
         st.heartbeat_ms as f64 / 1000.0
     );
     o += &format!(
-        "  {:<24} {:>10} {:>10} {:>10}  {:<8} {:>9} sessions\n",
-        "server", "capacity", "used", "free", "health", "last beat"
+        "  {:<24} {:>10} {:>10} {:>10}  {:<4} {:<8} {:>9} sessions\n",
+        "server", "capacity", "used", "free", "tier", "health", "last beat"
     );
     for s in &st.servers {
         o += &format!(
-            "  {:<24} {:>10} {:>10} {:>10}  {:<8} {:>7.1} s {}\n",
+            "  {:<24} {:>10} {:>10} {:>10}  {:<4} {:<8} {:>7.1} s {}\n",
             s.addr,
             format_size(s.capacity_bytes),
             format_size(s.used_bytes),
             format_size(s.capacity_bytes.saturating_sub(s.used_bytes)),
+            tier(s.flags),
             health(s.flags),
             s.beat_age_ms as f64 / 1000.0,
             s.sessions.len()

@@ -44,6 +44,16 @@ pub struct ServerArgs {
     /// later, go and come back: the server serves its clients meanwhile.
     #[arg(long, value_name = "HOST:PORT")]
     pub manager: Option<String>,
+    /// Where pages are kept: `ram`, or `file:PATH` (a file on local disk or SSD behind a RAM
+    /// cache, so the capacity may exceed the node's RAM; a slower tier that a pool fills
+    /// after its RAM servers). The file is scratch (unlinked as soon as it is open) unless
+    /// `file:PATH,persist`: then pages survive a restart of this server, each session's for
+    /// one lease after the restart unless its client reconnects.
+    #[arg(long, default_value = "ram", value_name = "ram|file:PATH[,persist]")]
+    pub store: String,
+    /// RAM for the most recently used pages of a `--store file:` server (0: none).
+    #[arg(long, default_value = "64M", value_name = "SIZE")]
+    pub store_cache: String,
     /// Log every client disconnect and session end, and debug lines (RMEM_LOG overrides).
     #[arg(long, short)]
     pub verbose: bool,
@@ -113,6 +123,9 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     if !(a.lease.is_finite() && (0.1..=86400.0).contains(&a.lease)) {
         return Err(format!("--lease: {} is not 0.1 to 86400 seconds", a.lease));
     }
+    let cache_bytes = parse_size(&a.store_cache).map_err(|e| format!("--store-cache: {e}"))?;
+    let store = rmem_server::StoreConfig::parse(&a.store, cache_bytes)
+        .map_err(|e| format!("--store: {e}"))?;
     let token = token(a.token_file.as_deref(), a.token_stdin)?;
     if a.lock {
         lock_memory(capacity_bytes)?;
@@ -124,15 +137,10 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         frame_len_max,
         lease: std::time::Duration::from_secs_f64(a.lease),
         verbose: a.verbose,
+        store: store.clone(),
     })
-    .map_err(|e| {
-        format!(
-            "{e}: {}",
-            std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_default()
-        )
-    })?;
+    .map_err(|e| rmem_client::error_chain(&e))?;
+    let disk = store.on_disk();
     if let Some(addr) = a.metrics {
         let bound = server
             .serve_metrics(addr)
@@ -140,13 +148,14 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         log::info!("{}: metrics on http://{bound}/metrics", server.local_addr());
     }
     if let Some(m) = &a.manager {
-        join_pool(m, &server, &token)?;
+        join_pool(m, &server, &token, disk)?;
     }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
-        "rmem-server listening on {} capacity {capacity_bytes}",
-        server.local_addr()
+        "rmem-server listening on {} capacity {capacity_bytes}{}",
+        server.local_addr(),
+        if disk { " tier disk" } else { "" }
     );
     let _ = out.flush();
     drop(out);
@@ -180,7 +189,7 @@ pub(crate) fn token(file: Option<&std::path::Path>, stdin: bool) -> Result<Vec<u
 /// `--manager`: register with the pool's manager and beat from a thread for as long as the
 /// server runs. A manager that refuses the token is an error now; one that cannot be reached
 /// yet is tried again every heartbeat (a server can join at any time, the manager too).
-fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String> {
+fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result<(), String> {
     use rmem_client::pool::{spawn_beats, ManagerConn, MANAGER_TIMEOUT};
     use rmem_client::store::StoreError;
     let conn = match ManagerConn::connect(manager, token, MANAGER_TIMEOUT) {
@@ -208,6 +217,10 @@ fn join_pool(manager: &str, server: &Server, token: &[u8]) -> Result<(), String>
             used_bytes: st.used_bytes,
             flags: if LEAVING.load(std::sync::atomic::Ordering::Relaxed) {
                 rmem_proto::pool::SERVER_DRAINING
+            } else {
+                0
+            } | if disk {
+                rmem_proto::pool::SERVER_DISK
             } else {
                 0
             },

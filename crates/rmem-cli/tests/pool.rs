@@ -5,7 +5,9 @@
 //! programs finish, `rmem pool status` is right again within a few heartbeats) and one client
 //! killed without touching the other's pages; a server drained mid-run (`rmem pool drain`)
 //! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
-//! exits; `rmem nbd --manager` round-trips a file; `--max-remote`
+//! exits; a disk-backed server (`--store file:`) that takes pages only once the RAM server is
+//! full, and a persisted one killed and restarted mid-run without a wrong or lost page;
+//! `rmem nbd --manager` round-trips a file; `--max-remote`
 //! enforced from both sides; bad
 //! input (wrong token, malformed frames, an unreachable manager, a memory server taken for a
 //! manager). Everything runs on loopback (no root needed); every wait is bounded and every
@@ -633,4 +635,138 @@ fn rmem_nbd_through_a_manager_round_trips_a_file() {
         st["clients"][0]["used_bytes"].as_u64().unwrap_or(0) > 4 << 20
     })
     .unwrap();
+}
+
+/// Bytes `server` holds according to the pool's status.
+fn used_on(st: &serde_json::Value, server: &str) -> u64 {
+    st["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["addr"] == server)
+        .and_then(|s| s["used_bytes"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A disk-backed server in the pool: `--store file:PATH` and these arguments.
+fn disk_server(manager: &str, store: &str, extra: &[&str]) -> ServerProcess {
+    let args = [
+        &[
+            "--capacity",
+            "256M",
+            "--lease",
+            "30",
+            "--manager",
+            manager,
+            "--store",
+            store,
+            "--store-cache",
+            "1M",
+        ][..],
+        extra,
+    ]
+    .concat();
+    ServerProcess::start(TOKEN, &args)
+}
+
+#[test]
+fn a_disk_server_takes_pages_once_the_ram_server_is_full_and_reads_them_back() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let ram = servers(&m.addr, 1, "8M").pop().unwrap();
+    let file = scratch("pool-disk").join("pages.store");
+    let disk = disk_server(&m.addr, &format!("file:{}", file.display()), &[]);
+    assert!(!file.exists(), "a scratch store is unlinked once open");
+    let st = await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 2).unwrap();
+    let tier = |addr: &str| {
+        st["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["addr"] == addr)
+            .map(|s| s["tier"].clone())
+    };
+    assert_eq!(tier(&ram.addr), Some("ram".into()), "{st}");
+    assert_eq!(tier(&disk.addr), Some("disk".into()), "{st}");
+    let text = run_bounded(
+        Command::new(rmem())
+            .args(["pool", "status", "--manager", &m.addr])
+            .env("RMEM_TOKEN", TOKEN),
+        Duration::from_secs(20),
+    );
+    assert!(
+        text.stdout
+            .lines()
+            .any(|l| l.contains(&disk.addr) && l.contains(" disk ")),
+        "{}",
+        text.stdout
+    );
+    // 48 MiB of verified data, 8 MiB of it local: the RAM server's 8 MiB fill first, the rest
+    // goes to disk (a 1 MiB cache: most reads come from the file).
+    let run = stress_in_pool(&m.addr, "8", "48", "60000");
+    let seen = await_status(&m.addr, Duration::from_secs(120), |st| {
+        used_on(st, &disk.addr) > 8 << 20 && used_on(st, &ram.addr) > 7 << 20
+    });
+    let out = wait_bounded(run, Duration::from_secs(240), "stress on a disk server");
+    assert_stress_ok(&out);
+    let seen = seen.unwrap_or_else(|e| panic!("{e}\n{}", shown(&out)));
+    eprintln!(
+        "ram server {} bytes, disk server {} bytes",
+        used_on(&seen, &ram.addr),
+        used_on(&seen, &disk.addr)
+    );
+    assert!(!disk.log().contains("ERROR"), "{}", disk.log());
+}
+
+#[test]
+fn a_persisted_disk_server_killed_and_restarted_mid_run_loses_no_page() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let file = scratch("pool-disk-persist").join("pages.store");
+    let _ = std::fs::remove_file(&file);
+    let store = format!("file:{},persist", file.display());
+    let disk = disk_server(&m.addr, &store, &[]);
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 1).unwrap();
+    // The client waits out the restart: reconnecting goes on for up to 30 s (the lease).
+    let prog = build_c("tests/c/stress.c");
+    let mut cmd = rmem_run(
+        &[
+            "--manager",
+            &m.addr,
+            "--api",
+            "--page-size",
+            "4K",
+            "--local",
+            "4M",
+            "--redundancy",
+            "none",
+        ],
+        &scratch("pool-disk-persist").join("stats.json"),
+        &[prog.to_str().unwrap(), "4", "24", "40000"],
+        false,
+    );
+    let run = cmd
+        .env("RMEM_TOKEN", TOKEN)
+        .env("RMEM_RECONNECT_MS", "30000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    await_status(&m.addr, Duration::from_secs(60), |st| {
+        used_on(st, &disk.addr) > 8 << 20
+    })
+    .unwrap();
+    let addr = disk.addr.clone();
+    drop(disk); // SIGKILL: nothing flushed or said on the way out
+    assert!(file.exists(), "a persisted store stays");
+    let back = disk_server(&m.addr, &store, &["--listen", &addr]);
+    assert_eq!(back.addr, addr);
+    let restored = back.wait_for("restored", Duration::from_secs(30));
+    let out = wait_bounded(run, Duration::from_secs(240), "stress across a restart");
+    assert_stress_ok(&out);
+    let restored = restored.unwrap_or_else(|| panic!("{}\n{}", back.log(), shown(&out)));
+    assert!(restored.contains("of 1 sessions"), "{restored}");
+    drop(back);
+    let _ = std::fs::remove_file(&file);
 }

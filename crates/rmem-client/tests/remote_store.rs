@@ -30,6 +30,7 @@ fn server_with_lease(
         frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
         lease,
         verbose: false,
+        store: Default::default(),
     })
     .unwrap();
     let addr = s.local_addr();

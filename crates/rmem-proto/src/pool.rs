@@ -9,7 +9,7 @@
 //! stores nothing). After the handshake:
 //!
 //! ```text
-//! memory server ── ServerBeat { addr, capacity, used, flags, sessions } ─► manager
+//! memory server ── ServerBeat { addr, capacity, used, flags (DRAINING, DISK), sessions } ─► manager
 //!               ◄─ ServerAck { heartbeat_ms, flags (DRAIN) }
 //! client        ── ClientBeat { session, name, max_remote, uses per server } ─►
 //!               ◄─ ClientAck { heartbeat_ms, grant, servers by free memory }
@@ -46,6 +46,11 @@ pub const ACK_DRAIN: u32 = 1;
 /// `ServerOffer` / `ServerRow` flag: the server has not been heard from within the manager's
 /// loss window (only in status: clients are offered live servers).
 pub const ROW_LOST: u32 = 2;
+/// `ServerBeat` / `ServerOffer` / `ServerRow` flag: the server keeps pages on disk
+/// (`rmem server --store file:PATH`), a slower tier: clients place pages there only when the
+/// RAM servers are full. A flag bit, so the frames are unchanged: a manager or client that
+/// predates it passes it on or ignores it, and sees a RAM server.
+pub const SERVER_DISK: u32 = 4;
 
 /// Bytes one session (a client) holds on a server, or one client on one server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +73,7 @@ pub struct ServerBeat {
     pub addr: String,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    /// [`SERVER_DRAINING`].
+    /// [`SERVER_DRAINING`], [`SERVER_DISK`].
     pub flags: u32,
     /// Its sessions and their bytes (at most [`USES_MAX`], the largest first).
     pub sessions: Vec<SessionUse>,
@@ -93,7 +98,7 @@ pub struct ServerOffer {
     pub addr: String,
     pub capacity_bytes: u64,
     pub free_bytes: u64,
-    /// [`SERVER_DRAINING`]: place nothing new there.
+    /// [`SERVER_DRAINING`]: place nothing new there; [`SERVER_DISK`]: the slower tier.
     pub flags: u32,
 }
 
@@ -103,7 +108,7 @@ pub struct ServerRow {
     pub addr: String,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    /// [`SERVER_DRAINING`], [`ROW_LOST`].
+    /// [`SERVER_DRAINING`], [`ROW_LOST`], [`SERVER_DISK`].
     pub flags: u32,
     /// Milliseconds since its last beat.
     pub beat_age_ms: u64,
@@ -472,7 +477,7 @@ mod tests {
             addr: "10.0.0.7:7000".into(),
             capacity_bytes: 1 << 34,
             used_bytes: 4096,
-            flags: SERVER_DRAINING,
+            flags: SERVER_DRAINING | SERVER_DISK,
             sessions: vec![SessionUse {
                 session: SessionId(7 << 90),
                 bytes: 4096,

@@ -10,11 +10,13 @@
 //! them (`rmem status`), [`metrics`] counts requests and serves both to Prometheus. Logs go
 //! through the `log` facade (the `rmem server` binary prints them on stderr, by level). Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
-//! Pages are stored compactly in slabs ([`slab`]); `rmem server --lock` locks the server's
+//! Pages are stored compactly in slabs ([`slab`]), or with `--store file:PATH` in a file on
+//! local disk behind a bounded RAM cache ([`disk`]); `rmem server --lock` locks the server's
 //! memory (mlockall, in rmem-cli: this crate has no unsafe code). The pool manager
 //! (`rmem manager`, [`manager`]) lives here too: it shares the listener's handshake.
 #![forbid(unsafe_code)]
 
+pub mod disk;
 pub mod manager;
 pub mod metrics;
 pub mod session;
@@ -25,7 +27,7 @@ use rmem_proto::{
     auth, parse_header, ErrorCode, Op, ProtoError, Request, Response, ServerStatus, SessionStatus,
     HEADER_LEN,
 };
-use session::{AttachMode, Attachment, SessionInfo, Sessions};
+use session::{AttachMode, Attachment, SessionInfo, Sessions, StoreRefusal};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -52,6 +54,54 @@ pub struct ServerConfig {
     /// Log every disconnect and session end at info level, not only the abnormal ones (they
     /// are at debug level otherwise).
     pub verbose: bool,
+    /// Where pages are kept.
+    pub store: StoreConfig,
+}
+
+/// Where a server keeps its pages (`rmem server --store`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// In RAM (`--store ram`, the default).
+    #[default]
+    Ram,
+    /// In a file on local disk (`--store file:PATH[,persist]`) behind a RAM cache of
+    /// `cache_bytes` ([`disk::CACHE_BYTES_DEFAULT`] by default).
+    File {
+        path: std::path::PathBuf,
+        persist: bool,
+        cache_bytes: u64,
+    },
+}
+
+impl StoreConfig {
+    /// Parse `ram`, `file:PATH` or `file:PATH,persist`.
+    pub fn parse(spec: &str, cache_bytes: u64) -> Result<StoreConfig, String> {
+        if spec == "ram" {
+            return Ok(StoreConfig::Ram);
+        }
+        let Some(rest) = spec.strip_prefix("file:") else {
+            return Err(format!(
+                "{spec:?} is not `ram`, `file:PATH` or `file:PATH,persist`"
+            ));
+        };
+        let (path, persist) = match rest.strip_suffix(",persist") {
+            Some(path) => (path, true),
+            None => (rest, false),
+        };
+        if path.is_empty() {
+            return Err(format!("{spec:?}: no file named"));
+        }
+        Ok(StoreConfig::File {
+            path: path.into(),
+            persist,
+            cache_bytes,
+        })
+    }
+
+    /// Whether pages go to disk (the pool's slower tier).
+    pub fn on_disk(&self) -> bool {
+        matches!(self, StoreConfig::File { .. })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +112,8 @@ pub enum ServerError {
     Accept(#[source] io::Error),
     #[error("an empty token would let anyone in")]
     EmptyToken,
+    #[error("--store")]
+    Store(#[source] disk::OpenError),
 }
 
 /// Shared accounting, readable by tests and the CLI.
@@ -107,6 +159,10 @@ impl ServerState {
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
     }
+    /// The disk store of a disk-backed server.
+    pub fn disk(&self) -> Option<&Arc<disk::DiskStore>> {
+        self.sessions.disk()
+    }
 }
 
 pub struct Server {
@@ -129,8 +185,29 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let sessions = match &config.store {
+            StoreConfig::Ram => Sessions::default(),
+            StoreConfig::File {
+                path,
+                persist,
+                cache_bytes,
+            } => {
+                let (store, pages) = disk::DiskStore::open(path, *persist, *cache_bytes)
+                    .map_err(ServerError::Store)?;
+                let sessions = Sessions::on_disk(Arc::new(store));
+                if !pages.is_empty() {
+                    let (n, restored) = sessions.restore(&pages, config.lease);
+                    log::info!(
+                        "{addr}: {} restored {restored} pages of {n} sessions; each is freed unless its client reconnects within {} s",
+                        path.display(),
+                        config.lease.as_secs_f64()
+                    );
+                }
+                sessions
+            }
+        };
         let state = Arc::new(ServerState {
-            sessions: Sessions::default(),
+            sessions,
             connections: AtomicUsize::new(0),
             metrics: Metrics::default(),
             capacity_bytes: config.capacity_bytes,
@@ -160,7 +237,7 @@ impl Server {
             let config = self.config.clone();
             let state = self.state.clone();
             std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
-                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0 };
+                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0, scratch: Vec::new() };
                 log_close(me, peer, conn.serve(sock));
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if let Some(a) = conn.attachment.take() {
@@ -284,6 +361,8 @@ struct Connection<'a> {
     /// The session this connection serves; page requests before `Attach` are refused.
     attachment: Option<Attachment>,
     page_size: usize,
+    /// A page read for a swap's answer (disk-backed servers read into it).
+    scratch: Vec<u8>,
 }
 
 fn is_disconnect(e: &io::Error) -> bool {
@@ -528,6 +607,39 @@ impl Connection<'_> {
         .encode(tag, out);
     }
 
+    /// A read the disk store could not serve: NotFound, as for a page the server lacks (a
+    /// client with redundancy reads it from the others), never the bytes read.
+    fn unreadable(&self, key: u64, e: &io::Error, out: &mut Vec<u8>, tag: u64) {
+        log::error!("{}: page {key}: disk store: {e}", self.me);
+        let msg = format!(
+            "page {key} cannot be read from server {}'s disk: {e}",
+            self.me
+        );
+        Response::Error {
+            code: ErrorCode::NotFound,
+            message: &msg,
+        }
+        .encode(tag, out);
+    }
+
+    /// A store refused: `Full` whether capacity or the disk store refused it, so that the
+    /// client places the pages elsewhere (the message says which).
+    fn refused(&self, key: u64, why: StoreRefusal, want: u64, out: &mut Vec<u8>, tag: u64) {
+        let StoreRefusal::Disk(e) = why else {
+            return self.full(want, out, tag);
+        };
+        log::warn!("{}: page {key}: disk store: {e}", self.me);
+        let msg = format!(
+            "server {} cannot store page {key} on its disk: {e}; place it elsewhere",
+            self.me
+        );
+        Response::Error {
+            code: ErrorCode::Full,
+            message: &msg,
+        }
+        .encode(tag, out);
+    }
+
     fn full(&self, want: u64, out: &mut Vec<u8>, tag: u64) {
         let msg = format!(
             "server {} full: capacity {} bytes, used {}, {} more needed",
@@ -607,17 +719,22 @@ impl Connection<'_> {
                 }
                 .encode(tag, out);
                 for k in keys {
-                    out.extend_from_slice(pages.get(k).expect("checked above"));
+                    if let Err(e) = pages.read(k, out) {
+                        out.truncate(start);
+                        self.unreadable(k, &e, out, tag);
+                        return Ok(());
+                    }
                 }
                 rmem_proto::patch_len(out, start);
             }
             Request::Write { key, count, data } => {
                 self.check_data(count, data)?;
-                if pages.store(sessions, capacity, key.0, data) {
-                    Response::WriteOk { key, count }.encode(tag, out);
-                } else {
-                    drop(pages);
-                    self.full(data.len() as u64, out, tag);
+                match pages.store(sessions, capacity, key.0, data) {
+                    Ok(()) => Response::WriteOk { key, count }.encode(tag, out),
+                    Err(refusal) => {
+                        drop(pages);
+                        self.refused(key.0, refusal, data.len() as u64, out, tag);
+                    }
                 }
             }
             Request::Swap {
@@ -626,15 +743,23 @@ impl Connection<'_> {
                 data,
             } => {
                 self.check_data(1, data)?;
-                if !pages.store(sessions, capacity, write_key.0, data) {
+                if let Err(refusal) = pages.store(sessions, capacity, write_key.0, data) {
                     drop(pages);
-                    self.full(data.len() as u64, out, tag);
+                    self.refused(write_key.0, refusal, data.len() as u64, out, tag);
                     return Ok(());
                 }
-                match pages.get(read_key.0) {
-                    Some(p) => Response::SwapOk { read_key, data: p }.encode(tag, out),
-                    None => Self::not_found(read_key.0, out, tag),
+                let mut page = std::mem::take(&mut self.scratch);
+                page.clear();
+                match pages.read(read_key.0, &mut page) {
+                    Ok(true) => Response::SwapOk {
+                        read_key,
+                        data: &page,
+                    }
+                    .encode(tag, out),
+                    Ok(false) => Self::not_found(read_key.0, out, tag),
+                    Err(e) => self.unreadable(read_key.0, &e, out, tag),
                 }
+                self.scratch = page;
             }
             Request::Free { keys } => {
                 let removed = pages.free(sessions, &keys);

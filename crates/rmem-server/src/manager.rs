@@ -75,7 +75,8 @@ impl Pool {
         now - s.last >= heartbeat * LOST_AFTER_BEATS
     }
 
-    /// Live servers, the most free memory first (ties by address).
+    /// Live servers, RAM before disk ([`pool::SERVER_DISK`]), the most free memory first
+    /// (ties by address).
     fn offers(&self, now: Instant, heartbeat: Duration) -> Vec<pool::ServerOffer> {
         let mut v: Vec<pool::ServerOffer> = self
             .servers
@@ -88,7 +89,12 @@ impl Pool {
                 flags: s.beat.flags | if s.drain { pool::SERVER_DRAINING } else { 0 },
             })
             .collect();
-        v.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.addr.cmp(&b.addr)));
+        let disk = |o: &pool::ServerOffer| o.flags & pool::SERVER_DISK != 0;
+        v.sort_by(|a, b| {
+            (disk(a).cmp(&disk(b)))
+                .then(b.free_bytes.cmp(&a.free_bytes))
+                .then(a.addr.cmp(&b.addr))
+        });
         v
     }
 

@@ -22,7 +22,13 @@
 //! through its parent. Capacity counts slots, so shared pages count once.
 //!
 //! Lock order: the table, then a family. Capacity is one counter for the whole server.
+//!
+//! **On disk** ([`Sessions::on_disk`]): every family's arena keeps its pages in the server's
+//! [`DiskStore`]; nothing else changes. A persisted store's pages come back as sessions
+//! ([`Sessions::restore`]) with a fresh lease: a client that reconnects within it finds them,
+//! otherwise the reaper frees them as for any session whose lease ran out.
 
+use crate::disk::{DiskStore, Restored, SlotOwner};
 use crate::slab::{Arena, Entry, Index};
 use rmem_proto::SessionId;
 use std::collections::HashMap;
@@ -120,7 +126,7 @@ impl Family {
         let m = self.members.remove(&id).expect("a live member");
         if self.members.is_empty() {
             let bytes = self.arena.len() as u64 * ps;
-            self.arena = Arena::new(self.arena.page_size());
+            self.arena.clear();
             return bytes;
         }
         if let Some(p) = m.parent {
@@ -243,6 +249,17 @@ pub struct Sessions {
     /// Signalled when a snapshot is created, for attaches that wait for one.
     created: Condvar,
     pub used_bytes: AtomicU64,
+    /// Where pages are kept: RAM when none.
+    disk: Option<Arc<DiskStore>>,
+}
+
+/// Why [`Pages::store`] stored nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreRefusal {
+    #[error("full")]
+    Full,
+    #[error("disk store: {0}")]
+    Disk(#[source] std::io::Error),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -260,6 +277,62 @@ pub enum AttachMode {
 }
 
 impl Sessions {
+    /// Sessions whose pages are kept in `store`.
+    pub fn on_disk(store: Arc<DiskStore>) -> Sessions {
+        Sessions {
+            disk: Some(store),
+            ..Sessions::default()
+        }
+    }
+
+    pub fn disk(&self) -> Option<&Arc<DiskStore>> {
+        self.disk.as_ref()
+    }
+
+    /// A new session with no pages, alone in its family.
+    fn root(&self, id: SessionId, page_size: usize, lease: Duration) -> Arc<Session> {
+        let arena = match &self.disk {
+            Some(store) => Arena::on_disk(page_size, store.clone()),
+            None => Arena::new(page_size),
+        };
+        let mut members = HashMap::new();
+        members.insert(id, Member::new(None, lease));
+        Arc::new(Session {
+            id,
+            family: Arc::new(Mutex::new(Family { arena, members })),
+        })
+    }
+
+    /// Sessions again from the pages a persisted store found when it was reopened, each with
+    /// `lease` from now: (sessions, pages) restored.
+    pub fn restore(&self, pages: &[Restored], lease: Duration) -> (usize, usize) {
+        let store = self.disk.clone().expect("restore on a disk-backed server");
+        let mut table = lock(&self.table);
+        let mut restored = 0;
+        for p in pages {
+            let session = table
+                .entry(p.session)
+                .or_insert_with(|| self.root(p.session, p.unit_len as usize, lease));
+            let mut family = lock(&session.family);
+            let ps = family.arena.page_size();
+            let m = &family.members[&p.session];
+            if ps != p.unit_len as usize || m.own.get(p.key).is_some() {
+                // Units of another size under one session, or a key twice: not from this
+                // server's writes; dropped rather than guessed.
+                drop(family);
+                store.free(p.at, p.unit_len);
+                continue;
+            }
+            let slot = family.arena.adopt(p.at);
+            let m = family.members.get_mut(&p.session).expect("made above");
+            m.own.set(p.key, Entry::Slot(slot));
+            m.pages_max = m.own.slots();
+            self.used_bytes.fetch_add(ps as u64, Ordering::Relaxed);
+            restored += 1;
+        }
+        (table.len(), restored)
+    }
+
     /// Attach to `id`, creating it with `lease` and `page_size` if it does not exist (or
     /// waiting for it: [`AttachMode::Snapshot`]). A session's page size is fixed at creation.
     pub fn attach(
@@ -290,15 +363,7 @@ impl Sessions {
             .entry(id)
             .or_insert_with(|| {
                 existed = false;
-                let mut members = HashMap::new();
-                members.insert(id, Member::new(None, lease));
-                Arc::new(Session {
-                    id,
-                    family: Arc::new(Mutex::new(Family {
-                        arena: Arena::new(page_size),
-                        members,
-                    })),
-                })
+                self.root(id, page_size, lease)
             })
             .clone();
         let mut family = lock(&session.family);
@@ -461,19 +526,30 @@ impl Pages<'_> {
         self.family.arena.page_size()
     }
 
-    /// `key`'s page as this session reads it.
-    pub fn get(&self, key: u64) -> Option<&[u8]> {
-        let slot = self.family.resolve(self.id, key)?;
-        Some(self.family.arena.get(slot))
+    /// Append `key`'s page as this session reads it to `out`: Ok(false) if it has none. An
+    /// error (a disk-backed server's read failed or did not verify) leaves `out` as it was.
+    pub fn read(&self, key: u64, out: &mut Vec<u8>) -> std::io::Result<bool> {
+        let Some(slot) = self.family.resolve(self.id, key) else {
+            return Ok(false);
+        };
+        self.family.arena.read(slot, out)?;
+        Ok(true)
     }
 
     pub fn contains(&self, key: u64) -> bool {
         self.family.resolve(self.id, key).is_some()
     }
 
-    /// Store `data` (whole pages) from `key` on, within `capacity` for the whole server;
-    /// false if it would not fit (nothing stored).
-    pub fn store(&mut self, sessions: &Sessions, capacity: u64, key: u64, data: &[u8]) -> bool {
+    /// Store `data` (whole pages) from `key` on, within `capacity` for the whole server. If
+    /// they would not fit, nothing is stored; if the disk store fails, none of these keys is
+    /// held any more (never a wrong page: the client places them elsewhere).
+    pub fn store(
+        &mut self,
+        sessions: &Sessions,
+        capacity: u64,
+        key: u64,
+        data: &[u8],
+    ) -> Result<(), StoreRefusal> {
         let ps = self.page_size();
         let keys = (0..(data.len() / ps) as u64).map(|i| key.wrapping_add(i));
         for k in keys.clone() {
@@ -486,25 +562,45 @@ impl Pages<'_> {
             |k: u64| matches!(own.get(k), Some(Entry::Slot(s)) if family.arena.refs(s) == 1);
         let new = keys.clone().filter(|&k| !in_place(k)).count();
         if !sessions.reserve((new * ps) as u64, capacity) {
-            return false;
+            return Err(StoreRefusal::Full);
         }
         let Family { arena, members } = family;
         let m = members.get_mut(&self.id).expect("a live member");
-        for (k, chunk) in keys.zip(data.chunks(ps)) {
-            match m.own.get(k) {
-                Some(Entry::Slot(s)) if arena.refs(s) == 1 => arena.write(s, chunk),
-                old => {
-                    let s = arena.alloc(chunk);
+        let snapshot = m.parent.is_some();
+        let mut allocated = 0;
+        let mut failed = None;
+        for (k, chunk) in keys.clone().zip(data.chunks(ps)) {
+            let owner = SlotOwner {
+                session: self.id,
+                key: k,
+                snapshot,
+            };
+            let written = match m.own.get(k) {
+                Some(Entry::Slot(s)) if arena.refs(s) == 1 => arena.write(s, chunk, owner),
+                old => arena.alloc(chunk, owner).map(|s| {
+                    allocated += 1;
                     m.own.set(k, Entry::Slot(s));
                     if let Some(Entry::Slot(shared)) = old {
                         // Still named by a snapshot: never the last reference.
                         assert!(!arena.release(shared));
                     }
-                }
+                }),
+            };
+            if let Err(e) = written {
+                failed = Some(e);
+                break;
             }
         }
         m.pages_max = m.pages_max.max(m.own.slots());
-        true
+        let Some(e) = failed else {
+            return Ok(());
+        };
+        // Give back what was reserved and not taken, then drop every key of the request:
+        // some hold the new page, one maybe nothing valid, none may answer a read now.
+        sessions.release(((new - allocated) * ps) as u64);
+        let keys: Vec<rmem_proto::PageKey> = keys.map(rmem_proto::PageKey).collect();
+        self.free(sessions, &keys);
+        Err(StoreRefusal::Disk(e))
     }
 
     /// Forget these pages: how many this session held itself.
@@ -554,11 +650,16 @@ mod tests {
     }
 
     fn read(a: &Attachment, key: u64) -> Option<u8> {
-        a.lock().unwrap().get(key).map(|p| p[0])
+        let mut out = Vec::new();
+        a.lock()
+            .unwrap()
+            .read(key, &mut out)
+            .unwrap()
+            .then(|| out[0])
     }
 
     fn write(s: &Sessions, a: &Attachment, key: u64, v: u8) {
-        assert!(a.lock().unwrap().store(s, CAP, key, &page(v)));
+        a.lock().unwrap().store(s, CAP, key, &page(v)).unwrap();
     }
 
     fn used_pages(s: &Sessions) -> u64 {
@@ -573,11 +674,11 @@ mod tests {
             .attach(SessionId(1), 4096, lease, false, AttachMode::Create)
             .unwrap();
         assert!(!a.existed);
-        assert!(a
-            .attachment
+        a.attachment
             .lock()
             .unwrap()
-            .store(&s, 1 << 20, 5, &[1; 4096]));
+            .store(&s, 1 << 20, 5, &[1; 4096])
+            .unwrap();
         assert_eq!(s.used_bytes.load(Ordering::Relaxed), 4096);
         let b = s
             .attach(SessionId(1), 4096, lease, false, AttachMode::Create)
@@ -711,9 +812,122 @@ mod tests {
         s.snapshot(&p, SessionId(2)).unwrap();
         let cap = 2 * PS as u64;
         // One slot is free: the parent's rewrite of a shared page takes it.
-        assert!(p.lock().unwrap().store(&s, cap, 1, &page(2)));
-        assert!(!p.lock().unwrap().store(&s, cap, 5, &page(5)), "full");
+        p.lock().unwrap().store(&s, cap, 1, &page(2)).unwrap();
+        assert!(
+            matches!(
+                p.lock().unwrap().store(&s, cap, 5, &page(5)),
+                Err(StoreRefusal::Full)
+            ),
+            "full"
+        );
         assert_eq!(read(&p, 5), None);
         assert_eq!(used_pages(&s), 2);
+    }
+
+    fn on_disk(path: &std::path::Path, persist: bool) -> (Sessions, Vec<crate::disk::Restored>) {
+        let (store, restored) = DiskStore::open(path, persist, 2 * PS as u64).unwrap();
+        (Sessions::on_disk(Arc::new(store)), restored)
+    }
+
+    #[test]
+    fn sessions_on_disk_keep_snapshots_apart_and_a_failed_write_leaves_no_page() {
+        let d = crate::disk::tests::dir();
+        let (s, _) = on_disk(&d.join("scratch"), false);
+        let p = attach(&s, 1, AttachMode::Create);
+        for k in 0..20 {
+            write(&s, &p, k, k as u8);
+        }
+        s.snapshot(&p, SessionId(2)).unwrap();
+        let c = attach(&s, 2, AttachMode::Snapshot(Duration::ZERO));
+        write(&s, &p, 1, 101);
+        write(&s, &c, 2, 202);
+        p.lock().unwrap().free(&s, &[PageKey(3)]);
+        assert_eq!(
+            (read(&p, 1), read(&p, 2), read(&p, 3)),
+            (Some(101), Some(2), None)
+        );
+        assert_eq!(
+            (read(&c, 1), read(&c, 2), read(&c, 3)),
+            (Some(1), Some(202), Some(3))
+        );
+        assert_eq!(used_pages(&s), 22);
+        // The disk fails: the write is refused, and the key it named reads as absent, never
+        // as its old page (the client puts it elsewhere).
+        let store = s.disk().unwrap().clone();
+        store.fail_writes.store(true, Ordering::Relaxed);
+        let r = p.lock().unwrap().store(&s, CAP, 4, &page(44));
+        assert!(matches!(r, Err(StoreRefusal::Disk(_))), "{r:?}");
+        let r = p
+            .lock()
+            .unwrap()
+            .store(&s, CAP, 100, &[page(7), page(8)].concat());
+        assert!(matches!(r, Err(StoreRefusal::Disk(_))), "{r:?}");
+        store.fail_writes.store(false, Ordering::Relaxed);
+        assert_eq!(
+            (read(&p, 4), read(&p, 100), read(&p, 101)),
+            (None, None, None)
+        );
+        assert_eq!(read(&c, 4), Some(4), "the snapshot keeps what it read");
+        assert_eq!(used_pages(&s), 22, "capacity given back");
+        s.end(&p);
+        s.end(&c);
+        assert_eq!(used_pages(&s), 0);
+        drop((p, c, s, store));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn persisted_sessions_come_back_with_their_pages_and_expire_unless_attached() {
+        let d = crate::disk::tests::dir();
+        let path = d.join("persist");
+        let (s, _) = on_disk(&path, true);
+        let a = attach(&s, 1, AttachMode::Create);
+        let b = attach(&s, 2, AttachMode::Create);
+        for k in 0..50 {
+            write(&s, &a, k, k as u8);
+            write(&s, &b, k, 100 + k as u8);
+        }
+        write(&s, &a, 7, 77);
+        a.lock().unwrap().free(&s, &[PageKey(8)]);
+        s.snapshot(&a, SessionId(3)).unwrap();
+        let c = attach(&s, 3, AttachMode::Snapshot(Duration::ZERO));
+        write(&s, &c, 60, 60);
+        drop((a, b, c, s));
+        let (s, restored) = on_disk(&path, true);
+        let lease = Duration::from_millis(200);
+        assert_eq!(
+            s.restore(&restored, lease),
+            (2, 99),
+            "the snapshot is not restored"
+        );
+        assert_eq!(used_pages(&s), 99);
+        // Session 1's client reconnects (and asks for a longer lease).
+        let a = s
+            .attach(
+                SessionId(1),
+                PS,
+                Duration::from_secs(30),
+                true,
+                AttachMode::Create,
+            )
+            .unwrap();
+        assert!(a.existed && a.session_bytes == 49 * PS as u64);
+        let a = a.attachment;
+        assert_eq!(
+            (read(&a, 7), read(&a, 8), read(&a, 9)),
+            (Some(77), None, Some(9))
+        );
+        // Session 2 is not attached again: its lease runs out and its pages go.
+        let later = Instant::now() + 2 * lease;
+        assert_eq!(s.reap(later), vec![(SessionId(2), 50 * PS as u64)]);
+        drop((a, s));
+        let (s, restored) = on_disk(&path, true);
+        assert_eq!(
+            s.restore(&restored, lease),
+            (1, 49),
+            "session 2's pages were cleared"
+        );
+        drop(s);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -4,7 +4,9 @@
 //! addressed by a 32-bit slot number with a reference count: a page shared copy-on-write by a
 //! session and its snapshots (session.rs) is stored once. Freed slots go on a free list and
 //! are reused first, and a slab whose last page is freed goes back to the allocator (its slots
-//! stay on the free list and bring it back when reused).
+//! stay on the free list and bring it back when reused). On a disk-backed server
+//! (`--store file:PATH`) an arena's slots name slots of the server's [`DiskStore`] instead of
+//! slabs: the same reference counts, free list and indexes, only the bytes live elsewhere.
 //!
 //! [`Index`]: one session's keys, each naming a slot of the arena, or a tombstone (the page was
 //! freed in this session while a session it reads through still has it). A radix index: a
@@ -15,7 +17,10 @@
 //! docs/configuration.md states and a test checks). The worst case is one page per 64 keys: a
 //! leaf (and its map entry) per page, about 300 bytes.
 
+use crate::disk::{DiskStore, SlotAt, SlotOwner};
 use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
 
 /// Bytes of one slab (pages larger than this get a slab each).
 pub const SLAB_BYTES: usize = 256 * 1024;
@@ -35,13 +40,26 @@ pub enum Entry {
     Gone,
 }
 
+/// Where an arena's pages are.
+enum Backing {
+    /// In slabs of RAM.
+    Ram {
+        slabs: Vec<Option<Box<[u8]>>>,
+        /// Pages stored in each slab.
+        slab_used: Vec<u32>,
+    },
+    /// In a file: each arena slot's place in it (meaningful while the slot is in use).
+    Disk {
+        store: Arc<DiskStore>,
+        at: Vec<SlotAt>,
+    },
+}
+
 /// Page slots of one page size, reference-counted.
 pub struct Arena {
     page_size: usize,
     slab_slots: u32,
-    slabs: Vec<Option<Box<[u8]>>>,
-    /// Pages stored in each slab.
-    slab_used: Vec<u32>,
+    backing: Backing,
     /// Slots freed, reused last-freed first.
     free: Vec<u32>,
     /// Slots at or above this were never handed out.
@@ -57,24 +75,65 @@ impl std::fmt::Debug for Arena {
         f.debug_struct("Arena")
             .field("page_size", &self.page_size)
             .field("len", &self.len)
-            .field("slabs", &self.slabs.iter().flatten().count())
+            .field("on_disk", &matches!(self.backing, Backing::Disk { .. }))
             .finish()
     }
 }
 
 impl Arena {
+    /// An arena in RAM.
     pub fn new(page_size: usize) -> Arena {
+        Arena::with(
+            page_size,
+            Backing::Ram {
+                slabs: Vec::new(),
+                slab_used: Vec::new(),
+            },
+        )
+    }
+
+    /// An arena whose pages are in `store`.
+    pub fn on_disk(page_size: usize, store: Arc<DiskStore>) -> Arena {
+        Arena::with(
+            page_size,
+            Backing::Disk {
+                store,
+                at: Vec::new(),
+            },
+        )
+    }
+
+    fn with(page_size: usize, backing: Backing) -> Arena {
         assert!(page_size > 0);
         Arena {
             page_size,
             slab_slots: (SLAB_BYTES / page_size).max(1) as u32,
-            slabs: Vec::new(),
-            slab_used: Vec::new(),
+            backing,
             free: Vec::new(),
             next: 0,
             refs: Vec::new(),
             len: 0,
         }
+    }
+
+    /// An empty arena like this one (same page size, same backing).
+    fn emptied(&self) -> Arena {
+        match &self.backing {
+            Backing::Ram { .. } => Arena::new(self.page_size),
+            Backing::Disk { store, .. } => Arena::on_disk(self.page_size, store.clone()),
+        }
+    }
+
+    /// Free every slot at once (the last session of a family ended).
+    pub fn clear(&mut self) {
+        if let Backing::Disk { store, at } = &self.backing {
+            for (slot, &r) in self.refs.iter().enumerate() {
+                if r > 0 {
+                    store.free(at[slot], self.page_size as u32);
+                }
+            }
+        }
+        *self = self.emptied();
     }
 
     pub fn page_size(&self) -> usize {
@@ -95,12 +154,21 @@ impl Arena {
         ((slot / self.slab_slots) as usize, at)
     }
 
-    /// The page in `slot` (which must be in use).
-    pub fn get(&self, slot: u32) -> &[u8] {
+    /// Append the page in `slot` (which must be in use) to `out`; on an error (a disk-backed
+    /// arena's read failed or its checksum did not hold) `out` is as it was.
+    pub fn read(&self, slot: u32, out: &mut Vec<u8>) -> io::Result<()> {
         debug_assert!(self.refs[slot as usize] > 0);
-        let (slab, at) = self.place(slot);
-        let slab = self.slabs[slab].as_ref().expect("a used slot's slab");
-        &slab[at..at + self.page_size]
+        match &self.backing {
+            Backing::Ram { slabs, .. } => {
+                let (slab, at) = self.place(slot);
+                let slab = slabs[slab].as_ref().expect("a used slot's slab");
+                out.extend_from_slice(&slab[at..at + self.page_size]);
+                Ok(())
+            }
+            Backing::Disk { store, at } => {
+                store.read(at[slot as usize], self.page_size as u32, out)
+            }
+        }
     }
 
     /// References to `slot`.
@@ -108,20 +176,53 @@ impl Arena {
         self.refs[slot as usize]
     }
 
-    /// Store `data` (one page) in a new slot, with one reference.
-    pub fn alloc(&mut self, data: &[u8]) -> u32 {
+    /// Store `data` (one page) of `owner` in a new slot, with one reference. On an error
+    /// (disk full, an I/O error) nothing is stored.
+    pub fn alloc(&mut self, data: &[u8], owner: SlotOwner) -> io::Result<u32> {
+        assert_eq!(data.len(), self.page_size);
+        let on_disk = match &self.backing {
+            Backing::Disk { store, .. } => Some(store.write_new(owner, data)?),
+            Backing::Ram { .. } => None,
+        };
         let slot = self.take_slot();
-        self.write(slot, data);
-        slot
+        match (&mut self.backing, on_disk) {
+            (Backing::Disk { at, .. }, Some(place)) => at[slot as usize] = place,
+            _ => self.write_ram(slot, data),
+        }
+        Ok(slot)
     }
 
-    /// Overwrite the page of `slot`, which only one reference may name.
-    pub fn write(&mut self, slot: u32, data: &[u8]) {
+    /// Overwrite the page of `slot`, which only one reference may name. On an error the slot
+    /// holds no valid page any more: the caller must release it.
+    pub fn write(&mut self, slot: u32, data: &[u8], owner: SlotOwner) -> io::Result<()> {
         assert_eq!(data.len(), self.page_size);
         assert_eq!(self.refs[slot as usize], 1, "write to a shared slot {slot}");
+        match &mut self.backing {
+            Backing::Ram { .. } => self.write_ram(slot, data),
+            Backing::Disk { store, at } => {
+                at[slot as usize] = store.overwrite(at[slot as usize], owner, data)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_ram(&mut self, slot: u32, data: &[u8]) {
         let (slab, at) = self.place(slot);
-        let slab = self.slabs[slab].as_mut().expect("a used slot's slab");
+        let Backing::Ram { slabs, .. } = &mut self.backing else {
+            unreachable!("a RAM arena");
+        };
+        let slab = slabs[slab].as_mut().expect("a used slot's slab");
         slab[at..at + self.page_size].copy_from_slice(data);
+    }
+
+    /// A slot with one reference for the page a reopened store found at `place`.
+    pub fn adopt(&mut self, place: SlotAt) -> u32 {
+        let slot = self.take_slot();
+        let Backing::Disk { at, .. } = &mut self.backing else {
+            panic!("adopt into a RAM arena");
+        };
+        at[slot as usize] = place;
+        slot
     }
 
     /// One more reference to `slot` (a snapshot shares the page).
@@ -140,15 +241,20 @@ impl Arena {
             return false;
         }
         self.len -= 1;
+        if let Backing::Disk { store, at } = &self.backing {
+            store.free(at[slot as usize], self.page_size as u32);
+        }
         if self.len == 0 {
             // Nothing left: start over, with no free list to keep.
-            *self = Arena::new(self.page_size);
+            *self = self.emptied();
             return true;
         }
         let (slab, _) = self.place(slot);
-        self.slab_used[slab] -= 1;
-        if self.slab_used[slab] == 0 {
-            self.slabs[slab] = None;
+        if let Backing::Ram { slabs, slab_used } = &mut self.backing {
+            slab_used[slab] -= 1;
+            if slab_used[slab] == 0 {
+                slabs[slab] = None;
+            }
         }
         self.free.push(slot);
         true
@@ -162,14 +268,23 @@ impl Arena {
             s
         });
         let (slab, _) = self.place(slot);
-        if slab == self.slabs.len() {
-            self.slabs.push(None);
-            self.slab_used.push(0);
-        }
         let bytes = self.slab_slots as usize * self.page_size;
-        // Zeroed by calloc: fresh mappings are not touched until a page is written.
-        self.slabs[slab].get_or_insert_with(|| vec![0u8; bytes].into_boxed_slice());
-        self.slab_used[slab] += 1;
+        match &mut self.backing {
+            Backing::Ram { slabs, slab_used } => {
+                if slab == slabs.len() {
+                    slabs.push(None);
+                    slab_used.push(0);
+                }
+                // Zeroed by calloc: fresh mappings are not touched until a page is written.
+                slabs[slab].get_or_insert_with(|| vec![0u8; bytes].into_boxed_slice());
+                slab_used[slab] += 1;
+            }
+            Backing::Disk { at, .. } => {
+                if slot as usize == at.len() {
+                    at.push(SlotAt(0));
+                }
+            }
+        }
         self.refs[slot as usize] = 1;
         self.len += 1;
         slot
@@ -177,14 +292,20 @@ impl Arena {
 
     /// Bytes this arena holds beyond its pages' own: the slab table, the reference counts, the
     /// free list, and the unused slots of live slabs.
+    /// On disk: the table of places instead of the slabs.
     pub fn overhead_bytes(&self) -> usize {
-        let live_slabs = self.slabs.iter().flatten().count();
-        self.slabs.capacity() * std::mem::size_of::<Option<Box<[u8]>>>()
-            + self.slab_used.capacity() * 4
-            + self.refs.capacity() * 4
-            + self.free.capacity() * 4
-            + live_slabs * MALLOC_HEADER_BYTES
-            + (live_slabs * self.slab_slots as usize - self.len) * self.page_size
+        let common = self.refs.capacity() * 4 + self.free.capacity() * 4;
+        match &self.backing {
+            Backing::Ram { slabs, slab_used } => {
+                let live_slabs = slabs.iter().flatten().count();
+                common
+                    + slabs.capacity() * std::mem::size_of::<Option<Box<[u8]>>>()
+                    + slab_used.capacity() * 4
+                    + live_slabs * MALLOC_HEADER_BYTES
+                    + (live_slabs * self.slab_slots as usize - self.len) * self.page_size
+            }
+            Backing::Disk { at, .. } => common + at.capacity() * 8,
+        }
     }
 }
 
@@ -307,21 +428,42 @@ mod tests {
         (0..ps).map(|i| (key as usize * 31 + i) as u8).collect()
     }
 
+    fn owner(key: u64) -> SlotOwner {
+        SlotOwner {
+            session: rmem_proto::SessionId(1),
+            key,
+            snapshot: false,
+        }
+    }
+
     /// A session's pages as the session layer keeps them: an index over its own arena.
     fn put(a: &mut Arena, ix: &mut Index, key: u64, data: &[u8]) {
         match ix.get(key) {
-            Some(Entry::Slot(s)) => a.write(s, data),
+            Some(Entry::Slot(s)) => a.write(s, data, owner(key)).unwrap(),
             _ => {
-                let s = a.alloc(data);
+                let s = a.alloc(data, owner(key)).unwrap();
                 ix.set(key, Entry::Slot(s));
             }
         }
     }
 
-    fn get<'a>(a: &'a Arena, ix: &Index, key: u64) -> Option<&'a [u8]> {
+    fn read(a: &Arena, slot: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        a.read(slot, &mut out).unwrap();
+        out
+    }
+
+    fn get(a: &Arena, ix: &Index, key: u64) -> Option<Vec<u8>> {
         match ix.get(key)? {
-            Entry::Slot(s) => Some(a.get(s)),
+            Entry::Slot(s) => Some(read(a, s)),
             Entry::Gone => None,
+        }
+    }
+
+    fn live_slabs(a: &Arena) -> usize {
+        match &a.backing {
+            Backing::Ram { slabs, .. } => slabs.iter().flatten().count(),
+            Backing::Disk { .. } => 0,
         }
     }
 
@@ -341,14 +483,9 @@ mod tests {
             put(&mut a, &mut ix, k * 3, &page(ps, k));
         }
         put(&mut a, &mut ix, 0, &page(ps, 7));
-        assert_eq!(get(&a, &ix, 0).unwrap(), &page(ps, 7)[..]);
+        assert_eq!(get(&a, &ix, 0).unwrap(), page(ps, 7));
         for k in 1..n {
-            assert_eq!(
-                get(&a, &ix, k * 3).unwrap(),
-                &page(ps, k)[..],
-                "key {}",
-                k * 3
-            );
+            assert_eq!(get(&a, &ix, k * 3).unwrap(), page(ps, k), "key {}", k * 3);
         }
         assert!(get(&a, &ix, 1).is_none() && !remove(&mut a, &mut ix, 1));
         // Free the first half: their slabs are released, the rest stay readable.
@@ -356,10 +493,10 @@ mod tests {
             assert!(remove(&mut a, &mut ix, k * 3));
         }
         assert_eq!((a.len(), ix.slots()), ((n / 2) as usize, (n / 2) as usize));
-        let live = a.slabs.iter().flatten().count();
+        let live = live_slabs(&a);
         assert!(live <= (n / 2) as usize / 64 + 2, "{live} slabs live");
         for k in n / 2..n {
-            assert_eq!(get(&a, &ix, k * 3).unwrap(), &page(ps, k)[..]);
+            assert_eq!(get(&a, &ix, k * 3).unwrap(), page(ps, k));
         }
         // Freed slots are reused before new ones.
         let next = a.next;
@@ -368,7 +505,7 @@ mod tests {
         }
         assert_eq!(a.next, next);
         for k in 0..n / 2 {
-            assert_eq!(get(&a, &ix, 1_000_000 + k).unwrap(), &page(ps, k)[..]);
+            assert_eq!(get(&a, &ix, 1_000_000 + k).unwrap(), page(ps, k));
         }
         for k in (n / 2..n)
             .map(|k| k * 3)
@@ -376,7 +513,7 @@ mod tests {
         {
             assert!(remove(&mut a, &mut ix, k));
         }
-        assert!(a.is_empty() && a.slabs.is_empty() && a.free.is_empty());
+        assert!(a.is_empty() && live_slabs(&a) == 0 && a.free.is_empty());
         assert!(ix.leaves.is_empty());
     }
 
@@ -384,11 +521,11 @@ mod tests {
     fn a_shared_slot_is_freed_with_its_last_reference_and_tombstones_are_not_pages() {
         let ps = 4096;
         let mut a = Arena::new(ps);
-        let s = a.alloc(&page(ps, 1));
+        let s = a.alloc(&page(ps, 1), owner(1)).unwrap();
         a.share(s);
         assert_eq!(a.refs(s), 2);
         assert!(!a.release(s), "one reference is left");
-        assert_eq!(a.get(s), &page(ps, 1)[..]);
+        assert_eq!(read(&a, s), page(ps, 1));
         assert!(a.release(s));
         assert!(a.is_empty());
         let mut ix = Index::new();

@@ -24,6 +24,7 @@ fn server_with_lease(capacity_pages: u64, lease: Duration) -> (SocketAddr, Arc<S
         frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
         lease,
         verbose: true,
+        store: Default::default(),
     })
     .unwrap();
     let addr = s.local_addr();

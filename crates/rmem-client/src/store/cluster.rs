@@ -41,7 +41,7 @@ use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::{Config, Placement};
 use crate::pool::PoolLink;
 use crate::PageIndex;
-use rmem_proto::pool::{ServerUse, SERVER_DRAINING, UNLIMITED};
+use rmem_proto::pool::{ServerUse, SERVER_DISK, SERVER_DRAINING, UNLIMITED};
 use rmem_proto::{PageKey, Request, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -640,6 +640,13 @@ impl RemoteStore {
                 store.conns.len()
             )));
         }
+        if let Some(link) = &pool {
+            for offer in link.view().servers {
+                if let Some(c) = store.conns.iter_mut().find(|c| c.name == offer.addr) {
+                    c.disk = offer.flags & SERVER_DISK != 0;
+                }
+            }
+        }
         store.pool = pool.map(|link| Pool {
             epoch: link.epoch(),
             grant_bytes: link.view().grant_bytes,
@@ -690,6 +697,7 @@ impl RemoteStore {
                 // What the server has free now, and what of it this client holds.
                 let c = &mut self.conns[s];
                 c.capacity_bytes = offer.free_bytes.saturating_add(c.used_bytes);
+                c.disk = offer.flags & SERVER_DISK != 0;
                 let draining = offer.flags & SERVER_DRAINING != 0;
                 let others = (0..self.conns.len() as u16)
                     .filter(|&x| x as usize != s && self.book.placeable(x))
@@ -731,9 +739,15 @@ impl RemoteStore {
             match Conn::connect(&offer.addr, &self.token, unit, self.session, timing) {
                 Ok(mut c) => {
                     c.set_timing(self.timing);
+                    c.disk = offer.flags & SERVER_DISK != 0;
                     eprintln!(
-                        "rmem: memory server {} joined the pool; it takes new pages",
-                        offer.addr
+                        "rmem: memory server {} joined the pool; it takes new pages{}",
+                        offer.addr,
+                        if c.disk {
+                            " (on disk: once the RAM servers are full)"
+                        } else {
+                            ""
+                        }
                     );
                     pool.retry.remove(&offer.addr);
                     self.join(c);
@@ -810,11 +824,15 @@ impl RemoteStore {
             .filter(|s| !keep.contains(s))
             .collect();
         if self.placement == Placement::Free {
-            let free = |s: &u16| {
+            // Servers with room for a unit first, of those the RAM tier first (a disk-backed
+            // server only when the RAM servers are full), then the most free memory.
+            let unit = self.book.unit() as u64;
+            let key = |s: &u16| {
                 let c = &self.conns[*s as usize];
-                c.capacity_bytes.saturating_sub(c.used_bytes)
+                let free = c.capacity_bytes.saturating_sub(c.used_bytes);
+                (c.full || free < unit, c.disk, std::cmp::Reverse(free))
             };
-            order.sort_by_key(|s| std::cmp::Reverse(free(s)));
+            order.sort_by_key(key);
         }
         let mut out: Vec<u16> = keep.to_vec();
         let roomy = order.iter().filter(|&&s| !self.conns[s as usize].full);

@@ -227,6 +227,9 @@ pub(crate) struct Conn {
     /// It answered `Full`: new pages go elsewhere until this client frees a page there or a
     /// ping shows room.
     pub(crate) full: bool,
+    /// The pool's manager says it keeps pages on disk (`SERVER_DISK`): the slower tier,
+    /// placed on only when the RAM servers are full.
+    pub(crate) disk: bool,
     /// Reads to send again (a swap whose write was refused).
     resend: Vec<Kind>,
     /// The session is a snapshot its parent's connection creates: attach it with
@@ -432,6 +435,7 @@ impl Conn {
             used_bytes: 0,
             server_capacity_bytes: limits.server_capacity_bytes,
             full: false,
+            disk: false,
             resend: Vec::new(),
             snapshot: false,
         }
@@ -1169,6 +1173,10 @@ pub fn read_frame(
     let mut hdr = [0u8; HEADER_LEN];
     read_exact_by(sock, &mut hdr, deadline).map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => failed(e),
+        // A reset before any answer: the listener went away with the connection in its
+        // backlog (a server killed as the client reconnects, to be restarted): a link
+        // failure, tried again while reconnecting, not a refusal.
+        io::ErrorKind::ConnectionReset => io_err(server, e),
         _ => StoreError::Refused {
             server: server.into(),
             message: format!("no {what} ({e}); is it an rmem server of this version?"),

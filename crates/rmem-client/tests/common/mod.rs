@@ -12,6 +12,7 @@ pub fn server(token: &[u8], capacity_bytes: u64) -> String {
         frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
         lease: rmem_server::LEASE_DEFAULT,
         verbose: false,
+        store: Default::default(),
     })
     .unwrap();
     let addr = s.local_addr().to_string();
