@@ -519,6 +519,17 @@ impl Connection<'_> {
         Ok(())
     }
 
+    /// A byte range must lie inside one page and hold at least one byte.
+    fn check_range(&self, offset: u32, len: usize) -> Result<(), Close> {
+        if len == 0 || offset as usize + len > self.page_size {
+            return Err(Close::Bad(format!(
+                "range of {len} bytes at offset {offset} of a {}-byte page",
+                self.page_size
+            )));
+        }
+        Ok(())
+    }
+
     fn not_found(key: u64, out: &mut Vec<u8>, tag: u64) {
         let msg = format!("page {key} is not stored here");
         Response::Error {
@@ -634,6 +645,32 @@ impl Connection<'_> {
                 match pages.get(read_key.0) {
                     Some(p) => Response::SwapOk { read_key, data: p }.encode(tag, out),
                     None => Self::not_found(read_key.0, out, tag),
+                }
+            }
+            Request::ReadRange { key, offset, len } => {
+                self.check_range(offset, len as usize)?;
+                let (o, n) = (offset as usize, len as usize);
+                let start = out.len();
+                Response::ReadRangeOk {
+                    key,
+                    offset,
+                    data: &[],
+                }
+                .encode(tag, out);
+                match pages.get(key.0) {
+                    Some(p) => out.extend_from_slice(&p[o..o + n]),
+                    None => out.resize(out.len() + n, 0),
+                }
+                rmem_proto::patch_len(out, start);
+            }
+            Request::WriteRange { key, offset, data } => {
+                self.check_range(offset, data.len())?;
+                if pages.store_range(sessions, capacity, key.0, offset as usize, data) {
+                    let len = data.len() as u32;
+                    Response::WriteRangeOk { key, offset, len }.encode(tag, out);
+                } else {
+                    drop(pages);
+                    self.full(self.page_size as u64, out, tag);
                 }
             }
             Request::Free { keys } => {

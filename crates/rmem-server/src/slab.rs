@@ -124,6 +124,19 @@ impl Arena {
         slab[at..at + self.page_size].copy_from_slice(data);
     }
 
+    /// Overwrite `data.len()` bytes at `offset` of the page of `slot`, which only one
+    /// reference may name (a byte-range write).
+    pub fn write_at(&mut self, slot: u32, offset: usize, data: &[u8]) {
+        assert!(
+            offset + data.len() <= self.page_size,
+            "range within the page"
+        );
+        assert_eq!(self.refs[slot as usize], 1, "write to a shared slot {slot}");
+        let (slab, at) = self.place(slot);
+        let slab = self.slabs[slab].as_mut().expect("a used slot's slab");
+        slab[at + offset..at + offset + data.len()].copy_from_slice(data);
+    }
+
     /// One more reference to `slot` (a snapshot shares the page).
     pub fn share(&mut self, slot: u32) {
         let r = &mut self.refs[slot as usize];
