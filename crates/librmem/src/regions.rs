@@ -236,16 +236,16 @@ unsafe fn ranges<'a>(ranges: *const RmemRange, count: usize) -> Option<(&'a [Rme
     Some((list, total))
 }
 
-/// See `rmem.h`.
+/// A list call: `region` and `list` checked, then `f` with the region and the ranges as
+/// (offset, pointer, length); the bytes moved, or -1.
 ///
 /// # Safety
-/// `r` is NULL or a live region; `ranges` is NULL or `count` ranges whose buffers are
-/// writable for their lengths.
-#[no_mangle]
-pub unsafe extern "C" fn rmem_readv(
+/// `r` is NULL or a live region; `list` is NULL or `count` ranges.
+unsafe fn list_call(
     r: *const RmemRegion,
     list: *const RmemRange,
     count: usize,
+    f: impl FnOnce(&DirectRegion, &[RmemRange]) -> Result<(), RegionError>,
 ) -> isize {
     crate::guard(|| {
         // SAFETY: the caller's promises.
@@ -254,6 +254,22 @@ pub unsafe extern "C" fn rmem_readv(
         else {
             return -1;
         };
+        done(f(region, list), total)
+    })
+}
+
+/// See `rmem.h`.
+///
+/// # Safety
+/// `r` is NULL or a live region; `list` is NULL or `count` ranges whose buffers are
+/// writable for their lengths.
+#[no_mangle]
+pub unsafe extern "C" fn rmem_readv(
+    r: *const RmemRegion,
+    list: *const RmemRange,
+    count: usize,
+) -> isize {
+    let read = |region: &DirectRegion, list: &[RmemRange]| {
         let mut bufs: Vec<(u64, &mut [u8])> = list
             .iter()
             .map(|r| {
@@ -266,8 +282,10 @@ pub unsafe extern "C" fn rmem_readv(
                 (r.offset, b)
             })
             .collect();
-        done(region.read_ranges(&mut bufs), total)
-    })
+        region.read_ranges(&mut bufs)
+    };
+    // SAFETY: the caller's promises, passed on.
+    unsafe { list_call(r, list, count, read) }
 }
 
 /// See `rmem.h`.
@@ -280,13 +298,7 @@ pub unsafe extern "C" fn rmem_writev(
     list: *const RmemRange,
     count: usize,
 ) -> isize {
-    crate::guard(|| {
-        // SAFETY: the caller's promises.
-        let (Some(region), Some((list, total))) =
-            (unsafe { region(r) }, unsafe { ranges(list, count) })
-        else {
-            return -1;
-        };
+    let write = |region: &DirectRegion, list: &[RmemRange]| {
         let bufs: Vec<(u64, &[u8])> = list
             .iter()
             .map(|r| {
@@ -299,8 +311,10 @@ pub unsafe extern "C" fn rmem_writev(
                 (r.offset, b)
             })
             .collect();
-        done(region.write_ranges(&bufs), total)
-    })
+        region.write_ranges(&bufs)
+    };
+    // SAFETY: the caller's promises, passed on.
+    unsafe { list_call(r, list, count, write) }
 }
 
 /// See `rmem.h`.

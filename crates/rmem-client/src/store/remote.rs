@@ -400,27 +400,7 @@ impl Conn {
         session: SessionId,
         timing: Timing,
     ) -> Result<Conn, StoreError> {
-        let link = open(
-            server,
-            token,
-            page_size,
-            session,
-            timing.connect,
-            false,
-            true,
-        )?;
-        let limits = Limits {
-            frame_len_max: link.welcome.frame_len_max,
-            lease: link.lease,
-            capacity_bytes: link
-                .welcome
-                .capacity_bytes
-                .saturating_sub(link.welcome.used_bytes),
-            server_capacity_bytes: link.welcome.capacity_bytes,
-        };
-        let mut conn = Conn::unlinked(server, token, page_size, session, timing, limits);
-        conn.take_link(link, Instant::now());
-        Ok(conn)
+        Conn::connect_as(server, token, page_size, session, timing, true)
     }
 
     /// [`Conn::connect`] for a session that other processes attach too (a named direct
@@ -434,6 +414,21 @@ impl Conn {
         session: SessionId,
         timing: Timing,
     ) -> Result<Conn, StoreError> {
+        let timing = Timing {
+            reconnect: Duration::ZERO,
+            ..timing
+        };
+        Conn::connect_as(server, token, page_size, session, timing, false)
+    }
+
+    fn connect_as(
+        server: &str,
+        token: &[u8],
+        page_size: usize,
+        session: SessionId,
+        timing: Timing,
+        exclusive: bool,
+    ) -> Result<Conn, StoreError> {
         let link = open(
             server,
             token,
@@ -441,7 +436,7 @@ impl Conn {
             session,
             timing.connect,
             false,
-            false,
+            exclusive,
         )?;
         let limits = Limits {
             frame_len_max: link.welcome.frame_len_max,
@@ -451,10 +446,6 @@ impl Conn {
                 .capacity_bytes
                 .saturating_sub(link.welcome.used_bytes),
             server_capacity_bytes: link.welcome.capacity_bytes,
-        };
-        let timing = Timing {
-            reconnect: Duration::ZERO,
-            ..timing
         };
         let mut conn = Conn::unlinked(server, token, page_size, session, timing, limits);
         conn.take_link(link, Instant::now());
