@@ -220,7 +220,7 @@ impl DirectRegion {
                 if encrypt { ", --encrypt" } else { "" }
             )));
         }
-        if config.servers.is_empty() {
+        if config.manager.is_some() || config.servers.is_empty() {
             return Err(RegionError::Layout(
                 "direct regions need a list of servers; a pool's manager (RMEM_MANAGER) is not \
                  supported for them yet"
