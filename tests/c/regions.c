@@ -9,6 +9,7 @@
  *                                 a line on stdin, then checks what the opener wrote
  *   regions open NAME             reads the pattern, writes its own mark, frees
  *   regions open-fails NAME       rmem_region_open fails with ENOENT
+ *   regions layout-refused        rmem_region_create fails with ENOTSUP (a sealed layout)
  * Prints "ok" and exits 0 when every check passes; "FAIL ..." and exits 1 otherwise. */
 #include <errno.h>
 #include <pthread.h>
@@ -259,12 +260,21 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "bytes")) return bytes();
     if (argc >= 4 && !strcmp(argv[1], "create")) return create(argv[2], strtoull(argv[3], 0, 0));
     if (argc >= 3 && !strcmp(argv[1], "open")) return open_region(argv[2]);
+    if (argc >= 2 && !strcmp(argv[1], "layout-refused")) {
+        rmem_region_t *r = rmem_region_create(1 << 20);
+        if (r || errno != ENOTSUP || !strstr(rmem_last_error(), "docs/regions.md")) {
+            printf("FAIL a sealed layout: errno %d, \"%s\"\n", errno, rmem_last_error());
+            return 1;
+        }
+        printf("ok: %s\n", rmem_last_error());
+        return 0;
+    }
     if (argc >= 3 && !strcmp(argv[1], "open-fails")) {
         rmem_region_t *r = rmem_region_open(argv[2]);
         if (r || errno != ENOENT) { printf("FAIL open of a freed region: errno %d\n", errno); return 1; }
         printf("ok: %s\n", rmem_last_error());
         return 0;
     }
-    fprintf(stderr, "usage: regions stress SIZE SECONDS | bytes | create NAME SIZE | open NAME | open-fails NAME\n");
+    fprintf(stderr, "usage: regions stress SIZE SECONDS | bytes | create NAME SIZE | open NAME | open-fails NAME | layout-refused\n");
     return 2;
 }

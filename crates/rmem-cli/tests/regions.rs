@@ -145,3 +145,23 @@ fn a_second_process_opens_a_named_region_while_its_creator_holds_it() {
     );
     check(&gone, "opening a freed region");
 }
+
+#[test]
+fn layouts_that_seal_pages_are_refused_with_why() {
+    let dir = runtime_dir("layout");
+    for opts in [
+        &["--encrypt"][..],
+        &["--servers", "2", "--redundancy", "replicas:2"],
+    ] {
+        let prog = build_c("tests/c/regions.c");
+        let mut c = Command::new(rmem());
+        c.args(["run", "--api"])
+            .args(opts)
+            .arg("--")
+            .arg(&prog)
+            .arg("layout-refused")
+            .env("XDG_RUNTIME_DIR", &dir);
+        let out = run_bounded(&mut c, Duration::from_secs(60));
+        check(&out, &format!("rmem run {opts:?}"));
+    }
+}
