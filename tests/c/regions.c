@@ -8,6 +8,8 @@
  *   regions create NAME SIZE      a named region with a pattern; "ready" on stdout; waits for
  *                                 a line on stdin, then checks what the opener wrote
  *   regions open NAME             reads the pattern, writes its own mark, frees
+ *   regions open-hold NAME        opens, prints "opened", waits for a line (its creator frees
+ *                                 the region meanwhile), then fails with EIO
  *   regions open-fails NAME       rmem_region_open fails with ENOENT
  *   regions layout-refused        rmem_region_create fails with ENOTSUP (a sealed layout)
  * Prints "ok" and exits 0 when every check passes; "FAIL ..." and exits 1 otherwise. */
@@ -260,6 +262,22 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "bytes")) return bytes();
     if (argc >= 4 && !strcmp(argv[1], "create")) return create(argv[2], strtoull(argv[3], 0, 0));
     if (argc >= 3 && !strcmp(argv[1], "open")) return open_region(argv[2]);
+    if (argc >= 3 && !strcmp(argv[1], "open-hold")) {
+        /* Open, say so, wait for a line (the creator frees meanwhile), then fail with EIO. */
+        rmem_region_t *r = rmem_region_open(argv[2]);
+        if (!r) fail("rmem_region_open");
+        char c;
+        if (rmem_read(r, 0, &c, 1) != 1 || c != (char)pattern(0)) fail("a read while held");
+        printf("opened\n");
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) { printf("FAIL no word from the test\n"); return 1; }
+        ssize_t n = rmem_read(r, 0, &c, 1);
+        if (n != -1 || errno != EIO) { printf("FAIL a read after the creator freed it: %zd, errno %d\n", n, errno); return 1; }
+        if (rmem_write(r, 0, &c, 1) != -1 || errno != EIO) { printf("FAIL a later write\n"); return 1; }
+        rmem_region_free(r);
+        printf("ok: %s\n", rmem_last_error());
+        return 0;
+    }
     if (argc >= 2 && !strcmp(argv[1], "layout-refused")) {
         rmem_region_t *r = rmem_region_create(1 << 20);
         if (r || errno != ENOTSUP || !strstr(rmem_last_error(), "docs/regions.md")) {

@@ -44,6 +44,25 @@ fn check(out: &Output, what: &str) {
     );
 }
 
+/// Wait for `child` with a deadline (its group killed past it).
+fn wait_bounded_status(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            // SAFETY: kill(2) of a process group this test made.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            panic!("ran over {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn random_unaligned_ranges_from_8_threads_match_a_reference_copy() {
     let dir = runtime_dir("stress");
@@ -116,21 +135,33 @@ fn a_second_process_opens_a_named_region_while_its_creator_holds_it() {
         &mut regions(&["open", "handoff"], false, &dir),
         Duration::from_secs(60),
     );
+    // A second opener holds the region across its creator's free.
+    let mut holder = regions(&["open-hold", "handoff"], false, &dir)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut holder_in = holder.stdin.take().unwrap();
+    let mut holder_out = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    let _ = holder_out.read_line(&mut line);
+    assert_eq!(line.trim(), "opened", "the holder");
     let _ = stdin.write_all(b"go\n");
     drop(stdin);
-    let started = std::time::Instant::now();
-    let created = loop {
-        if let Some(status) = creator.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            // SAFETY: kill(2) of the process group this test made.
-            unsafe { libc::kill(-(creator.id() as i32), libc::SIGKILL) };
-            panic!("the creator ran over 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let created = wait_bounded_status(creator, Duration::from_secs(60));
     check(&opened, "the opener");
+    let _ = holder_in.write_all(b"go\n");
+    drop(holder_in);
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut holder_out, &mut rest);
+    holder.stdout = None;
+    let held = wait_bounded_status(holder, Duration::from_secs(30));
+    assert!(
+        held.success() && rest.starts_with("ok"),
+        "the holder after the creator freed the region: {held:?}\n{rest}"
+    );
     assert!(
         created.success(),
         "the creator: {created:?} (its stderr is above)"
