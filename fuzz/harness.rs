@@ -418,6 +418,22 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             }
             .encode(12, o)
         }),
+        frame(&|o| {
+            Request::WriteRange {
+                key: PageKey(9),
+                offset: 4090,
+                data: &page[..6],
+            }
+            .encode(13, o)
+        }),
+        frame(&|o| {
+            Request::ReadRange {
+                key: PageKey(9),
+                offset: 4000,
+                len: 96,
+            }
+            .encode(14, o)
+        }),
         frame(&|o| Request::EndSession.encode(10, o)),
     ];
     let status = ServerStatus {
@@ -467,6 +483,22 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             .encode(4, o)
         }),
         frame(&|o| Response::SnapshotOk { created: true }.encode(11, o)),
+        frame(&|o| {
+            Response::ReadRangeOk {
+                key: PageKey(9),
+                offset: 4000,
+                data: &page[..96],
+            }
+            .encode(14, o)
+        }),
+        frame(&|o| {
+            Response::WriteRangeOk {
+                key: PageKey(9),
+                offset: 4090,
+                len: 6,
+            }
+            .encode(13, o)
+        }),
     ];
     // What client_session's honest server would answer to its four requests.
     let answers = [

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,6 +61,87 @@ int rmem_get_stats(struct rmem_stats *out);
 
 /* The DLM page size in bytes, 0 if rmem is not running. */
 size_t rmem_page_size(void);
+
+/* ---- Direct regions: byte ranges on the memory servers, no paging ----
+ *
+ * A region is `size` bytes on the memory servers, zeroed at first, read and written with
+ * copies between your buffers and the servers: nothing is mapped, nothing is cached, any
+ * offset and length work (partial pages included) and only the bytes asked cross the network
+ * (a 100-byte rmem_read moves about 100 bytes: see rmem_region_get_stats). Regions need no
+ * rmem_init and work beside rmem_alloc; configured like it (rmem run's environment, or
+ * servers this process starts itself). Every call is safe from several threads at once and
+ * keeps many requests in flight. Calls that fail return -1 (or NULL) with errno set and a
+ * message rmem_last_error() returns:
+ *   EINVAL  a NULL region, buffer or name, a range outside the region, a bad name or size
+ *   ENOSPC  a memory server is full (the page of a range written for the first time)
+ *   EIO     a memory server was lost, or the region's creator freed it (the region is then
+ *           unusable; every later call fails the same way)
+ *   ENOTSUP a layout with which servers cannot see bytes (--encrypt, --redundancy other than
+ *           none: they store sealed or coded pages); see docs/regions.md
+ *   ENOENT  rmem_region_open: no such name, or its creator is gone
+ *   EEXIST  rmem_region_create_named: the name is held by a live process
+ * Concurrent writes of overlapping bytes land in no particular order; a read concurrent
+ * with a write of the same bytes may see either, page piece by page piece. */
+
+typedef struct rmem_region rmem_region_t;
+
+/* One range of a list call: `len` bytes at `offset` of the region, to or from `buf`. */
+struct rmem_range {
+    uint64_t offset;
+    void *buf;
+    size_t len;
+};
+
+struct rmem_region_stats {
+    uint64_t size;            /* the region's bytes */
+    uint64_t page_size;       /* ranges are split at multiples of it, one request a piece */
+    uint64_t reads;           /* successful read calls (rmem_read, rmem_readv) */
+    uint64_t writes;
+    uint64_t bytes_read;      /* bytes those calls asked for */
+    uint64_t bytes_written;
+    uint64_t bytes_fetched;   /* page data that came from the servers */
+    uint64_t bytes_sent;      /* page data that went to the servers */
+    uint64_t requests;        /* requests sent (one per piece of a range within a page) */
+};
+
+/* A new region of `size` bytes (> 0), zeroed. NULL and errno on failure. */
+rmem_region_t *rmem_region_create(size_t size);
+
+/* The same, registered under `name` (1 to 64 of [A-Za-z0-9._-], not starting with '.') so
+ * that other processes of this user can rmem_region_open it while this one holds it. The
+ * registration (a 0600 file in $XDG_RUNTIME_DIR/rmem-regions, else /tmp/rmem-regions-UID)
+ * names the servers and holds their token; it is removed by rmem_region_free. */
+rmem_region_t *rmem_region_create_named(const char *name, size_t size);
+
+/* The region another process of this user created under `name` and has not freed: the same
+ * bytes (no copy). Freeing it here leaves the region to its creator. */
+rmem_region_t *rmem_region_open(const char *name);
+
+/* Free the region: its creator's free returns its memory to the servers (openers' later calls
+ * fail with EIO); an opener's only closes its connections. No call on it may be running or
+ * follow. NULL is ignored. */
+void rmem_region_free(rmem_region_t *region);
+
+/* The region's size in bytes (0 for NULL). */
+uint64_t rmem_region_size(const rmem_region_t *region);
+
+/* Read `len` bytes at `offset` into `buf` / write `len` bytes of `buf` at `offset`. The
+ * whole range must lie inside the region (else EINVAL, nothing moved). Returns `len`, or -1. */
+ssize_t rmem_read(const rmem_region_t *region, uint64_t offset, void *buf, size_t len);
+ssize_t rmem_write(const rmem_region_t *region, uint64_t offset, const void *buf, size_t len);
+
+/* Every range of `ranges` at once, all in flight together. Nothing moves unless every range
+ * lies inside the region. Returns the sum of the lengths, or -1 (after a failure of the
+ * servers some ranges may have been written and others not). */
+ssize_t rmem_readv(const rmem_region_t *region, const struct rmem_range *ranges, size_t count);
+ssize_t rmem_writev(const rmem_region_t *region, const struct rmem_range *ranges, size_t count);
+
+/* Fill `out` with the region's statistics. Returns 0, or -1 (EINVAL). */
+int rmem_region_get_stats(const rmem_region_t *region, struct rmem_region_stats *out);
+
+/* The message of the last region call that failed on this thread ("" if none); valid until
+ * the next failure on this thread. */
+const char *rmem_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -7,20 +7,25 @@ use rmem_client::config::OwnServers;
 use rmem_client::own_servers::{hostfile_from_env, Helper};
 use std::sync::Mutex;
 
-/// The running helper, if this process started its servers.
-static HELPER: Mutex<Option<Helper>> = Mutex::new(None);
+/// The running helper and its servers, if this process started them.
+static HELPER: Mutex<Option<(Helper, OwnServers)>> = Mutex::new(None);
 
-/// Start the servers and return where they are. On failure the helper has said why on
-/// stderr; the error says what was run.
+/// Start the servers and return where they are; servers already started (by the runtime or
+/// a direct region: both use the same ones) are returned as they are. On failure the helper
+/// has said why on stderr; the error says what was run.
 pub(crate) fn start() -> Result<OwnServers, String> {
+    let mut h = HELPER.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, own)) = &*h {
+        return Ok(own.clone());
+    }
     let (helper, own) = Helper::start(hostfile_from_env().as_deref())?;
-    *HELPER.lock().unwrap_or_else(|e| e.into_inner()) = Some(helper);
+    *h = Some((helper, own.clone()));
     Ok(own)
 }
 
 /// Finalize the servers `start` started, if any, and wait until they are gone.
 pub(crate) fn stop() {
-    if let Some(h) = HELPER.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    if let Some((h, _)) = HELPER.lock().unwrap_or_else(|e| e.into_inner()).take() {
         h.stop();
     }
 }

@@ -16,12 +16,16 @@
 //! region, over the same [`state::PageStates`] and page stores: the block device (`rmem nbd`)
 //! is built on it.
 //!
+//! A third front end, [`direct::DirectRegion`], maps and caches nothing: byte ranges go
+//! between the caller's buffers and the servers (`rmem_read`/`rmem_write`).
+//!
 //! In a pool (`rmem run --manager`), [`pool::PoolLink`] beats to the manager and tells the
 //! cluster layer of servers that join and of the client's grant.
 
 pub mod alloc;
 pub mod blocks;
 pub mod config;
+pub mod direct;
 pub mod own_servers;
 pub mod pager;
 pub mod pages;

@@ -21,7 +21,10 @@
 //! session, not to the connection, so a client that reconnects within the lease finds them),
 //! then keeps many requests in flight; the server answers each connection's requests in order.
 //! `Read` and `Write` carry `count` consecutive pages, and `Swap` writes a victim and reads a
-//! page in one round trip (DLM's swap). `Snapshot` names a copy-on-write snapshot of the
+//! page in one round trip (DLM's swap). `ReadRange` and `WriteRange` (version 6) move `len`
+//! bytes at any `offset` inside one page, so a 100-byte read of a direct region moves about
+//! 100 bytes, not a page; a range of a page the session does not hold reads as zeros, and a
+//! range written to one creates it zero-filled. `Snapshot` names a copy-on-write snapshot of the
 //! attached session as of that point of the connection's requests (a `fork()` child's pages),
 //! which a connection attaches with [`ATTACH_SNAPSHOT`] and its creator ends with
 //! `EndSnapshot`. Decoding never trusts a length: every field is bounds-checked, and trailing
@@ -41,8 +44,8 @@ pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
 /// Protocol version spoken by this build. Bumped on any incompatible change (4: units of any
-/// size; 5: snapshots).
-pub const VERSION: u16 = 5;
+/// size; 5: snapshots; 6: byte ranges).
+pub const VERSION: u16 = 6;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -123,6 +126,8 @@ pub enum Op {
     Status = 0x0A,
     Snapshot = 0x0B,
     EndSnapshot = 0x0C,
+    ReadRange = 0x0D,
+    WriteRange = 0x0E,
     /// The pool manager's protocol ([`pool`]): same frames and handshake, its own version.
     PoolServerBeat = 0x20,
     PoolClientBeat = 0x21,
@@ -139,6 +144,8 @@ pub enum Op {
     SessionEnded = 0x89,
     StatusOk = 0x8A,
     SnapshotOk = 0x8B,
+    ReadRangeOk = 0x8D,
+    WriteRangeOk = 0x8E,
     PoolServerAck = 0xA0,
     PoolClientAck = 0xA1,
     PoolStatusOk = 0xA2,
@@ -161,6 +168,8 @@ impl Op {
             0x0A => Op::Status,
             0x0B => Op::Snapshot,
             0x0C => Op::EndSnapshot,
+            0x0D => Op::ReadRange,
+            0x0E => Op::WriteRange,
             0x20 => Op::PoolServerBeat,
             0x21 => Op::PoolClientBeat,
             0x22 => Op::PoolStatus,
@@ -176,6 +185,8 @@ impl Op {
             0x89 => Op::SessionEnded,
             0x8A => Op::StatusOk,
             0x8B => Op::SnapshotOk,
+            0x8D => Op::ReadRangeOk,
+            0x8E => Op::WriteRangeOk,
             0xA0 => Op::PoolServerAck,
             0xA1 => Op::PoolClientAck,
             0xA2 => Op::PoolStatusOk,
@@ -410,6 +421,21 @@ pub enum Request<'a> {
     EndSnapshot {
         session: SessionId,
     },
+    /// Read `len` bytes at `offset` of page `key` (`offset + len` within the page; `len` at
+    /// least 1). A page the session does not hold reads as zeros.
+    ReadRange {
+        key: PageKey,
+        offset: u32,
+        len: u32,
+    },
+    /// Write `data` at `offset` of page `key` (within the page, at least one byte); the rest
+    /// of the page keeps its bytes, or zeros if the session did not hold it (it is created,
+    /// taking a page of capacity).
+    WriteRange {
+        key: PageKey,
+        offset: u32,
+        data: &'a [u8],
+    },
 }
 
 impl Request<'_> {
@@ -427,6 +453,8 @@ impl Request<'_> {
             Request::Ping => Op::Ping,
             Request::Snapshot { .. } => Op::Snapshot,
             Request::EndSnapshot { .. } => Op::EndSnapshot,
+            Request::ReadRange { .. } => Op::ReadRange,
+            Request::WriteRange { .. } => Op::WriteRange,
         }
     }
 
@@ -492,6 +520,16 @@ impl Request<'_> {
             Request::Snapshot { session } | Request::EndSnapshot { session } => {
                 out.extend_from_slice(&session.0.to_le_bytes())
             }
+            Request::ReadRange { key, offset, len } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+            }
+            Request::WriteRange { key, offset, data } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(data);
+            }
         }
         patch_len(out, start);
     }
@@ -553,6 +591,16 @@ impl Request<'_> {
             },
             Op::EndSnapshot => Request::EndSnapshot {
                 session: SessionId(u128::from_le_bytes(c.array()?)),
+            },
+            Op::ReadRange => Request::ReadRange {
+                key: PageKey(c.u64()?),
+                offset: c.u32()?,
+                len: c.u32()?,
+            },
+            Op::WriteRange => Request::WriteRange {
+                key: PageKey(c.u64()?),
+                offset: c.u32()?,
+                data: c.rest(),
             },
             other => return Err(ProtoError::WrongDirection(other)),
         };
@@ -685,6 +733,18 @@ pub enum Response<'a> {
         used_bytes: u64,
         capacity_bytes: u64,
     },
+    /// Answers `ReadRange`: the bytes asked, `offset` into page `key`.
+    ReadRangeOk {
+        key: PageKey,
+        offset: u32,
+        data: &'a [u8],
+    },
+    /// Answers `WriteRange`: `len` bytes at `offset` of page `key` are stored.
+    WriteRangeOk {
+        key: PageKey,
+        offset: u32,
+        len: u32,
+    },
     Error {
         code: ErrorCode,
         message: &'a str,
@@ -705,6 +765,8 @@ impl Response<'_> {
             Response::SwapOk { .. } => Op::SwapOk,
             Response::FreeOk { .. } => Op::FreeOk,
             Response::Pong { .. } => Op::Pong,
+            Response::ReadRangeOk { .. } => Op::ReadRangeOk,
+            Response::WriteRangeOk { .. } => Op::WriteRangeOk,
             Response::Error { .. } => Op::Error,
         }
     }
@@ -769,6 +831,16 @@ impl Response<'_> {
                 out.extend_from_slice(&used_bytes.to_le_bytes());
                 out.extend_from_slice(&capacity_bytes.to_le_bytes());
             }
+            Response::ReadRangeOk { key, offset, data } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(data);
+            }
+            Response::WriteRangeOk { key, offset, len } => {
+                out.extend_from_slice(&key.0.to_le_bytes());
+                out.extend_from_slice(&offset.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+            }
             Response::Error { code, message } => {
                 let m = truncate_utf8(message, MESSAGE_LEN_MAX);
                 out.extend_from_slice(&(*code as u16).to_le_bytes());
@@ -827,6 +899,16 @@ impl Response<'_> {
             Op::Pong => Response::Pong {
                 used_bytes: c.u64()?,
                 capacity_bytes: c.u64()?,
+            },
+            Op::ReadRangeOk => Response::ReadRangeOk {
+                key: PageKey(c.u64()?),
+                offset: c.u32()?,
+                data: c.rest(),
+            },
+            Op::WriteRangeOk => Response::WriteRangeOk {
+                key: PageKey(c.u64()?),
+                offset: c.u32()?,
+                len: c.u32()?,
             },
             Op::Error => {
                 let code = ErrorCode::from_u16(c.u16()?);
@@ -928,6 +1010,16 @@ mod tests {
         roundtrip_req(Request::EndSnapshot {
             session: SessionId(17),
         });
+        roundtrip_req(Request::ReadRange {
+            key: PageKey(5),
+            offset: 4001,
+            len: 95,
+        });
+        roundtrip_req(Request::WriteRange {
+            key: PageKey(u64::MAX),
+            offset: 3,
+            data: &page[..100],
+        });
     }
 
     #[test]
@@ -990,10 +1082,58 @@ mod tests {
             used_bytes: 1,
             capacity_bytes: 2,
         });
+        roundtrip_resp(Response::ReadRangeOk {
+            key: PageKey(5),
+            offset: 4001,
+            data: &page[..95],
+        });
+        roundtrip_resp(Response::WriteRangeOk {
+            key: PageKey(5),
+            offset: 7,
+            len: 100,
+        });
         roundtrip_resp(Response::Error {
             code: ErrorCode::Full,
             message: "server full",
         });
+    }
+
+    #[test]
+    fn range_bodies_are_bounds_checked() {
+        // The fixed fields of each range frame: every shorter body is truncated; the fixed-size
+        // ones refuse a byte more, the ones with data take the rest as data.
+        for (op, fixed, data_rest) in [
+            (Op::ReadRange, 16, false),
+            (Op::WriteRange, 12, true),
+            (Op::ReadRangeOk, 12, true),
+            (Op::WriteRangeOk, 16, false),
+        ] {
+            let decode = |body: &[u8]| match op {
+                Op::ReadRange | Op::WriteRange => Request::decode(op, body).map(|_| ()),
+                _ => Response::decode(op, body).map(|_| ()),
+            };
+            for n in 0..fixed {
+                assert!(
+                    matches!(decode(&vec![0; n]), Err(ProtoError::Truncated { .. })),
+                    "{op:?} cut to {n} bytes"
+                );
+            }
+            assert_eq!(decode(&vec![0; fixed]), Ok(()));
+            let long = decode(&vec![0; fixed + 1]);
+            if data_rest {
+                assert_eq!(long, Ok(()));
+            } else {
+                assert!(matches!(long, Err(ProtoError::Trailing { extra: 1, .. })));
+            }
+        }
+        assert!(matches!(
+            Response::decode(Op::ReadRange, &[0; 16]),
+            Err(ProtoError::WrongDirection(Op::ReadRange))
+        ));
+        assert!(matches!(
+            Request::decode(Op::WriteRangeOk, &[0; 16]),
+            Err(ProtoError::WrongDirection(Op::WriteRangeOk))
+        ));
     }
 
     #[test]

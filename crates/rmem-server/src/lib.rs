@@ -598,6 +598,17 @@ impl Connection<'_> {
         Ok(())
     }
 
+    /// A byte range must lie inside one page and hold at least one byte.
+    fn check_range(&self, offset: u32, len: usize) -> Result<(), Close> {
+        if len == 0 || offset as usize + len > self.page_size {
+            return Err(Close::Bad(format!(
+                "range of {len} bytes at offset {offset} of a {}-byte page",
+                self.page_size
+            )));
+        }
+        Ok(())
+    }
+
     fn not_found(key: u64, out: &mut Vec<u8>, tag: u64) {
         let msg = format!("page {key} is not stored here");
         Response::Error {
@@ -760,6 +771,39 @@ impl Connection<'_> {
                     Err(e) => self.unreadable(read_key.0, &e, out, tag),
                 }
                 self.scratch = page;
+            }
+            Request::ReadRange { key, offset, len } => {
+                self.check_range(offset, len as usize)?;
+                let (o, n) = (offset as usize, len as usize);
+                let mut page = std::mem::take(&mut self.scratch);
+                page.clear();
+                match pages.read(key.0, &mut page) {
+                    Ok(found) => {
+                        let start = out.len();
+                        let data = if found { &page[o..o + n] } else { &[][..] };
+                        Response::ReadRangeOk { key, offset, data }.encode(tag, out);
+                        if !found {
+                            // A page this session does not hold reads as zeros.
+                            out.resize(out.len() + n, 0);
+                            rmem_proto::patch_len(out, start);
+                        }
+                    }
+                    Err(e) => self.unreadable(key.0, &e, out, tag),
+                }
+                self.scratch = page;
+            }
+            Request::WriteRange { key, offset, data } => {
+                self.check_range(offset, data.len())?;
+                match pages.store_range(sessions, capacity, key.0, offset as usize, data) {
+                    Ok(()) => {
+                        let len = data.len() as u32;
+                        Response::WriteRangeOk { key, offset, len }.encode(tag, out);
+                    }
+                    Err(refusal) => {
+                        drop(pages);
+                        self.refused(key.0, refusal, self.page_size as u64, out, tag);
+                    }
+                }
             }
             Request::Free { keys } => {
                 let removed = pages.free(sessions, &keys);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Operations counted, in exposition order, with their label.
-const OPS: [(Op, &str); 10] = [
+const OPS: [(Op, &str); 12] = [
     (Op::Read, "read"),
     (Op::Write, "write"),
     (Op::Swap, "swap"),
@@ -25,6 +25,8 @@ const OPS: [(Op, &str); 10] = [
     (Op::Status, "status"),
     (Op::Snapshot, "snapshot"),
     (Op::EndSnapshot, "end_snapshot"),
+    (Op::ReadRange, "read_range"),
+    (Op::WriteRange, "write_range"),
 ];
 
 /// Histogram bucket bounds, in nanoseconds (1 us to 10 ms).

@@ -603,6 +603,49 @@ impl Pages<'_> {
         Err(StoreRefusal::Disk(e))
     }
 
+    /// Store `data` at `offset` of page `key`, the rest of the page as it was (zeros for a
+    /// page this session does not read yet), refused as [`Pages::store`] refuses. The page is
+    /// patched in place when only this session names it; otherwise (new, or shared with a
+    /// snapshot) patched in a copy and stored whole, so snapshots keep what they read
+    /// (copy-on-write) exactly as for a whole-page write. Only the client's bytes crossed the
+    /// network either way.
+    pub fn store_range(
+        &mut self,
+        sessions: &Sessions,
+        capacity: u64,
+        key: u64,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), StoreRefusal> {
+        let ps = self.page_size();
+        assert!(offset + data.len() <= ps, "range checked by the caller");
+        self.family.preserve(self.id, key);
+        let Family { arena, members } = &mut *self.family;
+        let m = &members[&self.id];
+        if let Some(Entry::Slot(s)) = m.own.get(key) {
+            if arena.refs(s) == 1 {
+                // Its own page that no snapshot names: patched in place, no capacity taken.
+                let owner = SlotOwner {
+                    session: self.id,
+                    key,
+                    snapshot: m.parent.is_some(),
+                };
+                if let Err(e) = arena.write_at(s, offset, data, owner) {
+                    // The slot holds no valid page now: the key goes, as for a failed store.
+                    self.free(sessions, &[rmem_proto::PageKey(key)]);
+                    return Err(StoreRefusal::Disk(e));
+                }
+                return Ok(());
+            }
+        }
+        let mut page = Vec::with_capacity(ps);
+        if !self.read(key, &mut page).map_err(StoreRefusal::Disk)? {
+            page.resize(ps, 0);
+        }
+        page[offset..offset + data.len()].copy_from_slice(data);
+        self.store(sessions, capacity, key, &page)
+    }
+
     /// Forget these pages: how many this session held itself.
     pub fn free(&mut self, sessions: &Sessions, keys: &[rmem_proto::PageKey]) -> usize {
         let ps = self.page_size() as u64;
@@ -742,6 +785,52 @@ mod tests {
         assert_eq!(used_pages(&s), 2);
         assert_eq!(s.end_snapshot(&p, SessionId(2)).unwrap(), 0, "gone already");
         assert!(matches!(c.lock(), Err(Refusal::Gone(_))));
+    }
+
+    #[test]
+    fn a_range_write_creates_a_zeroed_page_patches_in_place_and_copies_a_shared_one() {
+        range_writes(Sessions::default());
+    }
+
+    #[test]
+    fn range_writes_on_disk_read_patch_and_write_whole_slots() {
+        let d = crate::disk::tests::dir();
+        range_writes(on_disk(&d.join("ranges"), false).0);
+    }
+
+    fn range_writes(s: Sessions) {
+        let p = attach(&s, 1, AttachMode::Create);
+        let range = |a: &Attachment, key, off: usize, v: u8, n: usize, cap| {
+            a.lock()
+                .unwrap()
+                .store_range(&s, cap, key, off, &vec![v; n])
+                .is_ok()
+        };
+        let bytes = |a: &Attachment, key, off: usize, n: usize| {
+            let mut page = Vec::new();
+            let found = a.lock().unwrap().read(key, &mut page).unwrap();
+            found.then(|| page[off..off + n].to_vec())
+        };
+        // A new page: zeros around the range, one page of capacity.
+        assert!(range(&p, 7, 100, 9, 3, CAP));
+        assert_eq!(bytes(&p, 7, 99, 5), Some(vec![0, 9, 9, 9, 0]));
+        assert_eq!(used_pages(&s), 1);
+        // In place: no capacity, even with none left.
+        assert!(range(&p, 7, 0, 5, 2, PS as u64));
+        assert_eq!(bytes(&p, 7, 0, 3), Some(vec![5, 5, 0]));
+        assert!(
+            !range(&p, 8, 0, 1, 1, PS as u64),
+            "a new page past capacity"
+        );
+        assert_eq!(used_pages(&s), 1);
+        // Shared with a snapshot: the snapshot keeps its bytes, the writer gets a copy.
+        assert!(s.snapshot(&p, SessionId(2)).unwrap());
+        let c = attach(&s, 2, AttachMode::Snapshot(Duration::ZERO));
+        assert!(range(&p, 7, 101, 4, 1, CAP));
+        assert_eq!(bytes(&p, 7, 100, 3), Some(vec![9, 4, 9]));
+        assert_eq!(bytes(&c, 7, 100, 3), Some(vec![9, 9, 9]));
+        assert_eq!(bytes(&p, 7, 0, 2), Some(vec![5, 5]), "the rest copied");
+        assert_eq!(used_pages(&s), 2);
     }
 
     #[test]

@@ -225,6 +225,41 @@ impl Arena {
         slot
     }
 
+    /// Overwrite `data.len()` bytes at `offset` of the page of `slot`, which only one
+    /// reference may name (a byte-range write): in place in RAM, read, patched and written
+    /// as a whole on disk (a slot's checksum covers the page). On an error the slot holds no
+    /// valid page any more: the caller must release it.
+    pub fn write_at(
+        &mut self,
+        slot: u32,
+        offset: usize,
+        data: &[u8],
+        owner: SlotOwner,
+    ) -> io::Result<()> {
+        assert!(
+            offset + data.len() <= self.page_size,
+            "range within the page"
+        );
+        assert_eq!(self.refs[slot as usize], 1, "write to a shared slot {slot}");
+        match &self.backing {
+            Backing::Ram { .. } => {
+                let (slab, at) = self.place(slot);
+                let Backing::Ram { slabs, .. } = &mut self.backing else {
+                    unreachable!("a RAM arena");
+                };
+                let slab = slabs[slab].as_mut().expect("a used slot's slab");
+                slab[at + offset..at + offset + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+            Backing::Disk { .. } => {
+                let mut page = Vec::with_capacity(self.page_size);
+                self.read(slot, &mut page)?;
+                page[offset..offset + data.len()].copy_from_slice(data);
+                self.write(slot, &page, owner)
+            }
+        }
+    }
+
     /// One more reference to `slot` (a snapshot shares the page).
     pub fn share(&mut self, slot: u32) {
         let r = &mut self.refs[slot as usize];

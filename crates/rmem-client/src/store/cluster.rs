@@ -1297,6 +1297,9 @@ impl RemoteStore {
                     self.lost_read(rop, 0);
                 }
                 Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
+                Kind::ReadRange { .. } | Kind::WriteRange { .. } => {
+                    unreachable!("the cluster layer sends no byte ranges")
+                }
             }
         }
         self.next_revive = Instant::now() + REVIVE_EVERY;

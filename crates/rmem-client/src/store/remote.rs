@@ -77,6 +77,19 @@ pub(crate) enum Kind {
         rop: u64,
         rkey: u64,
     },
+    /// A byte range of one page (a direct region's, [`crate::direct`]): read `len` bytes at
+    /// `offset`, or write there.
+    ReadRange {
+        op: u64,
+        key: u64,
+        offset: u32,
+        len: u32,
+    },
+    WriteRange {
+        op: u64,
+        key: u64,
+        offset: u32,
+    },
     Free,
     Ping,
     /// A snapshot of the session for a fork() child, or its end.
@@ -281,6 +294,7 @@ fn open(
     session: SessionId,
     timeout: Duration,
     snapshot: bool,
+    exclusive: bool,
 ) -> Result<Link, StoreError> {
     let connect_err = |source| StoreError::Connect {
         server: server.into(),
@@ -301,7 +315,11 @@ fn open(
         )));
     }
     let mut frame = Vec::new();
-    let mut flags = rmem_proto::ATTACH_EXCLUSIVE;
+    let mut flags = if exclusive {
+        rmem_proto::ATTACH_EXCLUSIVE
+    } else {
+        0
+    };
     let mut deadline = deadline;
     if snapshot {
         flags |= rmem_proto::ATTACH_SNAPSHOT;
@@ -385,7 +403,44 @@ impl Conn {
         session: SessionId,
         timing: Timing,
     ) -> Result<Conn, StoreError> {
-        let link = open(server, token, page_size, session, timing.connect, false)?;
+        Conn::connect_as(server, token, page_size, session, timing, true)
+    }
+
+    /// [`Conn::connect`] for a session that other processes attach too (a named direct
+    /// region): the attach fences no one, and a lost link is not re-established (an exclusive
+    /// reattach would fence the other processes; a shared one could let frames the old link
+    /// still had buffered on the server land after those re-sent), so it is an error at once.
+    pub(crate) fn connect_shared(
+        server: &str,
+        token: &[u8],
+        page_size: usize,
+        session: SessionId,
+        timing: Timing,
+    ) -> Result<Conn, StoreError> {
+        let timing = Timing {
+            reconnect: Duration::ZERO,
+            ..timing
+        };
+        Conn::connect_as(server, token, page_size, session, timing, false)
+    }
+
+    fn connect_as(
+        server: &str,
+        token: &[u8],
+        page_size: usize,
+        session: SessionId,
+        timing: Timing,
+        exclusive: bool,
+    ) -> Result<Conn, StoreError> {
+        let link = open(
+            server,
+            token,
+            page_size,
+            session,
+            timing.connect,
+            false,
+            exclusive,
+        )?;
         let limits = Limits {
             frame_len_max: link.welcome.frame_len_max,
             lease: link.lease,
@@ -480,6 +535,7 @@ impl Conn {
             self.session,
             self.timing.connect,
             self.snapshot,
+            true,
         );
         match opened {
             Ok(link) => {
@@ -518,7 +574,12 @@ impl Conn {
     }
 
     pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
-        if !self.frees.is_empty() && matches!(kind, Kind::Write { .. } | Kind::Swap { .. }) {
+        if !self.frees.is_empty()
+            && matches!(
+                kind,
+                Kind::Write { .. } | Kind::Swap { .. } | Kind::WriteRange { .. }
+            )
+        {
             // A free queued before this write may name the same key (a page freed and written
             // again before the next flush: the block device does that within one request).
             // The server answers a connection's requests in order, so sending the frees first
@@ -611,6 +672,7 @@ impl Conn {
             self.session,
             timeout,
             self.snapshot,
+            true,
         ) {
             Ok(link) => {
                 if !link.existed && self.used_bytes > 0 {
@@ -864,7 +926,11 @@ impl Conn {
                 // answer to a ping, a free or a snapshot made a fork child's pager spin).
                 if matches!(
                     pending.kind,
-                    Kind::Read { .. } | Kind::Write { .. } | Kind::Swap { .. }
+                    Kind::Read { .. }
+                        | Kind::Write { .. }
+                        | Kind::Swap { .. }
+                        | Kind::ReadRange { .. }
+                        | Kind::WriteRange { .. }
                 ) {
                     *done += 1;
                 }
@@ -890,6 +956,43 @@ impl Conn {
                             op: rop,
                             piece: 0,
                             data,
+                        });
+                    }
+                    (
+                        Kind::ReadRange {
+                            op,
+                            key,
+                            offset,
+                            len,
+                        },
+                        Response::ReadRangeOk {
+                            key: k,
+                            offset: o,
+                            data,
+                        },
+                    ) if k.0 == key && o == offset && data.len() == len as usize => {
+                        f(Answer::Read { op, piece: 0, data })
+                    }
+                    (
+                        Kind::WriteRange { op, key, offset },
+                        Response::WriteRangeOk {
+                            key: k, offset: o, ..
+                        },
+                    ) if k.0 == key && o == offset => f(Answer::Written { op, piece: 0 }),
+                    (
+                        Kind::WriteRange { op, .. },
+                        Response::Error {
+                            code: rmem_proto::ErrorCode::Full,
+                            ..
+                        },
+                    ) => {
+                        // No other server takes a region's page (its place is fixed): the
+                        // caller is told.
+                        self.full = true;
+                        f(Answer::Full {
+                            op,
+                            piece: 0,
+                            unit: Vec::new(),
                         });
                     }
                     (Kind::Free, Response::FreeOk { .. })
@@ -1099,6 +1202,12 @@ fn describe_request(kind: Kind, unit: usize) -> String {
         Kind::Write { key, piece, .. } => format!("a write of page {key} piece {piece}"),
         Kind::Swap { wkey, rkey, .. } => {
             format!("a swap writing page {wkey} and reading page {rkey} ({unit} bytes)")
+        }
+        Kind::ReadRange {
+            key, offset, len, ..
+        } => format!("a read of {len} bytes at offset {offset} of page {key}"),
+        Kind::WriteRange { key, offset, .. } => {
+            format!("a write at offset {offset} of page {key}")
         }
         Kind::Free => "a free".into(),
         Kind::Ping => "a ping".into(),

@@ -1,0 +1,198 @@
+//! Direct regions (`rmem_read`/`rmem_write`, issue 13 items 8 and 10): tests/c/regions.c under
+//! `rmem run --api` and on its own (the library starts its own servers), every run bounded.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A registry directory of this test's own (the region names are per user otherwise).
+fn runtime_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rmem-regions-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let _ = Command::new("chmod").arg("700").arg(&d).status();
+    d
+}
+
+fn regions(args: &[&str], under_run: bool, dir: &PathBuf) -> Command {
+    let prog = build_c("tests/c/regions.c");
+    let mut c = if under_run {
+        let mut c = Command::new(rmem());
+        c.args(["run", "--api", "--"]).arg(&prog);
+        c
+    } else {
+        Command::new(&prog)
+    };
+    c.args(args)
+        .env("XDG_RUNTIME_DIR", dir)
+        .env("RMEM_BIN", rmem());
+    c
+}
+
+fn check(out: &Output, what: &str) {
+    assert!(
+        out.status.success() && out.stdout.lines().any(|l| l.starts_with("ok")),
+        "{what}: {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// Wait for `child` with a deadline (its group killed past it).
+fn wait_bounded_status(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > limit {
+            // SAFETY: kill(2) of a process group this test made.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            panic!("ran over {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn random_unaligned_ranges_from_8_threads_match_a_reference_copy() {
+    let dir = runtime_dir("stress");
+    let out = run_bounded(
+        &mut regions(&["stress", "6000000", "3"], true, &dir),
+        Duration::from_secs(120),
+    );
+    check(&out, "8 threads of ranges");
+    eprint!("{}", out.stdout);
+}
+
+#[test]
+fn a_100_byte_read_moves_about_100_bytes_and_bad_input_is_refused() {
+    let dir = runtime_dir("bytes");
+    for under_run in [true, false] {
+        let out = run_bounded(
+            &mut regions(&["bytes"], under_run, &dir),
+            Duration::from_secs(60),
+        );
+        check(
+            &out,
+            if under_run {
+                "under rmem run"
+            } else {
+                "on its own"
+            },
+        );
+        assert!(
+            out.stdout.contains("a 100-byte read moved 100 bytes"),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn a_second_process_opens_a_named_region_while_its_creator_holds_it() {
+    let dir = runtime_dir("named");
+    let mut creator = regions(&["create", "handoff", "300001"], true, &dir)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = creator.stdin.take().unwrap();
+    let mut stdout = BufReader::new(creator.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = stdout.read_line(&mut line);
+        let _ = tx.send(line);
+        let mut rest = String::new();
+        while stdout.read_line(&mut rest).unwrap_or(0) > 0 {}
+        rest
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(60));
+    if ready.as_deref().map(str::trim) != Ok("ready") {
+        // SAFETY: kill(2) of the process group this test made.
+        unsafe { libc::kill(-(creator.id() as i32), libc::SIGKILL) };
+        panic!("the creator did not get ready: {ready:?}");
+    }
+    let registration = dir.join("rmem-regions/handoff");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&registration).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "the registration holds the token");
+    // The opener runs on its own: everything it needs is in the registration.
+    let opened = run_bounded(
+        &mut regions(&["open", "handoff"], false, &dir),
+        Duration::from_secs(60),
+    );
+    // A second opener holds the region across its creator's free.
+    let mut holder = regions(&["open-hold", "handoff"], false, &dir)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut holder_in = holder.stdin.take().unwrap();
+    let mut holder_out = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    let _ = holder_out.read_line(&mut line);
+    assert_eq!(line.trim(), "opened", "the holder");
+    let _ = stdin.write_all(b"go\n");
+    drop(stdin);
+    let created = wait_bounded_status(creator, Duration::from_secs(60));
+    check(&opened, "the opener");
+    let _ = holder_in.write_all(b"go\n");
+    drop(holder_in);
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut holder_out, &mut rest);
+    holder.stdout = None;
+    let held = wait_bounded_status(holder, Duration::from_secs(30));
+    assert!(
+        held.success() && rest.starts_with("ok"),
+        "the holder after the creator freed the region: {held:?}\n{rest}"
+    );
+    assert!(
+        created.success(),
+        "the creator: {created:?} (its stderr is above)"
+    );
+    assert!(
+        !registration.exists(),
+        "the registration outlived its region"
+    );
+    let gone = run_bounded(
+        &mut regions(&["open-fails", "handoff"], false, &dir),
+        Duration::from_secs(30),
+    );
+    check(&gone, "opening a freed region");
+}
+
+#[test]
+fn layouts_that_seal_pages_are_refused_with_why() {
+    let dir = runtime_dir("layout");
+    for opts in [
+        &["--encrypt"][..],
+        &["--servers", "2", "--redundancy", "replicas:2"],
+    ] {
+        let prog = build_c("tests/c/regions.c");
+        let mut c = Command::new(rmem());
+        c.args(["run", "--api"])
+            .args(opts)
+            .arg("--")
+            .arg(&prog)
+            .arg("layout-refused")
+            .env("XDG_RUNTIME_DIR", &dir);
+        let out = run_bounded(&mut c, Duration::from_secs(60));
+        check(&out, &format!("rmem run {opts:?}"));
+    }
+}

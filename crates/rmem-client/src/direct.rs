@@ -1,0 +1,817 @@
+//! Direct regions: byte ranges on memory servers, read and written without paging.
+//!
+//! Entry point: [`DirectRegion::create`] (a region of `size` bytes on the servers a
+//! [`Config`] names, optionally registered under a name) or [`DirectRegion::open`] (a named
+//! region of another process of the same user), then [`DirectRegion::read`] /
+//! [`DirectRegion::write`] and their list forms. Nothing is mapped or cached: a range is
+//! split at page boundaries and each piece is one `ReadRange` or `WriteRange` request, so a
+//! 100-byte read moves about 100 bytes ([`RegionStats`]).
+//!
+//! One engine thread per region owns a connection ([`Conn`]) per server and keeps many pieces
+//! in flight (up to [`DirectRegion::create`]'s in-flight limit in bytes); callers on any
+//! number of threads queue their pieces and sleep until the engine has answered them all.
+//! Page `p` of a region lives on server `p mod N` of the list it was made with: a fixed place,
+//! so a second process that opens the region by name finds every page without asking its
+//! creator. A server that is full refuses a write (`ENOSPC`); no other server takes the page.
+//!
+//! Layouts: byte ranges are exact only where a server stores a page as it is. A sealed page
+//! (encryption, or the checksums of replicas) or an erasure-coded one cannot be patched by
+//! the server, so regions are refused under those layouts (see docs/regions.md).
+//!
+//! Named regions: the creator writes a registration file (0600, in a 0700 directory of the
+//! user's: `$XDG_RUNTIME_DIR/rmem-regions`, else `/tmp/rmem-regions-UID`) with the session
+//! id, the servers, the token and its pid; an opener attaches the same server sessions. The
+//! creator's free ends the sessions (openers then get errors) and removes the file.
+
+use crate::config::Config;
+use crate::store::remote::{Answer, Conn, Kind, Timing};
+use crate::store::StoreError;
+use rmem_proto::{PageKey, Request, SessionId};
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::io::Write as _;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes of pieces in flight at once per region when `RMEM_REGION_INFLIGHT` is not set.
+pub const INFLIGHT_BYTES_DEFAULT: u64 = 64 << 20;
+/// Longest region name.
+pub const NAME_LEN_MAX: usize = 64;
+/// How often the engine looks at its connections when nothing happens (timeouts, pings).
+const TICK: Duration = Duration::from_millis(100);
+
+/// Why a region call failed. [`RegionError::errno`] is what the C API sets.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    #[error("range of {len} bytes at offset {offset} is outside the region of {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Layout(String),
+    #[error("region name {name:?}: {why}")]
+    Name { name: String, why: String },
+    #[error("no region named {name:?}: {why}")]
+    NoSuchName { name: String, why: String },
+    #[error("a region named {name:?} exists already (process {pid})")]
+    NameTaken { name: String, pid: u32 },
+    #[error("region registry {path}")]
+    Registry {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("memory server {server} is full: a new page of the region does not fit")]
+    Full { server: String },
+    #[error("the region is unusable: {0}")]
+    Failed(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl RegionError {
+    /// The errno the C API reports this with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            RegionError::OutOfRange { .. } | RegionError::Invalid(_) => libc::EINVAL,
+            RegionError::Name { .. } => libc::EINVAL,
+            RegionError::Layout(_) => libc::ENOTSUP,
+            RegionError::NoSuchName { .. } => libc::ENOENT,
+            RegionError::NameTaken { .. } => libc::EEXIST,
+            RegionError::Registry { .. } => libc::EACCES,
+            RegionError::Full { .. } => libc::ENOSPC,
+            RegionError::Failed(_) | RegionError::Store(_) => libc::EIO,
+        }
+    }
+}
+
+/// What a region has moved. `bytes_*` count page data only (no frame headers): a
+/// `read` of 100 bytes adds 100 to `bytes_read` and to `bytes_fetched`.
+#[derive(Debug, Default)]
+pub struct RegionStats {
+    /// Calls that read or wrote, and their bytes as the callers asked.
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    /// Page data that came from the servers and went to them.
+    pub bytes_fetched: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    /// Requests sent to servers (one per piece of a range within a page).
+    pub requests: AtomicU64,
+}
+
+/// A caller's buffer, written (read pieces) or read (write pieces) by the engine thread.
+#[derive(Clone, Copy)]
+struct Buf(*mut u8);
+// SAFETY: a Buf is only used while the call that made it waits for its job (`Job::wait`),
+// which keeps the buffer borrowed; the engine forgets every piece before the job completes.
+unsafe impl Send for Buf {}
+
+/// One call's pieces: how many are unanswered, and the first error.
+struct Job {
+    state: Mutex<(usize, Option<RegionError>)>,
+    done: Condvar,
+}
+
+impl Job {
+    fn new(pieces: usize) -> Arc<Job> {
+        Arc::new(Job {
+            state: Mutex::new((pieces, None)),
+            done: Condvar::new(),
+        })
+    }
+
+    /// One piece answered (with `err` if it failed).
+    fn answered(&self, err: Option<RegionError>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 -= 1;
+        if s.1.is_none() {
+            s.1 = err;
+        }
+        if s.0 == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    fn wait(&self) -> Result<(), RegionError> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while s.0 > 0 {
+            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.1.take().map_or(Ok(()), Err)
+    }
+}
+
+/// A range within one page.
+struct Piece {
+    job: Arc<Job>,
+    page: u64,
+    offset: u32,
+    len: u32,
+    buf: Buf,
+    write: bool,
+}
+
+struct Queue {
+    pieces: Vec<Piece>,
+    stop: bool,
+    /// Set by the engine when it gave up; every later call fails with it.
+    failed: Option<String>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// An eventfd: the engine sleeps on it with the connections.
+    wake: OwnedFd,
+    stats: RegionStats,
+}
+
+impl Shared {
+    fn kick(&self) {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes from a local to our own eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// Where a region lives, as the registration file says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Place {
+    session: SessionId,
+    size: u64,
+    page_size: usize,
+    servers: Vec<String>,
+    token: Vec<u8>,
+    pid: u32,
+}
+
+/// A region of bytes on memory servers. Safe to use from several threads at once.
+pub struct DirectRegion {
+    shared: Arc<Shared>,
+    engine: Option<std::thread::JoinHandle<()>>,
+    size: u64,
+    page_size: usize,
+    /// The registration file of a named region this process created (removed at drop).
+    registered: Option<PathBuf>,
+}
+
+impl DirectRegion {
+    /// A region of `size` zeroed bytes on `config`'s servers, a new session on each. With a
+    /// `name`, registered so that [`DirectRegion::open`] finds it while this one lives.
+    pub fn create(
+        config: &Config,
+        size: u64,
+        name: Option<&str>,
+    ) -> Result<DirectRegion, RegionError> {
+        if size == 0 {
+            return Err(RegionError::Invalid("a region of 0 bytes".into()));
+        }
+        let (redundancy, encrypt) = config.layout();
+        if redundancy != crate::store::codec::Redundancy::None || encrypt {
+            return Err(RegionError::Layout(format!(
+                "direct regions need pages stored as they are, so that a server can read and \
+                 write a byte range of one; this configuration seals them (--redundancy \
+                 {redundancy}{}), which only whole pages can be (use --redundancy none \
+                 without --encrypt for regions; see docs/regions.md)",
+                if encrypt { ", --encrypt" } else { "" }
+            )));
+        }
+        if config.manager.is_some() || config.servers.is_empty() {
+            return Err(RegionError::Layout(
+                "direct regions need a list of servers; a pool's manager (RMEM_MANAGER) is not \
+                 supported for them yet"
+                    .into(),
+            ));
+        }
+        let session = SessionId::random().map_err(|e| RegionError::Registry {
+            path: "(random source)".into(),
+            source: e,
+        })?;
+        let place = Place {
+            session,
+            size,
+            page_size: config.page_size,
+            servers: config.servers.clone(),
+            token: config.token.clone(),
+            pid: std::process::id(),
+        };
+        let registered = match name {
+            Some(n) => Some(register(n, &place)?),
+            None => None,
+        };
+        let r = DirectRegion::start(&place, Timing::of(config), true, inflight_limit()?);
+        if r.is_err() {
+            if let Some(p) = &registered {
+                let _ = fs::remove_file(p);
+            }
+        }
+        let mut r = r?;
+        r.registered = registered;
+        Ok(r)
+    }
+
+    /// The region another process of this user created under `name` and still holds.
+    pub fn open(name: &str, timing: Timing) -> Result<DirectRegion, RegionError> {
+        let path = registry_dir(false)?.join(check_name(name)?);
+        let text = fs::read_to_string(&path).map_err(|e| RegionError::NoSuchName {
+            name: name.into(),
+            why: format!("{}: {e}", path.display()),
+        })?;
+        let place = parse_place(&text).ok_or_else(|| RegionError::NoSuchName {
+            name: name.into(),
+            why: format!("{} is not a region's registration", path.display()),
+        })?;
+        if !alive(place.pid) {
+            return Err(RegionError::NoSuchName {
+                name: name.into(),
+                why: format!("its creator (process {}) is gone", place.pid),
+            });
+        }
+        DirectRegion::start(&place, timing, false, inflight_limit()?)
+    }
+
+    fn start(
+        place: &Place,
+        timing: Timing,
+        owner: bool,
+        inflight_max: u64,
+    ) -> Result<DirectRegion, RegionError> {
+        let mut conns = Vec::with_capacity(place.servers.len());
+        for s in &place.servers {
+            let c = Conn::connect_shared(s, &place.token, place.page_size, place.session, timing);
+            match c {
+                Ok(c) => conns.push(c),
+                Err(e) => {
+                    if owner {
+                        conns.iter_mut().for_each(Conn::end_session);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        // SAFETY: eventfd has no memory arguments; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(RegionError::Registry {
+                path: "eventfd".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                pieces: Vec::new(),
+                stop: false,
+                failed: None,
+            }),
+            // SAFETY: `fd` is a new descriptor nobody else owns.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            stats: RegionStats::default(),
+        });
+        let mut engine = Engine {
+            shared: shared.clone(),
+            conns,
+            ops: HashMap::new(),
+            waiting: VecDeque::new(),
+            next_op: 0,
+            inflight_bytes: 0,
+            inflight_max,
+            owner,
+        };
+        let thread = std::thread::Builder::new()
+            .name("rmem-region".into())
+            .spawn(move || engine.run())
+            .map_err(|e| RegionError::Registry {
+                path: "(engine thread)".into(),
+                source: e,
+            })?;
+        Ok(DirectRegion {
+            shared,
+            engine: Some(thread),
+            size: place.size,
+            page_size: place.page_size,
+            registered: None,
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    pub fn stats(&self) -> &RegionStats {
+        &self.shared.stats
+    }
+
+    /// Read `buf.len()` bytes at `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+        self.read_ranges(&mut [(offset, buf)])
+    }
+
+    /// Write `buf` at `offset`.
+    pub fn write(&self, offset: u64, buf: &[u8]) -> Result<(), RegionError> {
+        self.write_ranges(&[(offset, buf)])
+    }
+
+    /// Read every range (offset, buffer), all in flight together. Nothing is read unless
+    /// every range lies inside the region.
+    pub fn read_ranges(&self, ranges: &mut [(u64, &mut [u8])]) -> Result<(), RegionError> {
+        let list: Vec<(u64, Buf, usize)> = ranges
+            .iter_mut()
+            .map(|(o, b)| (*o, Buf(b.as_mut_ptr()), b.len()))
+            .collect();
+        let n: u64 = list.iter().map(|r| r.2 as u64).sum();
+        self.run(&list, false)?;
+        self.shared.stats.reads.fetch_add(1, Relaxed);
+        self.shared.stats.bytes_read.fetch_add(n, Relaxed);
+        Ok(())
+    }
+
+    /// Write every range (offset, data), all in flight together; ranges that overlap land
+    /// in no particular order. Nothing is written unless every range lies inside the region.
+    pub fn write_ranges(&self, ranges: &[(u64, &[u8])]) -> Result<(), RegionError> {
+        let list: Vec<(u64, Buf, usize)> = ranges
+            .iter()
+            .map(|(o, b)| (*o, Buf(b.as_ptr().cast_mut()), b.len()))
+            .collect();
+        let n: u64 = list.iter().map(|r| r.2 as u64).sum();
+        self.run(&list, true)?;
+        self.shared.stats.writes.fetch_add(1, Relaxed);
+        self.shared.stats.bytes_written.fetch_add(n, Relaxed);
+        Ok(())
+    }
+
+    /// Split the ranges into pieces within pages, queue them, wait for every answer.
+    fn run(&self, ranges: &[(u64, Buf, usize)], write: bool) -> Result<(), RegionError> {
+        for &(offset, _, len) in ranges {
+            let end = offset.checked_add(len as u64);
+            if end.is_none_or(|e| e > self.size) {
+                return Err(RegionError::OutOfRange {
+                    offset,
+                    len: len as u64,
+                    size: self.size,
+                });
+            }
+        }
+        let ps = self.page_size as u64;
+        let count: usize = ranges
+            .iter()
+            .filter(|r| r.2 > 0)
+            .map(|&(o, _, l)| ((o + l as u64 - 1) / ps - o / ps + 1) as usize)
+            .sum();
+        if count == 0 {
+            return Ok(());
+        }
+        let job = Job::new(count);
+        let mut pieces = Vec::with_capacity(count);
+        for &(offset, buf, len) in ranges {
+            let mut done = 0u64;
+            while done < len as u64 {
+                let at = offset + done;
+                let within = at % ps;
+                let n = (ps - within).min(len as u64 - done);
+                pieces.push(Piece {
+                    job: job.clone(),
+                    page: at / ps,
+                    offset: within as u32,
+                    len: n as u32,
+                    // SAFETY: `done < len`: inside the caller's buffer.
+                    buf: Buf(unsafe { buf.0.add(done as usize) }),
+                    write,
+                });
+                done += n;
+            }
+        }
+        {
+            let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = &q.failed {
+                return Err(RegionError::Failed(why.clone()));
+            }
+            q.pieces.append(&mut pieces);
+        }
+        self.shared.kick();
+        job.wait()
+    }
+}
+
+impl Drop for DirectRegion {
+    fn drop(&mut self) {
+        self.shared
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop = true;
+        self.shared.kick();
+        if let Some(t) = self.engine.take() {
+            let _ = t.join();
+        }
+        if let Some(p) = &self.registered {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// The engine thread's state: the links, the pieces in flight by op, those waiting for room.
+struct Engine {
+    shared: Arc<Shared>,
+    conns: Vec<Conn>,
+    ops: HashMap<u64, Piece>,
+    waiting: VecDeque<Piece>,
+    next_op: u64,
+    inflight_bytes: u64,
+    inflight_max: u64,
+    /// This process created the sessions: it ends them when the region is freed.
+    owner: bool,
+}
+
+impl Engine {
+    fn run(&mut self) {
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let stop = {
+                let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+                self.waiting.extend(q.pieces.drain(..));
+                q.stop
+            };
+            if stop && self.ops.is_empty() && self.waiting.is_empty() {
+                break;
+            }
+            if let Err(e) = self.step(&mut next_tick) {
+                self.fail(e);
+                return;
+            }
+        }
+        if self.owner {
+            self.conns.iter_mut().for_each(Conn::end_session);
+        }
+    }
+
+    /// Send what fits, wait for answers or a kick, take the answers.
+    fn step(&mut self, next_tick: &mut Instant) -> Result<(), StoreError> {
+        while !self.waiting.is_empty() {
+            if self.inflight_bytes >= self.inflight_max && !self.ops.is_empty() {
+                break;
+            }
+            let p = self.waiting.pop_front().expect("front");
+            self.submit(p);
+        }
+        let now = Instant::now();
+        for c in &mut self.conns {
+            c.flush(now)?;
+        }
+        let mut fds = vec![libc::pollfd {
+            fd: self.shared.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        fds.extend(self.conns.iter().filter_map(Conn::pollfd));
+        let wait = next_tick.saturating_duration_since(now).as_millis() as i32;
+        // SAFETY: `fds` is a live array of pollfd of the length passed.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait.max(1)) };
+        let mut sink = 0u64;
+        // SAFETY: reading 8 bytes into a local from our own non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.shared.wake.as_raw_fd(),
+                (&mut sink as *mut u64).cast(),
+                8,
+            )
+        };
+        let now = Instant::now();
+        let mut refused = Vec::new();
+        let (ops, inflight, shared) = (&mut self.ops, &mut self.inflight_bytes, &*self.shared);
+        for (s, c) in self.conns.iter_mut().enumerate() {
+            c.poll(
+                &mut |a| match a {
+                    Answer::Read { op, data, .. } => finish(ops, inflight, shared, op, Some(data)),
+                    Answer::Written { op, .. } => finish(ops, inflight, shared, op, None),
+                    Answer::Full { op, .. } | Answer::Missing { op, .. } => refused.push((op, s)),
+                },
+                now,
+            )?;
+        }
+        for (op, s) in refused {
+            if let Some(p) = self.ops.remove(&op) {
+                self.inflight_bytes -= u64::from(p.len);
+                let server = self.conns[s].name().to_string();
+                p.job.answered(Some(RegionError::Full { server }));
+            }
+        }
+        if now >= *next_tick {
+            for c in &mut self.conns {
+                c.tick(now)?;
+            }
+            *next_tick = now + TICK;
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, p: Piece) {
+        self.next_op += 1;
+        let op = self.next_op;
+        let s = (p.page % self.conns.len() as u64) as usize;
+        let key = PageKey(p.page);
+        if p.write {
+            // SAFETY: the caller's buffer, `len` bytes from `buf`, borrowed while it waits.
+            let data = unsafe { std::slice::from_raw_parts(p.buf.0, p.len as usize) };
+            self.conns[s].submit(
+                Request::WriteRange {
+                    key,
+                    offset: p.offset,
+                    data,
+                },
+                Kind::WriteRange {
+                    op,
+                    key: p.page,
+                    offset: p.offset,
+                },
+            );
+            self.shared
+                .stats
+                .bytes_sent
+                .fetch_add(p.len.into(), Relaxed);
+        } else {
+            self.conns[s].submit(
+                Request::ReadRange {
+                    key,
+                    offset: p.offset,
+                    len: p.len,
+                },
+                Kind::ReadRange {
+                    op,
+                    key: p.page,
+                    offset: p.offset,
+                    len: p.len,
+                },
+            );
+        }
+        self.shared.stats.requests.fetch_add(1, Relaxed);
+        self.inflight_bytes += u64::from(p.len);
+        self.ops.insert(op, p);
+    }
+
+    /// The engine gives up: every piece fails, and every later call.
+    fn fail(&mut self, e: StoreError) {
+        let why = crate::error_chain(&e);
+        let pieces: Vec<Piece> = {
+            let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.failed = Some(why.clone());
+            q.pieces.drain(..).collect()
+        };
+        let all = self
+            .ops
+            .drain()
+            .map(|(_, p)| p)
+            .chain(self.waiting.drain(..))
+            .chain(pieces);
+        for p in all {
+            p.job.answered(Some(RegionError::Failed(why.clone())));
+        }
+    }
+}
+
+/// Piece `op` is answered: `data` (a read's, checked against the request by the link) goes
+/// to the caller's buffer.
+fn finish(
+    ops: &mut HashMap<u64, Piece>,
+    inflight_bytes: &mut u64,
+    shared: &Shared,
+    op: u64,
+    data: Option<&[u8]>,
+) {
+    let Some(p) = ops.remove(&op) else {
+        return;
+    };
+    *inflight_bytes -= u64::from(p.len);
+    if let Some(data) = data {
+        assert_eq!(data.len(), p.len as usize, "the link checks the length");
+        // SAFETY: the caller's buffer, `len` bytes from `buf`, borrowed while it waits.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.buf.0, data.len()) };
+        shared
+            .stats
+            .bytes_fetched
+            .fetch_add(data.len() as u64, Relaxed);
+    }
+    p.job.answered(None);
+}
+
+/// `RMEM_REGION_INFLIGHT` (a size), else the default.
+fn inflight_limit() -> Result<u64, RegionError> {
+    match std::env::var("RMEM_REGION_INFLIGHT") {
+        Err(_) => Ok(INFLIGHT_BYTES_DEFAULT),
+        Ok(v) => rmem_proto::size::parse_size(&v)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                RegionError::Invalid(format!(
+                    "RMEM_REGION_INFLIGHT={v:?}: expected a size above 0 (like 64M)"
+                ))
+            }),
+    }
+}
+
+fn check_name(name: &str) -> Result<&str, RegionError> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_LEN_MAX
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(name)
+    } else {
+        Err(RegionError::Name {
+            name: name.into(),
+            why: format!(
+                "1 to {NAME_LEN_MAX} letters, digits, '.', '_' or '-', not starting with '.'"
+            ),
+        })
+    }
+}
+
+/// The user's registry directory, made (0700) when `create`; refused unless it is a real
+/// directory of this user that nobody else can read.
+fn registry_dir(create: bool) -> Result<PathBuf, RegionError> {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_dir()) {
+        Some(d) => PathBuf::from(d).join("rmem-regions"),
+        None => PathBuf::from(format!("/tmp/rmem-regions-{uid}")),
+    };
+    let err = |source| RegionError::Registry {
+        path: dir.display().to_string(),
+        source,
+    };
+    if create {
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    let m = fs::symlink_metadata(&dir).map_err(err)?;
+    if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
+        return Err(err(std::io::Error::other(
+            "is not a directory of this user closed to others (mode 0700); remove it",
+        )));
+    }
+    Ok(dir)
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn format_place(p: &Place) -> String {
+    format!(
+        "session {}\nsize {}\npage_size {}\nservers {}\ntoken {}\npid {}\n",
+        p.session,
+        p.size,
+        p.page_size,
+        p.servers.join(","),
+        hex(&p.token),
+        p.pid
+    )
+}
+
+fn parse_place(text: &str) -> Option<Place> {
+    let mut f: HashMap<&str, &str> = HashMap::new();
+    for line in text.lines() {
+        let (k, v) = line.split_once(' ')?;
+        f.insert(k, v);
+    }
+    let servers: Vec<String> = f.get("servers")?.split(',').map(str::to_string).collect();
+    if servers.iter().any(String::is_empty) {
+        return None;
+    }
+    Some(Place {
+        session: SessionId(u128::from_str_radix(f.get("session")?, 16).ok()?),
+        size: f.get("size")?.parse().ok().filter(|&s| s > 0)?,
+        page_size: f.get("page_size")?.parse().ok().filter(|&s| s > 0)?,
+        servers,
+        token: unhex(f.get("token")?)?,
+        pid: f.get("pid")?.parse().ok()?,
+    })
+}
+
+/// Write `place` as `name`'s registration (0600, created new); a registration whose creator
+/// is gone is replaced. The file's path.
+fn register(name: &str, place: &Place) -> Result<PathBuf, RegionError> {
+    let path = registry_dir(true)?.join(check_name(name)?);
+    let err = |source| RegionError::Registry {
+        path: path.display().to_string(),
+        source,
+    };
+    for _ in 0..2 {
+        let opened = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path);
+        match opened {
+            Ok(mut f) => {
+                f.write_all(format_place(place).as_bytes()).map_err(err)?;
+                return Ok(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let old = fs::read_to_string(&path).ok().and_then(|t| parse_place(&t));
+                if let Some(old) = old.filter(|o| alive(o.pid)) {
+                    return Err(RegionError::NameTaken {
+                        name: name.into(),
+                        pid: old.pid,
+                    });
+                }
+                // Its creator is gone (or it is half-written by one that died): stale.
+                fs::remove_file(&path).map_err(err)?;
+            }
+            Err(e) => return Err(err(e)),
+        }
+    }
+    Err(err(std::io::ErrorKind::AlreadyExists.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_round_trips_and_bad_names_are_refused() {
+        let p = Place {
+            session: SessionId(u128::MAX - 3),
+            size: 12345,
+            page_size: 4096,
+            servers: vec!["127.0.0.1:1".into(), "[::1]:2".into()],
+            token: b"t\x00ok\xff".to_vec(),
+            pid: 42,
+        };
+        assert_eq!(parse_place(&format_place(&p)), Some(p));
+        assert_eq!(parse_place("session zz\n"), None);
+        for bad in ["", ".x", "a/b", "../x", &"n".repeat(NAME_LEN_MAX + 1)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name("a-b_c.9").is_ok());
+    }
+}
