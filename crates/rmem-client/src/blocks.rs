@@ -671,7 +671,9 @@ mod tests {
             c.flush().unwrap();
             let _ = c.poll().unwrap();
         }
-        let written = stats.bytes_written_back.load(std::sync::atomic::Ordering::Relaxed);
+        let written = stats
+            .bytes_written_back
+            .load(std::sync::atomic::Ordering::Relaxed);
         assert!(
             written <= 4 * PS as u64,
             "{} pages written back for one new page",

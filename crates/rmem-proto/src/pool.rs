@@ -46,6 +46,10 @@ pub const ACK_DRAIN: u32 = 1;
 /// `ServerOffer` / `ServerRow` flag: the server has not been heard from within the manager's
 /// loss window (only in status: clients are offered live servers).
 pub const ROW_LOST: u32 = 2;
+/// `ServerBeat` flag (passed on in offers and status): the server's node is short of memory
+/// (`rmem server --reclaim-below`): it takes no new pages, and clients move their pages off it
+/// as for a drain, but only while the flag is set; it is not leaving. (4 is the disk tier's.)
+pub const SERVER_RECLAIMING: u32 = 8;
 
 /// Bytes one session (a client) holds on a server, or one client on one server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +72,7 @@ pub struct ServerBeat {
     pub addr: String,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    /// [`SERVER_DRAINING`].
+    /// [`SERVER_DRAINING`], [`SERVER_RECLAIMING`].
     pub flags: u32,
     /// Its sessions and their bytes (at most [`USES_MAX`], the largest first).
     pub sessions: Vec<SessionUse>,
@@ -93,7 +97,7 @@ pub struct ServerOffer {
     pub addr: String,
     pub capacity_bytes: u64,
     pub free_bytes: u64,
-    /// [`SERVER_DRAINING`]: place nothing new there.
+    /// [`SERVER_DRAINING`], [`SERVER_RECLAIMING`]: place nothing new there, move pages off.
     pub flags: u32,
 }
 
@@ -103,7 +107,7 @@ pub struct ServerRow {
     pub addr: String,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    /// [`SERVER_DRAINING`], [`ROW_LOST`].
+    /// [`SERVER_DRAINING`], [`SERVER_RECLAIMING`], [`ROW_LOST`].
     pub flags: u32,
     /// Milliseconds since its last beat.
     pub beat_age_ms: u64,

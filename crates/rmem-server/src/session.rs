@@ -243,6 +243,29 @@ pub struct Sessions {
     /// Signalled when a snapshot is created, for attaches that wait for one.
     created: Condvar,
     pub used_bytes: AtomicU64,
+    /// The most bytes the server lends now (`rmem server --reclaim-below`): below the
+    /// capacity while its node is short of memory. New pages past it are refused as past the
+    /// capacity; pages already held may still be overwritten.
+    pub lend_limit: LendLimit,
+}
+
+/// [`Sessions::lend_limit`]: no limit (`u64::MAX`) unless set.
+#[derive(Debug)]
+pub struct LendLimit(AtomicU64);
+
+impl Default for LendLimit {
+    fn default() -> Self {
+        LendLimit(AtomicU64::new(u64::MAX))
+    }
+}
+
+impl LendLimit {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    pub fn set(&self, bytes: u64) {
+        self.0.store(bytes, Ordering::Relaxed);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -442,8 +465,13 @@ impl Sessions {
         v
     }
 
-    /// Reserve capacity for `bytes` more; false (and nothing reserved) past `capacity`.
+    /// Reserve capacity for `bytes` more; false (and nothing reserved) past `capacity` or the
+    /// lend limit. Nothing more (an overwrite) is always granted.
     pub fn reserve(&self, bytes: u64, capacity: u64) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        let capacity = capacity.min(self.lend_limit.get());
         self.used_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
                 (u + bytes <= capacity).then_some(u + bytes)
