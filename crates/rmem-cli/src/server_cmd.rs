@@ -338,13 +338,16 @@ fn watch_memory(floor: Floor, server: &Server) -> Result<(), String> {
                         let floor_bytes = r.floor.bytes(a.total_bytes);
                         if d.reclaiming && !was {
                             log::info!(
-                                "{me}: {} has {} bytes available, below the floor of                                  {floor_bytes}: reclaiming ({used} bytes lent: no new pages,                                  the clients move theirs elsewhere)",
+                                "{me}: {} has {} bytes available, below the floor of {floor_bytes}: \
+                                 reclaiming ({used} bytes lent: no new pages, the clients move \
+                                 theirs elsewhere)",
                                 a.source,
                                 a.bytes
                             );
                         } else if was && !d.reclaiming {
                             log::info!(
-                                "{me}: {} has {} bytes available again: lending again                                  ({used} bytes lent)",
+                                "{me}: {} has {} bytes available again: lending again ({used} bytes \
+                                 lent)",
                                 a.source,
                                 a.bytes
                             );
