@@ -715,6 +715,17 @@ impl Drop for MemCgroup {
     }
 }
 
+/// A process's resident memory (VmRSS), in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib << 10
+}
+
 fn server_row<'a>(st: &'a serde_json::Value, addr: &str) -> &'a serde_json::Value {
     st["servers"]
         .as_array()
@@ -776,6 +787,7 @@ fn a_node_short_of_memory_sheds_its_loans_and_lends_again_when_it_has_memory() {
     let held = |st: &serde_json::Value| server_row(st, &addr)["used_bytes"].as_u64().unwrap_or(0);
     let before = await_status(&m.addr, Duration::from_secs(60), |st| held(st) > 16 << 20);
     let before = before.unwrap_or_else(|e| panic!("{e}\nserver: {}", lender.log()));
+    let rss_before = rss_bytes(lender.child.id());
     // The node's own program wants its memory.
     let hog_bin = build_plain("tests/c/hog.c");
     let mut hog = Command::new(prefix[0])
@@ -792,6 +804,8 @@ fn a_node_short_of_memory_sheds_its_loans_and_lends_again_when_it_has_memory() {
         server_row(st, &addr)["health"] == "reclaiming"
     });
     let shed = await_status(&m.addr, Duration::from_secs(90), |st| held(st) == 0);
+    // The memory itself went back to the node, not only the count (slabs are unmapped).
+    let rss_shed = rss_bytes(lender.child.id());
     let running = matches!(hog.try_wait(), Ok(None));
     drop(hog.stdin.take());
     let hog_status = hog.wait().unwrap();
@@ -808,6 +822,10 @@ fn a_node_short_of_memory_sheds_its_loans_and_lends_again_when_it_has_memory() {
     assert!(
         running && hog_status.success(),
         "the hog: {hog_status:?}\n{all}"
+    );
+    assert!(
+        rss_shed + (12 << 20) < rss_before,
+        "the server's RSS went from {rss_before} to {rss_shed} bytes only\n{all}"
     );
     lending.unwrap_or_else(|e| panic!("never lending again: {e}\n{all}"));
     assert_stress_ok(&out);

@@ -594,6 +594,21 @@ mod tests {
     }
 
     #[test]
+    fn the_lend_limit_refuses_new_bytes_not_overwrites() {
+        let s = Sessions::default();
+        assert!(s.reserve(8192, CAP));
+        s.lend_limit.set(12288);
+        assert!(s.reserve(4096, CAP), "up to the limit");
+        assert!(!s.reserve(4096, CAP), "past it");
+        s.lend_limit.set(0);
+        assert!(s.reserve(0, CAP), "an overwrite takes nothing more");
+        assert!(!s.reserve(4096, CAP));
+        assert_eq!(s.used_bytes.load(Ordering::Relaxed), 12288);
+        s.lend_limit.set(u64::MAX);
+        assert!(s.reserve(4096, CAP));
+    }
+
+    #[test]
     fn a_lease_expires_unless_renewed_and_fencing_refuses_the_old_attachment() {
         let s = Sessions::default();
         let lease = Duration::from_millis(100);
