@@ -14,6 +14,9 @@
  * region store and its shadow store straddle the fork), nothing else. It then runs its own
  * single-threaded verified reads and writes, and checks every word again: zero mismatches.
  *
+ * With STRESS_UNTIL=PATH, the workers go on past OPS_PER_THREAD until the file PATH exists (a
+ * test that needs the program running through several phases says when it may end).
+ *
  * Prints "stress: ok ..." and exits 0 with zero mismatches; exits 1 on any mismatch. */
 #include <dlm.h>
 #include <rmem.h>
@@ -36,6 +39,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int done;
 static long pageout_us;
 static size_t region_bytes;
+static const char *until;
 
 #ifndef MADV_PAGEOUT
 #define MADV_PAGEOUT 21
@@ -65,7 +69,7 @@ static void *worker(void *arg) {
     uint64_t x = 0x9E3779B97F4A7C15ull ^ (uint64_t)(t + 1) * 0x100000001B3ull;
     size_t mine = (words - (size_t)t + (size_t)threads - 1) / (size_t)threads;
     long bad = 0;
-    for (long i = 0; i < ops; i++) {
+    for (long i = 0; i < ops || (until && (i % 4096 != 0 || access(until, F_OK) != 0)); i++) {
         uint64_t r = next(&x);
         size_t w = (size_t)t + (size_t)(r % mine) * (size_t)threads;
         if (r & 1) {
@@ -139,6 +143,7 @@ int main(int argc, char **argv) {
         }
     pthread_t tid[256];
     if (threads < 1 || threads > 256) return 2;
+    until = getenv("STRESS_UNTIL");
     const char *po = getenv("STRESS_PAGEOUT_US");
     pthread_t pager_out;
     pageout_us = po ? atol(po) : 0;

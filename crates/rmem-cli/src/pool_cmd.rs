@@ -115,13 +115,14 @@ fn ask(c: &Common, req: &PoolRequest) -> Result<PoolResponse, String> {
 }
 
 fn health(flags: u32) -> &'static str {
-    match (
-        flags & pool::ROW_LOST != 0,
-        flags & pool::SERVER_DRAINING != 0,
-    ) {
-        (true, _) => "lost",
-        (false, true) => "draining",
-        _ => "ok",
+    if flags & pool::ROW_LOST != 0 {
+        "lost"
+    } else if flags & pool::SERVER_DRAINING != 0 {
+        "draining"
+    } else if flags & pool::SERVER_RECLAIMING != 0 {
+        "reclaiming"
+    } else {
+        "ok"
     }
 }
 

@@ -3,10 +3,12 @@
 
 use rmem_proto::pool::{PoolRequest, PoolResponse, ServerBeat, SessionUse};
 use rmem_proto::size::parse_size;
+use rmem_server::reclaim::{self, Floor, Reclaim};
 use rmem_server::{Server, ServerConfig};
 use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(clap::Args, Debug)]
 pub struct ServerArgs {
@@ -54,6 +56,12 @@ pub struct ServerArgs {
     /// RAM for the most recently used pages of a `--store file:` server (0: none).
     #[arg(long, default_value = "64M", value_name = "SIZE")]
     pub store_cache: String,
+    /// No loan while in debt: when the node's available memory (the server's memory cgroup
+    /// when it runs in a limited one, else MemAvailable) falls below SIZE, or N% of the node's
+    /// memory, take no new pages and have the pool's clients move pages off until it is back
+    /// above SIZE plus an eighth; meanwhile lend only what keeps it above. Needs --manager.
+    #[arg(long, value_name = "SIZE|N%", requires = "manager")]
+    pub reclaim_below: Option<String>,
     /// Log every client disconnect and session end, and debug lines (RMEM_LOG overrides).
     #[arg(long, short)]
     pub verbose: bool,
@@ -126,6 +134,12 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     let cache_bytes = parse_size(&a.store_cache).map_err(|e| format!("--store-cache: {e}"))?;
     let store = rmem_server::StoreConfig::parse(&a.store, cache_bytes)
         .map_err(|e| format!("--store: {e}"))?;
+    let floor = a
+        .reclaim_below
+        .as_deref()
+        .map(Floor::parse)
+        .transpose()
+        .map_err(|e| format!("--reclaim-below: {e}"))?;
     let token = token(a.token_file.as_deref(), a.token_stdin)?;
     if a.lock {
         lock_memory(capacity_bytes)?;
@@ -146,6 +160,9 @@ fn serve(a: ServerArgs) -> Result<(), String> {
             .serve_metrics(addr)
             .map_err(|e| format!("--metrics: {}", rmem_client::error_chain(&e)))?;
         log::info!("{}: metrics on http://{bound}/metrics", server.local_addr());
+    }
+    if let Some(floor) = floor {
+        watch_memory(floor, &server)?;
     }
     if let Some(m) = &a.manager {
         join_pool(m, &server, &token, disk)?;
@@ -211,19 +228,22 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
             _ => listen.ip(),
         };
         let st = state.status();
+        let mut flags = 0;
+        if LEAVING.load(Ordering::Relaxed) {
+            flags |= rmem_proto::pool::SERVER_DRAINING;
+        }
+        if RECLAIMING.load(Ordering::Relaxed) {
+            flags |= rmem_proto::pool::SERVER_RECLAIMING;
+        }
+        if disk {
+            flags |= rmem_proto::pool::SERVER_DISK;
+        }
         PoolRequest::ServerBeat(ServerBeat {
             addr: std::net::SocketAddr::new(ip, listen.port()).to_string(),
-            capacity_bytes: st.capacity_bytes,
+            // What it lends now: less than --capacity while its node is short of memory.
+            capacity_bytes: state.lendable_bytes().max(st.used_bytes),
             used_bytes: st.used_bytes,
-            flags: if LEAVING.load(std::sync::atomic::Ordering::Relaxed) {
-                rmem_proto::pool::SERVER_DRAINING
-            } else {
-                0
-            } | if disk {
-                rmem_proto::pool::SERVER_DISK
-            } else {
-                0
-            },
+            flags,
             sessions: st
                 .sessions
                 .iter()
@@ -276,13 +296,93 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
 }
 
 /// Set by the first SIGTERM to a server in a pool: its beats say it is draining.
-static LEAVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static LEAVING: AtomicBool = AtomicBool::new(false);
+/// Set while the node is short of memory (`--reclaim-below`): its beats say it is reclaiming.
+static RECLAIMING: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigterm(_: libc::c_int) {
-    if LEAVING.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    if LEAVING.swap(true, Ordering::Relaxed) {
         // SAFETY: _exit is async-signal-safe.
         unsafe { libc::_exit(128 + libc::SIGTERM) };
     }
+}
+
+/// `--reclaim-below`: read the node's memory every `reclaim::SAMPLE_EVERY` from a thread and
+/// lend accordingly (rmem_server::reclaim decides; this applies it). Freed pages must give the
+/// node its memory back or a reclaim would never end: slabs are allocated with mmap
+/// (M_MMAP_THRESHOLD fixed at a slab, so glibc's sliding threshold never puts them on a heap
+/// where a free keeps the memory) and munmapped when their last page goes, and malloc_trim
+/// returns what the heaps keep free while a reclaim goes on.
+fn watch_memory(floor: Floor, server: &Server) -> Result<(), String> {
+    let first = reclaim::available().map_err(|e| format!("--reclaim-below: {e}"))?;
+    let floor_bytes = floor.bytes(first.total_bytes);
+    if floor_bytes >= first.total_bytes {
+        return Err(format!(
+            "--reclaim-below: {floor_bytes} bytes is all the memory of {} ({} bytes)",
+            first.source, first.total_bytes
+        ));
+    }
+    log::info!(
+        "{}: lending while {} has more than {floor_bytes} bytes available (now {})",
+        server.local_addr(),
+        first.source,
+        first.bytes
+    );
+    let slab = i32::try_from(rmem_server::slab::SLAB_BYTES).expect("a slab fits an int");
+    // SAFETY: mallopt only changes glibc's allocation policy.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, slab) };
+    let state = server.state();
+    let me = server.local_addr();
+    std::thread::Builder::new()
+        .name("rmem-reclaim".into())
+        .spawn(move || {
+            let mut r = Reclaim::new(floor);
+            let mut trimmed_at = u64::MAX;
+            let mut warned = false;
+            loop {
+                match reclaim::available() {
+                    Ok(a) => {
+                        warned = false;
+                        let used = state.used_bytes();
+                        let d = r.step(a.bytes, a.total_bytes, used);
+                        state.set_lend_limit(d.lend_limit_bytes);
+                        let was = RECLAIMING.swap(d.reclaiming, Ordering::Relaxed);
+                        let floor_bytes = r.floor.bytes(a.total_bytes);
+                        if d.reclaiming && !was {
+                            log::info!(
+                                "{me}: {} has {} bytes available, below the floor of {floor_bytes}: \
+                                 reclaiming ({used} bytes lent: no new pages, the clients move \
+                                 theirs elsewhere)",
+                                a.source,
+                                a.bytes
+                            );
+                        } else if was && !d.reclaiming {
+                            log::info!(
+                                "{me}: {} has {} bytes available again: lending again ({used} bytes \
+                                 lent)",
+                                a.source,
+                                a.bytes
+                            );
+                        }
+                        if d.reclaiming && used < trimmed_at {
+                            // SAFETY: malloc_trim only returns free heap memory to the system.
+                            unsafe { libc::malloc_trim(0) };
+                            trimmed_at = used;
+                        } else if !d.reclaiming {
+                            trimmed_at = u64::MAX;
+                        }
+                    }
+                    Err(e) if !warned => {
+                        log::warn!("{me}: --reclaim-below: {e}; lending as before meanwhile");
+                        warned = true;
+                    }
+                    Err(_) => {}
+                }
+                std::thread::sleep(reclaim::SAMPLE_EVERY);
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("--reclaim-below: cannot start its thread: {e}"))
 }
 
 /// Beyond the capacity, what a locked server may map for itself: connection threads' stacks

@@ -6,12 +6,14 @@
 //! killed without touching the other's pages; a server drained mid-run (`rmem pool drain`)
 //! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
 //! exits; a disk-backed server (`--store file:`) that takes pages only once the RAM server is
-//! full, and a persisted one killed and restarted mid-run without a wrong or lost page;
+//! full, and a persisted one killed and restarted mid-run without a wrong or lost page; a
+//! server whose node runs short of memory (a real hog in its memory cgroup) sheds its pages
+//! while the stress runs and lends again once the hog is gone (root: it makes the cgroup);
 //! `rmem nbd --manager` round-trips a file; `--max-remote`
 //! enforced from both sides; bad
 //! input (wrong token, malformed frames, an unreachable manager, a memory server taken for a
-//! manager). Everything runs on loopback (no root needed); every wait is bounded and every
-//! process is killed when its test ends.
+//! manager). Everything runs on loopback; every wait is bounded and every process is killed
+//! when its test ends.
 
 mod common;
 use common::*;
@@ -132,6 +134,17 @@ fn clients(st: &serde_json::Value) -> usize {
 
 /// `rmem run --manager M OPTS -- PROGRAM`, started (stdout and stderr piped).
 fn run_in_pool(manager: &str, opts: &[&str], program: &[&str], as_nobody: bool) -> Child {
+    run_in_pool_env(manager, opts, program, as_nobody, &[])
+}
+
+/// [`run_in_pool`] with more environment for the program.
+fn run_in_pool_env(
+    manager: &str,
+    opts: &[&str],
+    program: &[&str],
+    as_nobody: bool,
+    env: &[(&str, &str)],
+) -> Child {
     let dir = scratch("pool-run");
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -142,7 +155,8 @@ fn run_in_pool(manager: &str, opts: &[&str], program: &[&str], as_nobody: bool) 
         program,
         as_nobody,
     );
-    cmd.env("RMEM_TOKEN", TOKEN)
+    cmd.envs(env.iter().copied())
+        .env("RMEM_TOKEN", TOKEN)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -317,11 +331,11 @@ fn the_manager_restarted_mid_run_is_right_again_within_a_few_heartbeats() {
     assert!(m.log().contains("joined"), "{}", m.log());
 }
 
-/// The stress with no redundancy (a page lost or stale on the way would be a mismatch, or
-/// the end), started and run until `server` holds more than 1 MiB of it.
-fn stress_holding_on(manager: &str, server: &str) -> Child {
+/// The 8-thread stress over 32 MiB with no redundancy (a page lost or stale on the way would
+/// be a mismatch, or the end), started.
+fn stress_unreplicated(manager: &str, env: &[(&str, &str)]) -> Child {
     let prog = build_c("tests/c/stress.c");
-    let run = run_in_pool(
+    run_in_pool_env(
         manager,
         &[
             "--api",
@@ -334,7 +348,13 @@ fn stress_holding_on(manager: &str, server: &str) -> Child {
         ],
         &[prog.to_str().unwrap(), "8", "32", "60000"],
         false,
-    );
+        env,
+    )
+}
+
+/// [`stress_unreplicated`], run until `server` holds more than 1 MiB of it.
+fn stress_holding_on(manager: &str, server: &str) -> Child {
+    let run = stress_unreplicated(manager, &[]);
     await_status(manager, Duration::from_secs(30), |st| {
         st["servers"]
             .as_array()
@@ -769,4 +789,191 @@ fn a_persisted_disk_server_killed_and_restarted_mid_run_loses_no_page() {
     assert!(restored.contains("of 1 sessions"), "{restored}");
     drop(back);
     let _ = std::fs::remove_file(&file);
+}
+
+/// A memory cgroup (v1) with a limit, made beside this test's own and removed when dropped:
+/// the simulated node of a server and the programs that compete with it for memory.
+struct MemCgroup {
+    dir: std::path::PathBuf,
+}
+
+impl MemCgroup {
+    /// Why not, when it cannot be made here.
+    fn new(limit_bytes: u64) -> Result<MemCgroup, String> {
+        if !is_root() {
+            return Err("not root".into());
+        }
+        let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+        let path = own
+            .lines()
+            .find_map(|l| {
+                let mut f = l.splitn(3, ':');
+                let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+                c.split(',').any(|c| c == "memory").then(|| p.to_string())
+            })
+            .ok_or("no cgroup v1 memory controller for this process")?;
+        let base = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+        if !base.join("memory.limit_in_bytes").exists() {
+            return Err(format!("{} is not a memory cgroup", base.display()));
+        }
+        let dir = base.join(format!("rmem-reclaim-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let cg = MemCgroup { dir };
+        std::fs::write(
+            cg.dir.join("memory.limit_in_bytes"),
+            limit_bytes.to_string(),
+        )
+        .map_err(|e| format!("setting its limit: {e}"))?;
+        Ok(cg)
+    }
+
+    /// A command prefix that puts the command into the cgroup, then runs it.
+    fn prefix(&self) -> Vec<String> {
+        let procs = self.dir.join("cgroup.procs");
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display()),
+        ]
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        // Its processes are this test's children, killed as their owners drop; wait for them.
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("could not remove {}", self.dir.display());
+    }
+}
+
+/// A process's resident memory (VmRSS), in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kib << 10
+}
+
+fn server_row<'a>(st: &'a serde_json::Value, addr: &str) -> &'a serde_json::Value {
+    st["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["addr"] == addr)
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+/// Issue 13, "no loan while in debt": a server lends from a node (a 256 MiB memory cgroup)
+/// with a floor of 96 MiB; the 8-thread verifying stress puts its pages there; then a real
+/// hog of 160 MiB starts in the same cgroup. The server must say it reclaims, its pages must
+/// move to the other servers (it ends holding nothing) while the stress runs and verifies,
+/// and once the hog is gone it lends again.
+#[test]
+fn a_node_short_of_memory_sheds_its_loans_and_lends_again_when_it_has_memory() {
+    let _one = serial();
+    let cg = match MemCgroup::new(256 << 20) {
+        Ok(cg) => cg,
+        Err(why) => {
+            eprintln!(
+                "skipped: needs root and a cgroup v1 memory controller to make the node's \
+                 cgroup ({why}); CI runs as root"
+            );
+            return;
+        }
+    };
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let _others = servers(&m.addr, 2, "64M");
+    let prefix = cg.prefix();
+    let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+    let lender = ServerProcess::start_in(
+        &prefix,
+        TOKEN,
+        &[
+            "--capacity",
+            "1G",
+            "--lease",
+            "10",
+            "--manager",
+            &m.addr,
+            "--reclaim-below",
+            "96M",
+        ],
+    );
+    let addr = lender.addr.clone();
+    // It offers what keeps its node above the floor: more than the others' 64M, far less
+    // than its capacity.
+    await_status(&m.addr, Duration::from_secs(10), |st| {
+        let cap = server_row(st, &addr)["capacity_bytes"]
+            .as_u64()
+            .unwrap_or(0);
+        live_servers(st) == 3 && cap > 64 << 20 && cap < 256 << 20
+    })
+    .unwrap();
+    let stop = scratch("pool-reclaim").join("stop");
+    let _ = std::fs::remove_file(&stop);
+    let run = stress_unreplicated(&m.addr, &[("STRESS_UNTIL", stop.to_str().unwrap())]);
+    let held = |st: &serde_json::Value| server_row(st, &addr)["used_bytes"].as_u64().unwrap_or(0);
+    let before = await_status(&m.addr, Duration::from_secs(60), |st| held(st) > 16 << 20);
+    let before = before.unwrap_or_else(|e| panic!("{e}\nserver: {}", lender.log()));
+    let rss_before = rss_bytes(lender.child.id());
+    // The node's own program wants its memory.
+    let hog_bin = build_plain("tests/c/hog.c");
+    let mut hog = Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg(&hog_bin)
+        .arg("160")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = first_line(&mut hog);
+    assert!(said.starts_with("hog: 160 MiB"), "{said:?}");
+    let shown_reclaiming = await_status(&m.addr, Duration::from_secs(20), |st| {
+        server_row(st, &addr)["health"] == "reclaiming"
+    });
+    let shed = await_status(&m.addr, Duration::from_secs(90), |st| held(st) == 0);
+    // The memory itself went back to the node, not only the count (slabs are unmapped).
+    let rss_shed = rss_bytes(lender.child.id());
+    let running = matches!(hog.try_wait(), Ok(None));
+    drop(hog.stdin.take());
+    let hog_status = hog.wait().unwrap();
+    let lending = await_status(&m.addr, Duration::from_secs(30), |st| {
+        let s = server_row(st, &addr);
+        s["health"] == "ok" && s["capacity_bytes"].as_u64().unwrap_or(0) > 64 << 20
+    });
+    std::fs::write(&stop, b"").unwrap();
+    let out = wait_bounded(run, Duration::from_secs(240), "stress under a reclaim");
+    let log = lender.log();
+    let all = format!("{}\nserver:\n{log}\nbefore: {before}", shown(&out));
+    shown_reclaiming.unwrap_or_else(|e| panic!("never reclaiming: {e}\n{all}"));
+    shed.unwrap_or_else(|e| panic!("pages not moved off: {e}\n{all}"));
+    assert!(
+        running && hog_status.success(),
+        "the hog: {hog_status:?}\n{all}"
+    );
+    assert!(
+        rss_shed + (12 << 20) < rss_before,
+        "the server's RSS went from {rss_before} to {rss_shed} bytes only\n{all}"
+    );
+    lending.unwrap_or_else(|e| panic!("never lending again: {e}\n{all}"));
+    assert_stress_ok(&out);
+    let moving = format!("memory server {addr} is short of memory (reclaiming)");
+    assert!(out.stderr.contains(&moving), "{all}");
+    assert!(
+        log.contains("reclaiming") && log.contains("lending again"),
+        "{all}"
+    );
+    assert!(
+        m.log().contains(&format!("server {addr}: reclaiming")),
+        "{}",
+        m.log()
+    );
 }

@@ -51,6 +51,10 @@ pub const ROW_LOST: u32 = 2;
 /// RAM servers are full. A flag bit, so the frames are unchanged: a manager or client that
 /// predates it passes it on or ignores it, and sees a RAM server.
 pub const SERVER_DISK: u32 = 4;
+/// `ServerBeat` flag (passed on in offers and status): the server's node is short of memory
+/// (`rmem server --reclaim-below`): it takes no new pages, and clients move their pages off it
+/// as for a drain, but only while the flag is set; it is not leaving.
+pub const SERVER_RECLAIMING: u32 = 8;
 
 /// Bytes one session (a client) holds on a server, or one client on one server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +77,7 @@ pub struct ServerBeat {
     pub addr: String,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    /// [`SERVER_DRAINING`], [`SERVER_DISK`].
+    /// [`SERVER_DRAINING`], [`SERVER_RECLAIMING`], [`SERVER_DISK`].
     pub flags: u32,
     /// Its sessions and their bytes (at most [`USES_MAX`], the largest first).
     pub sessions: Vec<SessionUse>,
@@ -98,7 +102,8 @@ pub struct ServerOffer {
     pub addr: String,
     pub capacity_bytes: u64,
     pub free_bytes: u64,
-    /// [`SERVER_DRAINING`]: place nothing new there; [`SERVER_DISK`]: the slower tier.
+    /// [`SERVER_DRAINING`], [`SERVER_RECLAIMING`]: place nothing new there, move pages off;
+    /// [`SERVER_DISK`]: the slower tier.
     pub flags: u32,
 }
 
@@ -108,7 +113,7 @@ pub struct ServerRow {
     pub addr: String,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    /// [`SERVER_DRAINING`], [`ROW_LOST`], [`SERVER_DISK`].
+    /// [`SERVER_DRAINING`], [`SERVER_RECLAIMING`], [`ROW_LOST`], [`SERVER_DISK`].
     pub flags: u32,
     /// Milliseconds since its last beat.
     pub beat_age_ms: u64,

@@ -14,11 +14,13 @@
 //! local disk behind a bounded RAM cache ([`disk`]); `rmem server --lock` locks the server's
 //! memory (mlockall, in rmem-cli: this crate has no unsafe code). The pool manager
 //! (`rmem manager`, [`manager`]) lives here too: it shares the listener's handshake.
+//! [`reclaim`] reads the node's free memory for `rmem server --reclaim-below`.
 #![forbid(unsafe_code)]
 
 pub mod disk;
 pub mod manager;
 pub mod metrics;
+pub mod reclaim;
 pub mod session;
 pub mod slab;
 
@@ -151,6 +153,16 @@ impl ServerState {
 
     pub fn used_bytes(&self) -> u64 {
         self.sessions.used_bytes.load(Ordering::Relaxed)
+    }
+    /// The most bytes it lends now: the capacity, or less while its node is short of memory
+    /// (`rmem server --reclaim-below`, which sets it with [`ServerState::set_lend_limit`]).
+    pub fn lendable_bytes(&self) -> u64 {
+        self.capacity_bytes.min(self.sessions.lend_limit.get())
+    }
+    /// Take no new pages beyond `bytes` in all (`u64::MAX`: up to the capacity). Pages held
+    /// beyond it stay (and may be overwritten) until their clients move them.
+    pub fn set_lend_limit(&self, bytes: u64) {
+        self.sessions.lend_limit.set(bytes);
     }
     /// Every session, largest first.
     pub fn sessions(&self) -> Vec<SessionInfo> {
@@ -652,8 +664,14 @@ impl Connection<'_> {
     }
 
     fn full(&self, want: u64, out: &mut Vec<u8>, tag: u64) {
+        let lendable = self.state.lendable_bytes();
+        let short = if lendable < self.config.capacity_bytes {
+            format!(" (lending at most {lendable} now: its node is short of memory)")
+        } else {
+            String::new()
+        };
         let msg = format!(
-            "server {} full: capacity {} bytes, used {}, {} more needed",
+            "server {} full: capacity {} bytes{short}, used {}, {} more needed",
             self.me,
             self.config.capacity_bytes,
             self.state.used_bytes(),
@@ -814,7 +832,7 @@ impl Connection<'_> {
             }
             Request::Ping => Response::Pong {
                 used_bytes: self.state.used_bytes(),
-                capacity_bytes: capacity,
+                capacity_bytes: self.state.lendable_bytes(),
             }
             .encode(tag, out),
             Request::Snapshot { session } => {

@@ -299,6 +299,14 @@ fn answer(config: &ManagerConfig, pool: &Mutex<Pool>, req: PoolRequest) -> PoolR
                 log::info!("server {addr}: draining (it is leaving)");
                 e.drain = true;
             }
+            let reclaiming = beat.flags & pool::SERVER_RECLAIMING != 0;
+            if reclaiming != (e.beat.flags & pool::SERVER_RECLAIMING != 0) {
+                if reclaiming {
+                    log::info!("server {addr}: reclaiming (its node is short of memory)");
+                } else {
+                    log::info!("server {addr}: lending again");
+                }
+            }
             e.beat = beat;
             e.last = now;
             PoolResponse::ServerAck {

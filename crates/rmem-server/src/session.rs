@@ -251,6 +251,10 @@ pub struct Sessions {
     pub used_bytes: AtomicU64,
     /// Where pages are kept: RAM when none.
     disk: Option<Arc<DiskStore>>,
+    /// The most bytes the server lends now (`rmem server --reclaim-below`): below the
+    /// capacity while its node is short of memory. New pages past it are refused as past the
+    /// capacity; pages already held may still be overwritten.
+    pub lend_limit: LendLimit,
 }
 
 /// Why [`Pages::store`] stored nothing.
@@ -260,6 +264,25 @@ pub enum StoreRefusal {
     Full,
     #[error("disk store: {0}")]
     Disk(#[source] std::io::Error),
+}
+
+/// [`Sessions::lend_limit`]: no limit (`u64::MAX`) unless set.
+#[derive(Debug)]
+pub struct LendLimit(AtomicU64);
+
+impl Default for LendLimit {
+    fn default() -> Self {
+        LendLimit(AtomicU64::new(u64::MAX))
+    }
+}
+
+impl LendLimit {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    pub fn set(&self, bytes: u64) {
+        self.0.store(bytes, Ordering::Relaxed);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -507,8 +530,13 @@ impl Sessions {
         v
     }
 
-    /// Reserve capacity for `bytes` more; false (and nothing reserved) past `capacity`.
+    /// Reserve capacity for `bytes` more; false (and nothing reserved) past `capacity` or the
+    /// lend limit. Nothing more (an overwrite) is always granted.
     pub fn reserve(&self, bytes: u64, capacity: u64) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        let capacity = capacity.min(self.lend_limit.get());
         self.used_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
                 (u + bytes <= capacity).then_some(u + bytes)
@@ -707,6 +735,21 @@ mod tests {
 
     fn used_pages(s: &Sessions) -> u64 {
         s.used_bytes.load(Ordering::Relaxed) / PS as u64
+    }
+
+    #[test]
+    fn the_lend_limit_refuses_new_bytes_not_overwrites() {
+        let s = Sessions::default();
+        assert!(s.reserve(8192, CAP));
+        s.lend_limit.set(12288);
+        assert!(s.reserve(4096, CAP), "up to the limit");
+        assert!(!s.reserve(4096, CAP), "past it");
+        s.lend_limit.set(0);
+        assert!(s.reserve(0, CAP), "an overwrite takes nothing more");
+        assert!(!s.reserve(4096, CAP));
+        assert_eq!(s.used_bytes.load(Ordering::Relaxed), 12288);
+        s.lend_limit.set(u64::MAX);
+        assert!(s.reserve(4096, CAP));
     }
 
     #[test]

@@ -41,7 +41,7 @@ use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::{Config, Placement};
 use crate::pool::PoolLink;
 use crate::PageIndex;
-use rmem_proto::pool::{ServerUse, SERVER_DISK, SERVER_DRAINING, UNLIMITED};
+use rmem_proto::pool::{ServerUse, SERVER_DISK, SERVER_DRAINING, SERVER_RECLAIMING, UNLIMITED};
 use rmem_proto::{PageKey, Request, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -537,7 +537,7 @@ impl RemoteStore {
         let servers: Vec<String> = view
             .servers
             .iter()
-            .filter(|s| s.flags & SERVER_DRAINING == 0)
+            .filter(|s| s.flags & (SERVER_DRAINING | SERVER_RECLAIMING) == 0)
             .map(|s| s.addr.clone())
             .collect();
         if servers.is_empty() {
@@ -698,19 +698,42 @@ impl RemoteStore {
                 let c = &mut self.conns[s];
                 c.capacity_bytes = offer.free_bytes.saturating_add(c.used_bytes);
                 c.disk = offer.flags & SERVER_DISK != 0;
-                let draining = offer.flags & SERVER_DRAINING != 0;
+                // Draining (leaving) or reclaiming (its node is short of memory, for as long
+                // as the flag is set): both move its pages off, as a repair.
+                let reclaiming = offer.flags & SERVER_RECLAIMING != 0;
+                let draining = offer.flags & SERVER_DRAINING != 0 || reclaiming;
                 let others = (0..self.conns.len() as u16)
                     .filter(|&x| x as usize != s && self.book.placeable(x))
                     .count();
                 let width = self.book.codec.redundancy().width();
+                if !draining && self.book.draining[s] && self.book.dead[s].is_none() {
+                    // Its reclaim is over (or a restarted manager forgot a drain): it takes
+                    // pages again; moves still queued for it are skipped.
+                    self.book.draining[s] = false;
+                    self.pool
+                        .as_mut()
+                        .expect("checked")
+                        .stuck
+                        .remove(&offer.addr);
+                    eprintln!(
+                        "rmem: memory server {} has memory to spare again; it takes new pages",
+                        offer.addr
+                    );
+                    continue;
+                }
                 if draining && !self.book.draining[s] && self.book.dead[s].is_none() {
                     let pool = self.pool.as_mut().expect("checked");
                     if others < width {
                         // Pages could not be placed at all without it: it stays (the drain
                         // never completes; rmem pool drain says so).
                         if pool.stuck.insert(offer.addr.clone()) {
+                            let what = if reclaiming {
+                                "shed its pages"
+                            } else {
+                                "leave"
+                            };
                             eprintln!(
-                            "rmem: memory server {} cannot leave: --redundancy {} needs {width} \
+                            "rmem: memory server {} cannot {what}: --redundancy {} needs {width} \
                              other servers, there are {others}",
                             offer.addr,
                             self.book.codec.redundancy()
@@ -720,9 +743,14 @@ impl RemoteStore {
                     }
                     self.book.draining[s] = true;
                     let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
+                    let why = if reclaiming {
+                        "is short of memory (reclaiming)"
+                    } else {
+                        "is leaving the pool"
+                    };
                     eprintln!(
-                        "rmem: memory server {} is leaving the pool; moving the {queued} \
-                         pages it holds to the others",
+                        "rmem: memory server {} {why}; moving the {queued} pages it holds to \
+                         the others",
                         offer.addr
                     );
                 }
@@ -730,7 +758,8 @@ impl RemoteStore {
             }
             let pool = self.pool.as_mut().expect("checked");
             let due = pool.retry.get(&offer.addr).is_none_or(|&t| t <= now);
-            if offer.flags & SERVER_DRAINING != 0 || !due || self.conns.len() >= SERVERS_MAX {
+            let leaving = offer.flags & (SERVER_DRAINING | SERVER_RECLAIMING) != 0;
+            if leaving || !due || self.conns.len() >= SERVERS_MAX {
                 continue;
             }
             let mut timing = self.timing;
