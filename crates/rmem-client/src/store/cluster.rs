@@ -335,7 +335,7 @@ impl Book {
                 if self.codec.plain() {
                     let page = fe.page;
                     self.ops.remove(&op);
-                    self.busy.remove(&page);
+                    self.unbusy(page, op);
                     f(Completion::Fetched {
                         page: PageIndex(page),
                         data,
@@ -382,10 +382,18 @@ impl Book {
         if repair {
             todo.push(Todo::Repaired);
         } else {
-            self.busy.remove(&page);
+            self.unbusy(page, op);
             f(Completion::Stored {
                 page: PageIndex(page),
             });
+        }
+    }
+
+    /// `op` on `page` is done: the page is no longer busy, unless it is busy with another
+    /// operation of the pager's since.
+    fn unbusy(&mut self, page: u64, op: u64) {
+        if self.busy.get(&page) == Some(&op) {
+            self.busy.remove(&page);
         }
     }
 
@@ -445,7 +453,7 @@ impl Book {
                     data: out.clone(),
                 });
             } else {
-                self.busy.remove(&page);
+                self.unbusy(page, op);
                 f(Completion::Fetched {
                     page: PageIndex(page),
                     data: &out,
