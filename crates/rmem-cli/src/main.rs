@@ -2,7 +2,8 @@
 //!
 //! `rmem server` runs a memory server, `rmem run` starts servers and runs a program on them,
 //! `rmem nbd` serves remote memory as a block device,
-//! `rmem manager` runs a pool's manager and `rmem pool` asks it,
+//! `rmem manager` runs a pool's manager and `rmem pool` asks it, `rmem region` puts and gets
+//! named direct regions,
 //! `rmem status` asks a server what it holds, `rmem bench` measures, `rmem cc` compiles DLM
 //! programs (cc/). Each subcommand lives in its own module.
 
@@ -20,6 +21,7 @@ mod policy_bench;
 mod pool_cmd;
 mod programs_bench;
 mod redundancy_bench;
+mod region_cmd;
 mod run_cmd;
 mod server_cmd;
 mod sim_cmd;
@@ -72,6 +74,11 @@ enum Command {
     /// Ask a pool's manager: `rmem pool status --manager HOST:PORT [--json]`.
     #[command(subcommand)]
     Pool(pool_cmd::PoolCommand),
+    /// Named direct regions from the command line: `rmem region put NAME FILE` holds a
+    /// file's bytes on the memory servers for other processes, `get NAME FILE` reads them,
+    /// `ls` lists them (docs/regions.md).
+    #[command(subcommand)]
+    Region(region_cmd::RegionCommand),
 }
 
 fn main() {
@@ -95,6 +102,7 @@ fn main() {
         Command::Status(a) => status_cmd::run(a),
         Command::Manager(a) => manager_cmd::run(a),
         Command::Pool(c) => pool_cmd::run(c),
+        Command::Region(c) => region_cmd::run(c),
     };
     std::process::exit(code);
 }

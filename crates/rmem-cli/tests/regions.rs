@@ -1,5 +1,6 @@
 //! Direct regions (`rmem_read`/`rmem_write`, issue 13 items 8 and 10): tests/c/regions.c under
-//! `rmem run --api` and on its own (the library starts its own servers), every run bounded.
+//! `rmem run --api` and on its own (the library starts its own servers), and `rmem region
+//! put/get/ls`; every run bounded.
 
 mod common;
 
@@ -195,4 +196,164 @@ fn layouts_that_seal_pages_are_refused_with_why() {
         let out = run_bounded(&mut c, Duration::from_secs(60));
         check(&out, &format!("rmem run {opts:?}"));
     }
+}
+
+/// The process holding a `rmem region put`, killed at the end of the test however it ends.
+struct Holder(i32);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of the holder this test started (a no-op if it is gone).
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
+/// The pid on a `put`'s line (`NAME BYTES PID`), checked against the name and size.
+fn holder_pid(line: &str, name: &str, size: usize) -> i32 {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f.len(), 3, "put's line: {line:?}");
+    assert_eq!((f[0], f[1]), (name, size.to_string().as_str()), "{line:?}");
+    f[2].parse().unwrap()
+}
+
+/// Wait (bounded) until the registration of `name` is gone: its holder freed the region.
+fn wait_unregistered(dir: &std::path::Path, name: &str) {
+    let reg = dir.join("rmem-regions").join(name);
+    let t = std::time::Instant::now();
+    while reg.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{name} outlived its holder"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn rmem_region_put_holds_a_file_that_get_reads_back() {
+    let dir = runtime_dir("cli");
+    let data: Vec<u8> = (0..3_000_123u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let input = dir.join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let cli = |args: &[&str]| {
+        let mut c = Command::new(rmem());
+        c.args(args)
+            .env("XDG_RUNTIME_DIR", &dir)
+            .env("RMEM_BIN", rmem())
+            .env_remove("RMEM_SERVERS")
+            .env_remove("RMEM_MANAGER");
+        c
+    };
+    let get_to = |name: &str, out: &std::path::Path| {
+        let o = run_bounded(
+            &mut cli(&["region", "get", name, out.to_str().unwrap()]),
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "get {name}: {}", o.stderr);
+        assert!(
+            std::fs::read(out).unwrap() == data,
+            "get {name}: other bytes"
+        );
+    };
+
+    // In the foreground under `rmem run` (its servers), ended by SIGTERM.
+    let mut run = cli(&[
+        "run",
+        "--api",
+        "--",
+        rmem().to_str().unwrap(),
+        "region",
+        "put",
+        "fg",
+    ]);
+    let mut child = run
+        .arg(&input)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let group = Holder(-(child.id() as i32));
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = { out }.read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("put's line");
+    let pid = holder_pid(&line, "fg", data.len());
+    get_to("fg", &dir.join("fg.out"));
+    // SAFETY: kill(2) of the holder this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = wait_bounded_status(child, Duration::from_secs(60));
+    assert!(status.success(), "rmem run of the holder: {status:?}");
+    drop(group);
+    wait_unregistered(&dir, "fg");
+    let gone = run_bounded(
+        &mut cli(&["region", "get", "fg", "/dev/null"]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !gone.status.success() && gone.stderr.contains("no region named \"fg\""),
+        "{}",
+        gone.stderr
+    );
+
+    // In the background on servers of its own: the command returns with the line.
+    let put = run_bounded(
+        &mut cli(&["region", "put", "bg", input.to_str().unwrap(), "--detach"]),
+        Duration::from_secs(60),
+    );
+    assert!(put.status.success(), "put --detach: {}", put.stderr);
+    let pid = holder_pid(&put.stdout, "bg", data.len());
+    let _holder = Holder(pid);
+    let ls = run_bounded(&mut cli(&["region", "ls"]), Duration::from_secs(30));
+    assert!(
+        ls.stdout.lines().any(|l| l.starts_with("bg ")
+            && l.contains(&data.len().to_string())
+            && l.ends_with(&pid.to_string())),
+        "ls:\n{}",
+        ls.stdout
+    );
+    let taken = run_bounded(
+        &mut cli(&["region", "put", "bg", input.to_str().unwrap()]),
+        Duration::from_secs(60),
+    );
+    assert!(
+        !taken.status.success() && taken.stderr.contains("exists already"),
+        "{}",
+        taken.stderr
+    );
+    get_to("bg", &dir.join("bg.out"));
+    // To stdout.
+    let piped = dir.join("bg.stdout");
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg(format!(
+            "\"$0\" region get bg - > '{}'",
+            piped.to_str().unwrap()
+        ))
+        .arg(rmem())
+        .env("XDG_RUNTIME_DIR", &dir);
+    let o = run_bounded(&mut sh, Duration::from_secs(60));
+    assert!(o.status.success(), "get -: {}", o.stderr);
+    assert!(std::fs::read(&piped).unwrap() == data, "get -: other bytes");
+    // SAFETY: kill(2) of the holder this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    wait_unregistered(&dir, "bg");
+    let empty = run_bounded(
+        &mut cli(&["region", "put", "e", "/dev/null", "--detach"]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !empty.status.success() && empty.stderr.contains("empty"),
+        "{}",
+        empty.stderr
+    );
 }

@@ -178,7 +178,8 @@ impl Shared {
     }
 }
 
-/// Where a region lives, as the registration file says.
+/// Where a region lives, as the registration file says (what [`registered`] shows of it:
+/// [`Registered`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Place {
     session: SessionId,
@@ -755,6 +756,47 @@ fn parse_place(text: &str) -> Option<Place> {
         token: unhex(f.get("token")?)?,
         pid: f.get("pid")?.parse().ok()?,
     })
+}
+
+/// A named region held now, as its registration says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registered {
+    pub name: String,
+    pub size: u64,
+    pub page_size: usize,
+    /// The creator: the region lives while it does.
+    pub pid: u32,
+}
+
+/// This user's named regions whose creators are alive, by name (none without a registry).
+pub fn registered() -> Result<Vec<Registered>, RegionError> {
+    let dir = match registry_dir(false) {
+        Err(RegionError::Registry { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Ok(Vec::new())
+        }
+        r => r?,
+    };
+    let entries = fs::read_dir(&dir).map_err(|source| RegionError::Registry {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let mut list: Vec<Registered> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let place = parse_place(&fs::read_to_string(e.path()).ok()?)?;
+            alive(place.pid).then_some(Registered {
+                name,
+                size: place.size,
+                page_size: place.page_size,
+                pid: place.pid,
+            })
+        })
+        .collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(list)
 }
 
 /// Write `place` as `name`'s registration (0600, created new); a registration whose creator

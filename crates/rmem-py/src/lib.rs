@@ -14,8 +14,12 @@
 //! ([`rmem_client::region::Mapping::seal`]) and a touch of it ends the process with status 69
 //! and a message from this module's SIGSEGV handler ([`signals`]); every later call into
 //! this module raises `ServerLost`.
+//!
+//! `rmem.Region` (region.rs) is the other way in: a direct region on the same servers,
+//! byte ranges read and written with no mapping.
 
 mod fork;
+mod region;
 mod signals;
 
 use pyo3::exceptions::{PyException, PyValueError};
@@ -70,6 +74,9 @@ struct Session {
     /// The process that started `helper`'s servers, the only one that stops them.
     helper_pid: i32,
     own_servers: bool,
+    /// What the runtime was started with: `rmem.Region` makes its regions on the same
+    /// servers (region.rs).
+    config: Config,
 }
 
 // SAFETY: `rt` is written only by a fork() child's handler (fork.rs), when the child has one
@@ -331,6 +338,7 @@ fn start(
         pid: AtomicI32::new(signals::getpid()),
         helper_pid: signals::getpid(),
         own_servers,
+        config,
     })
 }
 
@@ -488,6 +496,7 @@ fn _rmem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RmemError", m.py().get_type::<RmemError>())?;
     m.add("ServerLost", m.py().get_type::<ServerLost>())?;
     m.add_class::<Block>()?;
+    m.add_class::<region::Region>()?;
     m.add_function(wrap_pyfunction!(_connect, m)?)?;
     m.add_function(wrap_pyfunction!(_close, m)?)?;
     m.add_function(wrap_pyfunction!(_connected, m)?)?;

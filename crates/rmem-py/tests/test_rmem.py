@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 import rmem
+from conftest import run_py
 
 BUDGET = 16 << 20
 BIG = 4 * BUDGET
@@ -32,18 +32,6 @@ def session():
     with rmem.connect(local=BUDGET, page_size="64K"):
         yield
     assert not rmem.connected()
-
-
-def run_py(code, *, user=None, timeout=120, env=None):
-    """Run `code` in a fresh interpreter (this one, so the same rmem), optionally as `user`."""
-    cmd = [sys.executable, "-c", textwrap.dedent(code)]
-    if user is not None:
-        cmd = ["runuser", "-u", user, "--"] + cmd
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd="/tmp"
-    )
 
 
 def test_arrays_are_ndarrays_in_remote_memory():

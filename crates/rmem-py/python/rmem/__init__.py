@@ -17,11 +17,16 @@ Usage::
         print(a.sum(), rmem.stats()["swap_ins"])
 
 The first allocation connects with the defaults when :func:`connect` was not called.
+
+:class:`Region` is the other interface: a region of bytes on the same servers, read and
+written by byte range with no mapping and no local cache (docs/regions.md), and shared with
+other processes by name.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import threading
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple, Union
@@ -45,6 +50,7 @@ __all__ = [
     "fromfile",
     "stats",
     "is_remote",
+    "Region",
 ]
 
 Size = Union[int, str]
@@ -258,3 +264,159 @@ def is_remote(a: np.ndarray) -> bool:
             return True
         base = getattr(base, "base", None)
     return False
+
+
+def _c_contiguous(obj: Any, what: str, writable: bool) -> Tuple[memoryview, int]:
+    """A buffer-protocol object as a memoryview and its byte count; raises ``TypeError`` for
+    an object without the buffer protocol (or read-only when ``writable``)."""
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(
+            f"{what} must support the buffer protocol (bytes, bytearray, memoryview, a numpy "
+            f"array...), not {type(obj).__name__}"
+        ) from None
+    if writable and mv.readonly:
+        raise TypeError(f"{what} is read-only: readinto needs a writable buffer")
+    return mv, mv.nbytes
+
+
+def _range(offset: Any, length: Any) -> Tuple[int, int]:
+    """Offsets and lengths as ints; a negative one is a bad range (``ValueError``), as one
+    past the end is."""
+    offset, length = operator.index(offset), operator.index(length)
+    if offset < 0 or length < 0 or offset + length >= 1 << 64:
+        raise ValueError(f"range of {length} bytes at offset {offset} is outside any region")
+    return offset, length
+
+
+class Region:
+    """A region of bytes on the memory servers, read and written by byte range.
+
+    Nothing is mapped or cached locally: :meth:`read` of 100 bytes moves about 100 bytes,
+    not a page (see :meth:`stats`), and the servers hold what :meth:`write` wrote. Bytes
+    never written read as zeros. The calls release the GIL while the bytes travel, and are
+    safe from any number of threads (writes of the same bytes at once land in no particular
+    order). Use and limits: docs/regions.md.
+
+    ``Region(size, name=None)`` makes a region of ``size`` bytes (an int, or a string such
+    as ``"64M"``) on the servers of this process's session, connecting with the defaults
+    first when :func:`connect` was not called; it needs the plain layout (no
+    ``redundancy`` and no ``encrypt``: those raise ``OSError`` with ``errno.ENOTSUP``) and a
+    list of servers (not a pool's ``manager``). With a ``name`` (1 to 64 of
+    ``[A-Za-z0-9._-]``, not starting with ``.``) other processes of the same user can
+    :meth:`open` it while this one holds it. :meth:`close` (or leaving a ``with`` block, or
+    the object being freed) ends the region, for every process that opened it when this
+    process made it. The session's servers stay up while a region on them is open, even
+    after :func:`close`.
+
+    Errors: a range outside the region or a bad name raises :class:`ValueError` before
+    anything moves; every other failure raises :class:`OSError` with the ``errno`` the C
+    API sets (``ENOENT`` no such name: :class:`FileNotFoundError`; ``EEXIST`` name taken:
+    :class:`FileExistsError`; ``ENOSPC`` a server is full; ``EIO`` a server lost or the
+    region ended by its creator: that call and every later one fail).
+
+    A region cannot be used in a ``fork()`` child (it raises :class:`RmemError`): open it
+    by name there.
+    """
+
+    __slots__ = ("_r", "name")
+
+    def __init__(self, size: Size, name: Optional[str] = None) -> None:
+        _ensure()
+        self.name: Optional[str] = name
+        self._r = _rmem._Region.create(size, name)
+
+    @classmethod
+    def open(cls, name: str) -> "Region":
+        """The region another process of this user made as ``name`` and still holds. Needs
+        no :func:`connect`: the region's registration names its servers. Raises
+        :class:`FileNotFoundError` when there is no such region (or its creator is gone).
+        :meth:`close` closes only this process's links to it."""
+        r = cls.__new__(cls)
+        r.name = name
+        r._r = _rmem._Region.open(name)
+        return r
+
+    @property
+    def size(self) -> int:
+        """Bytes in the region."""
+        return self._r.size
+
+    @property
+    def page_size(self) -> int:
+        """A range is split at multiples of this: one request per piece."""
+        return self._r.page_size
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._r.closed
+
+    def __len__(self) -> int:
+        return self._r.size
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset``."""
+        return self._r.read(*_range(offset, length))
+
+    def readinto(self, offset: int, buffer: Any) -> int:
+        """Fill ``buffer`` (any writable, C-contiguous buffer-protocol object: a
+        ``bytearray``, a ``memoryview``, a numpy array of any dtype) with the bytes at
+        ``offset``, as many as the buffer holds. The bytes go straight into the buffer's
+        memory, with no copy in between. Returns the number of bytes read."""
+        mv, n = _c_contiguous(buffer, "the buffer", writable=True)
+        offset, n = _range(offset, n)
+        if not mv.c_contiguous:
+            raise BufferError("readinto needs a C-contiguous buffer (a numpy array: use "
+                              "np.ascontiguousarray, then copy back)")
+        if n == 0:
+            self._r._read_at(offset, 0, 0)
+            return 0
+        # A uint8 view of the same memory: it holds a buffer export (the memory can neither
+        # move nor go) while the native call writes to the address.
+        view = np.frombuffer(mv, dtype=np.uint8)
+        self._r._read_at(offset, view.__array_interface__["data"][0], n)
+        return n
+
+    def write(self, offset: int, data: Any) -> int:
+        """Write ``data`` (``bytes`` or any buffer-protocol object) at ``offset``; returns
+        the number of bytes written. A C-contiguous buffer is sent from where it is; another
+        (a strided numpy view) is copied first, in C order."""
+        if isinstance(data, bytes):
+            self._r._write_bytes(_range(offset, 0)[0], data)
+            return len(data)
+        mv, n = _c_contiguous(data, "data", writable=False)
+        offset, n = _range(offset, n)
+        if not mv.c_contiguous:
+            self._r._write_bytes(offset, mv.tobytes())
+            return n
+        if n == 0:
+            self._r._write_at(offset, 0, 0)
+            return 0
+        view = np.frombuffer(mv, dtype=np.uint8)  # holds the export, as in readinto
+        self._r._write_at(offset, view.__array_interface__["data"][0], n)
+        return n
+
+    def stats(self) -> Dict[str, int]:
+        """What the region moved: ``reads``/``writes`` (calls), ``bytes_read``/
+        ``bytes_written`` (as asked), ``bytes_fetched``/``bytes_sent`` (page data that came
+        from and went to the servers, no headers), ``requests`` (one per piece of a range
+        within a page), ``size``, ``page_size``."""
+        return dict(self._r.stats())
+
+    def close(self) -> None:
+        """End the region (made here: for every process that opened it; opened here: this
+        process's links). Calls in flight on other threads finish first. Idempotent."""
+        self._r.close()
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._r.closed:
+            return f"<rmem.Region name={self.name!r} closed>"
+        return f"<rmem.Region name={self.name!r} size={self._r.size}>"
