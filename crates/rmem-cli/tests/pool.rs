@@ -339,13 +339,14 @@ fn bad_input_gives_a_clear_error() {
     }
     assert!(m.log().contains("truncated"), "{}", m.log());
     assert!(pool_status(&m.addr).is_some(), "the manager still answers");
-    // A server address that is no address.
+    // A server address that is no address, from a peer of the first version (no node in its
+    // beats): still spoken, its beat decoded and answered.
     let mut sock = TcpStream::connect(&m.addr).unwrap();
     rmem_client::store::remote::handshake_as(
         &mut sock,
         &m.addr,
         TOKEN.as_bytes(),
-        rmem_proto::pool::VERSION,
+        rmem_proto::pool::VERSION_NODELESS,
         0,
         Instant::now() + Duration::from_secs(5),
     )
@@ -357,8 +358,9 @@ fn bad_input_gives_a_clear_error() {
         used_bytes: 0,
         flags: 0,
         sessions: vec![],
+        node: String::new(),
     })
-    .encode(1, &mut frame);
+    .encode_for(rmem_proto::pool::VERSION_NODELESS, 1, &mut frame);
     sock.write_all(&frame).unwrap();
     let mut body = Vec::new();
     let h = rmem_client::store::remote::read_frame(

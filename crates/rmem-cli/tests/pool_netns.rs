@@ -3,7 +3,9 @@
 //! a bridge, one address each), so every page crosses a veth between "nodes" rather than
 //! loopback. Two programs at once through `rmem run --manager` from a node of their own give
 //! the outputs of plain runs; a server drained mid-run under the 8-thread verifying stress
-//! ends empty with zero mismatches. Needs root (says so when it skips); every wait is
+//! ends empty with zero mismatches; and no loan while in debt: a node that lends, whose own
+//! program then borrows from the others, sheds its loans and takes nothing while the program
+//! runs, and lends again after. Needs root (says so when it skips); every wait is
 //! bounded, and the namespaces, with everything left in them, go when a test ends, also on a
 //! panic.
 
@@ -106,4 +108,93 @@ fn a_server_drained_mid_run_across_nodes_ends_empty_with_zero_mismatches() {
     servers.remove(0);
     let st = pool_status(&m.addr).unwrap();
     assert_eq!(used_on(&st, &victim), 0, "{st}");
+}
+
+fn health<'a>(st: &'a serde_json::Value, addr: &str) -> &'a serde_json::Value {
+    &server_row(st, addr)["health"]
+}
+
+/// Issue 13 item 5, second half: a node whose own `rmem run` borrows from the pool lends
+/// nothing meanwhile. Node 1 runs a server that lends to the verifying stress of node 5; then
+/// a stress starts on node 1 itself and places pages on the other nodes (more than node 1
+/// lends: it is in debt). Node 1's server must shed everything it holds and take nothing
+/// while that program runs, both programs verifying; once it ends, node 1 lends again: a new
+/// program from node 5 places pages there.
+#[test]
+fn a_node_whose_program_borrows_sheds_its_loans_and_lends_again_after() {
+    let _one = serial();
+    let Some(nodes) = Nodes::new("pool_netns::debt", 6) else {
+        return;
+    };
+    let n = &nodes.nodes;
+    let (m, servers) = pool_on(n, 4, "256M");
+    let lender = servers[0].addr.clone();
+    let dir = scratch("pool-netns-debt");
+    let (stop_other, stop_own) = (dir.join("stop-other"), dir.join("stop-own"));
+    for f in [&stop_other, &stop_own] {
+        let _ = std::fs::remove_file(f);
+    }
+    // Each runs on past its operations until its file exists.
+    let (other_until, own_until) = (stop_other.to_str().unwrap(), stop_own.to_str().unwrap());
+    let other = stress_unreplicated_on(&n[5].prefix(), &m.addr, &[("STRESS_UNTIL", other_until)]);
+    let lent = await_status(&m.addr, Duration::from_secs(60), |st| {
+        used_on(st, &lender) > 1 << 20
+    });
+    let lent = lent.unwrap_or_else(|e| panic!("node 1 never lent: {e}"));
+    assert_eq!(health(&lent, &lender), "ok", "{lent}");
+    // Node 1's own program borrows from the other nodes.
+    let own = stress_unreplicated_on(&n[1].prefix(), &m.addr, &[("STRESS_UNTIL", own_until)]);
+    let in_debt = await_status(&m.addr, Duration::from_secs(60), |st| {
+        health(st, &lender) == "in debt"
+    });
+    let shed = await_status(&m.addr, Duration::from_secs(90), |st| {
+        used_on(st, &lender) == 0 && health(st, &lender) == "in debt"
+    });
+    // It takes nothing while the program runs: still empty a few heartbeats later.
+    std::thread::sleep(Duration::from_millis(10 * BEAT_MS));
+    let still = pool_status(&m.addr).unwrap();
+    std::fs::write(&stop_own, b"").unwrap();
+    let own_out = wait_bounded(own, Duration::from_secs(240), "the borrowing node's stress");
+    let lending = await_status(&m.addr, Duration::from_secs(30), |st| {
+        health(st, &lender) == "ok"
+    });
+    // Lends again: a new program from node 5 places pages there.
+    let again = stress_unreplicated_on(&n[5].prefix(), &m.addr, &[]);
+    let took = await_status(&m.addr, Duration::from_secs(60), |st| {
+        used_on(st, &lender) > 1 << 20
+    });
+    let again_out = wait_bounded(again, Duration::from_secs(240), "a stress after the debt");
+    std::fs::write(&stop_other, b"").unwrap();
+    let other_out = wait_bounded(other, Duration::from_secs(240), "the lent-to stress");
+    let all = format!(
+        "own:\n{}\nother:\n{}\nserver:\n{}\nmanager:\n{}",
+        shown(&own_out),
+        shown(&other_out),
+        servers[0].log(),
+        m.log()
+    );
+    in_debt.unwrap_or_else(|e| panic!("never in debt: {e}\n{all}"));
+    shed.unwrap_or_else(|e| panic!("its loans never left: {e}\n{all}"));
+    assert!(
+        used_on(&still, &lender) == 0 && health(&still, &lender) == "in debt",
+        "took pages while in debt: {still}\n{all}"
+    );
+    lending.unwrap_or_else(|e| panic!("never lending again: {e}\n{all}"));
+    took.unwrap_or_else(|e| panic!("no pages once lending again: {e}\n{all}"));
+    assert_stress_ok(&own_out);
+    assert_stress_ok(&other_out);
+    assert_stress_ok(&again_out);
+    let moving = format!("memory server {lender} lends nothing while its node borrows");
+    assert!(other_out.stderr.contains(&moving), "{all}");
+    let log = servers[0].log();
+    assert!(
+        log.contains("borrows from other nodes: reclaiming") && log.contains("lending again"),
+        "{all}"
+    );
+    assert!(
+        m.log().contains(&format!(
+            "server {lender}: reclaiming (its node is in debt)"
+        )),
+        "{all}"
+    );
 }
