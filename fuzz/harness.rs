@@ -95,9 +95,15 @@ pub fn pool_frames(data: &[u8]) {
             assert_eq!((h2.op, h2.tag), (h.op, h.tag));
             again
         };
-        if let Ok(req) = PoolRequest::decode(h.op, body) {
-            let f = again(&|o| req.encode(h.tag, o));
-            assert_eq!(PoolRequest::decode(h.op, &f[HEADER_LEN..]), Ok(req));
+        // As a manager decodes a connection of either version.
+        for v in [
+            rmem_proto::pool::VERSION,
+            rmem_proto::pool::VERSION_NODELESS,
+        ] {
+            if let Ok(req) = PoolRequest::decode_for(v, h.op, body) {
+                let f = again(&|o| req.encode_for(v, h.tag, o));
+                assert_eq!(PoolRequest::decode_for(v, h.op, &f[HEADER_LEN..]), Ok(req));
+            }
         }
         if let Ok(resp) = PoolResponse::decode(h.op, body) {
             let f = again(&|o| resp.encode(h.tag, o));
@@ -592,12 +598,14 @@ fn pool_seeds() -> Vec<Vec<u8>> {
             used_bytes: 8192,
             flags: 0,
             sessions: sessions.clone(),
+            node: "fuzz/net:4026531840".into(),
         }),
         PoolRequest::ClientBeat(ClientBeat {
             session: SessionId(0xF022),
             name: "stress (pid 1) on fuzz".into(),
             max_remote_bytes: UNLIMITED,
             uses: uses.clone(),
+            node: "fuzz/net:4026531840".into(),
         }),
         PoolRequest::Status,
         PoolRequest::Drain {

@@ -119,6 +119,8 @@ fn health(flags: u32) -> &'static str {
         "lost"
     } else if flags & pool::SERVER_DRAINING != 0 {
         "draining"
+    } else if flags & pool::SERVER_NODE_BORROWS != 0 {
+        "in debt"
     } else if flags & pool::SERVER_RECLAIMING != 0 {
         "reclaiming"
     } else {

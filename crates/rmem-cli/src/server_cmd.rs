@@ -8,7 +8,7 @@ use rmem_server::{Server, ServerConfig};
 use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 #[derive(clap::Args, Debug)]
 pub struct ServerArgs {
@@ -221,6 +221,7 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
     };
     let listen = server.local_addr();
     let state = server.state();
+    let node = rmem_proto::pool::node_id();
     // Clients reach this server where the manager does when it listens on every address.
     let beat = move |toward: Option<std::net::IpAddr>| {
         let ip = match toward {
@@ -234,6 +235,9 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
         }
         if RECLAIMING.load(Ordering::Relaxed) {
             flags |= rmem_proto::pool::SERVER_RECLAIMING;
+        }
+        if NODE_BORROWS.load(Ordering::Relaxed) {
+            flags |= rmem_proto::pool::SERVER_RECLAIMING | rmem_proto::pool::SERVER_NODE_BORROWS;
         }
         if disk {
             flags |= rmem_proto::pool::SERVER_DISK;
@@ -252,11 +256,13 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
                     bytes: s.used_bytes,
                 })
                 .collect(),
+            node: node.clone(),
         })
     };
     let manager_name = manager.to_string();
     let mut joined = false;
     let drained = server.state();
+    let lending = server.state();
     let mut empty_beats = 0;
     let acked = move |r: PoolResponse| {
         let PoolResponse::ServerAck { flags, .. } = r else {
@@ -266,6 +272,21 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
             log::info!("{listen}: joined the pool of manager {manager_name}");
             joined = true;
         }
+        // No loan while in debt: the manager says when a program on this node borrows more
+        // from other nodes than this node lends them. A reclaim as for memory, for as long.
+        let borrows = flags & rmem_proto::pool::ACK_NODE_BORROWS != 0;
+        if NODE_BORROWS.swap(borrows, Ordering::Relaxed) != borrows {
+            if borrows {
+                log::info!(
+                    "{listen}: a program on this node borrows from other nodes: reclaiming \
+                     ({} bytes lent: no new pages, the clients move theirs elsewhere)",
+                    lending.used_bytes()
+                );
+            } else {
+                log::info!("{listen}: this node no longer borrows: lending again");
+            }
+        }
+        apply_lend_limit(&lending);
         // Drained: nothing left on it for two beats in a row (clients see it leave in
         // between, so none is surprised by the closed links), then it goes.
         if flags & rmem_proto::pool::ACK_DRAIN != 0 {
@@ -299,6 +320,24 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
 static LEAVING: AtomicBool = AtomicBool::new(false);
 /// Set while the node is short of memory (`--reclaim-below`): its beats say it is reclaiming.
 static RECLAIMING: AtomicBool = AtomicBool::new(false);
+/// What `--reclaim-below` lets the server lend now (`u64::MAX`: no limit of its own).
+static MEMORY_LEND_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Set while the manager says a program on this node borrows from other nodes (its ack's
+/// `ACK_NODE_BORROWS`): the server reclaims as for memory, and its beats say why.
+static NODE_BORROWS: AtomicBool = AtomicBool::new(false);
+
+/// Set the server's lend limit from both reasons to lend less: nothing while its node
+/// borrows, else what its node's memory allows. Both the reclaim thread and the beat thread
+/// call it; the lock keeps one from writing a limit computed before the other's change.
+fn apply_lend_limit(state: &rmem_server::ServerState) {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    state.set_lend_limit(if NODE_BORROWS.load(Ordering::Relaxed) {
+        0
+    } else {
+        MEMORY_LEND_LIMIT.load(Ordering::Relaxed)
+    });
+}
 
 extern "C" fn on_sigterm(_: libc::c_int) {
     if LEAVING.swap(true, Ordering::Relaxed) {
@@ -345,7 +384,8 @@ fn watch_memory(floor: Floor, server: &Server) -> Result<(), String> {
                         warned = false;
                         let used = state.used_bytes();
                         let d = r.step(a.bytes, a.total_bytes, used);
-                        state.set_lend_limit(d.lend_limit_bytes);
+                        MEMORY_LEND_LIMIT.store(d.lend_limit_bytes, Ordering::Relaxed);
+                        apply_lend_limit(&state);
                         let was = RECLAIMING.swap(d.reclaiming, Ordering::Relaxed);
                         let floor_bytes = r.floor.bytes(a.total_bytes);
                         if d.reclaiming && !was {

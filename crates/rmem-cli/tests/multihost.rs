@@ -1,67 +1,34 @@
-//! A real multi-host run. The test builds its own small cluster: network namespaces, each
-//! with a veth pair and addresses of its own (10.213.X.1 on this side, 10.213.X.2 inside), and
-//! Debian's sshd running inside with a host key and a client key generated here. `rmem run
+//! A real multi-host run. The test builds its own small cluster: network namespaces on a
+//! bridge of their own (`common::netns`: 10.213.S.1 on this side, 10.213.S.2 and up inside),
+//! and Debian's sshd running inside with a host key and a client key generated here. `rmem run
 //! --hostfile` then starts its memory servers over real ssh in those namespaces. Traffic goes
-//! only to those addresses. A guard removes the namespaces, veths and every process started,
-//! also when a test panics. Needs root (CI runs as root); without it, the tests say loudly
-//! that they skip.
+//! only to those addresses. A guard removes the namespaces, veths, the bridge and every
+//! process started, also when a test panics. Needs root (CI runs as root); without it, the
+//! tests say loudly that they skip.
 
 mod common;
+use common::netns::{cmdline, sh, Node, Nodes};
 use common::*;
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 const SSHD: &str = "/usr/sbin/sshd";
 
-/// Namespaces made by this test process so far (names and subnets must not collide).
-static MADE: AtomicU32 = AtomicU32::new(0);
-
-/// Run a setup command, bounded in time; panic with its output if it fails.
-fn sh(args: &[&str]) {
-    let out = run_bounded(
-        Command::new(args[0]).args(&args[1..]),
-        Duration::from_secs(20),
-    );
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        out.stdout,
-        out.stderr
-    );
-}
-
-/// One namespace: a "host" of the test cluster.
-struct Host {
-    netns: String,
-    veth: String,
-    /// The address inside the namespace: the host's name in hosts files.
-    addr: String,
-    sshd: Option<Child>,
-}
-
-/// The test cluster; dropping it removes everything it made.
+/// The test cluster: simulated nodes (common::netns), an sshd in some. Dropping it stops the
+/// sshds, then the nodes go with everything left in them.
 struct Cluster {
     dir: PathBuf,
     key: PathBuf,
-    hosts: Vec<Host>,
+    sshd: Vec<Option<Child>>,
+    nodes: Nodes,
 }
 
 impl Cluster {
     /// Returns None (after saying why, loudly) where the test cannot run.
     fn new(tag: &str, with_sshd: &[bool]) -> Option<Cluster> {
-        if !is_root() {
-            // Straight to stderr, past the test harness's capture: a skip must be seen.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED multihost::{tag}: network namespaces and sshd need root; \
-                 CI runs this as root (scripts/test.sh). Nothing was tested here."
-            );
-            return None;
-        }
+        let nodes = Nodes::new(&format!("multihost::{tag}"), with_sshd.len())?;
         assert!(
             Path::new(SSHD).exists(),
             "{SSHD} is missing: install openssh-server (scripts/deps.sh does)"
@@ -70,7 +37,8 @@ impl Cluster {
         let mut c = Cluster {
             key: dir.join("client_key"),
             dir,
-            hosts: Vec::new(),
+            sshd: with_sshd.iter().map(|_| None).collect(),
+            nodes,
         };
         // sshd refuses to start without its privilege separation directory.
         std::fs::create_dir_all("/run/sshd").unwrap();
@@ -91,72 +59,22 @@ impl Cluster {
             ]);
         }
         std::fs::copy(c.dir.join("client_key.pub"), c.dir.join("authorized_keys")).unwrap();
-        for &sshd in with_sshd {
-            c.add_host(sshd);
+        for (i, &sshd) in with_sshd.iter().enumerate() {
+            if sshd {
+                c.start_sshd(i);
+            }
         }
         Some(c)
     }
 
-    fn add_host(&mut self, with_sshd: bool) {
-        let pid = std::process::id();
-        let k = MADE.fetch_add(1, Ordering::Relaxed);
-        let in_use = String::from_utf8(
-            Command::new("ip")
-                .args(["-o", "addr"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        let subnet = (0..200)
-            .map(|i| (pid * 7 + k * 13 + i) % 200 + 20)
-            .find(|x| !in_use.contains(&format!("10.213.{x}.")))
-            .expect("a free 10.213.X.0/24 subnet");
-        let host = Host {
-            netns: format!("rmem-test-{pid}-{k}"),
-            veth: format!("rmv{}x{k}", pid % 100_000),
-            addr: format!("10.213.{subnet}.2"),
-            sshd: None,
-        };
-        let peer = format!("{}n", host.veth);
-        // Pushed before it exists, so the guard removes whatever part of it gets made.
-        self.hosts.push(host);
-        let h = self.hosts.last().unwrap();
-        let (ns, veth) = (h.netns.clone(), h.veth.clone());
-        sh(&["ip", "netns", "add", &ns]);
-        sh(&[
-            "ip", "link", "add", &veth, "type", "veth", "peer", "name", &peer,
-        ]);
-        sh(&["ip", "link", "set", &peer, "netns", &ns]);
-        sh(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("10.213.{subnet}.1/24"),
-            "dev",
-            &veth,
-        ]);
-        sh(&["ip", "link", "set", &veth, "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("10.213.{subnet}.2/24"),
-            "dev",
-            &peer,
-        ]);
-        sh(&["ip", "-n", &ns, "link", "set", &peer, "up"]);
-        sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-        if with_sshd {
-            self.start_sshd(self.hosts.len() - 1);
-        }
+    /// The nodes ("hosts"), in the order made.
+    fn hosts(&self) -> &[Node] {
+        &self.nodes.nodes
     }
 
     fn start_sshd(&mut self, i: usize) {
         let d = &self.dir;
-        let (ns, addr) = (self.hosts[i].netns.clone(), self.hosts[i].addr.clone());
+        let (ns, addr) = (self.hosts()[i].netns.clone(), self.hosts()[i].addr.clone());
         let config = d.join(format!("sshd_config-{i}"));
         std::fs::write(
             &config,
@@ -181,7 +99,7 @@ impl Cluster {
             .stderr(log)
             .spawn()
             .unwrap();
-        self.hosts[i].sshd = Some(child);
+        self.sshd[i] = Some(child);
         let target: SocketAddr = format!("{addr}:22").parse().unwrap();
         let end = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect_timeout(&target, Duration::from_millis(500)).is_err() {
@@ -223,12 +141,10 @@ impl Cluster {
         let end = Instant::now() + Duration::from_secs(5);
         loop {
             let mut left = Vec::new();
-            for h in &self.hosts {
-                let sshd = h.sshd.as_ref().map(|c| c.id());
-                for pid in netns_pids(&h.netns) {
-                    if Some(pid) != sshd {
-                        left.push(format!("{pid} in {}: {}", h.netns, cmdline(pid)));
-                    }
+            for (pid, h) in self.nodes.pids() {
+                let sshd = self.sshd.iter().flatten().any(|c| c.id() == pid);
+                if !sshd {
+                    left.push(format!("{pid} in {}: {}", h.netns, cmdline(pid)));
                 }
             }
             for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -236,7 +152,7 @@ impl Cluster {
                     continue;
                 };
                 let cmd = cmdline(pid);
-                if self.hosts.iter().any(|h| cmd.contains(&h.addr)) {
+                if self.hosts().iter().any(|h| cmd.contains(&h.addr)) {
                     left.push(format!("{pid}: {cmd}"));
                 }
             }
@@ -248,40 +164,11 @@ impl Cluster {
     }
 }
 
-fn netns_pids(ns: &str) -> Vec<u32> {
-    Command::new("ip")
-        .args(["netns", "pids", ns])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn cmdline(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default()
-}
-
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for h in &mut self.hosts {
-            if let Some(mut c) = h.sshd.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            // Anything else still in the namespace (sshd sessions, servers) goes too.
-            for pid in netns_pids(&h.netns) {
-                // SAFETY: kill by pid; these run in a namespace this test created.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            }
-            // Deleting the host end removes its peer; deleting the namespace the rest.
-            let _ = Command::new("ip").args(["link", "del", &h.veth]).status();
-            let _ = Command::new("ip").args(["netns", "del", &h.netns]).status();
+        for mut c in self.sshd.iter_mut().filter_map(Option::take) {
+            let _ = c.kill();
+            let _ = c.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -303,7 +190,7 @@ fn servers_start_over_real_ssh_in_two_namespaces_and_both_get_pages() {
     let Some(c) = Cluster::new("two-hosts", &[true, true]) else {
         return;
     };
-    let (a, b) = (&c.hosts[0].addr, &c.hosts[1].addr);
+    let (a, b) = (&c.hosts()[0].addr, &c.hosts()[1].addr);
     let dir = c.dir.clone();
     let stats = dir.join("stats.json");
     // 32 MiB of stress data, 4 MiB local; the first server lends only 12 MiB, so priority
@@ -347,7 +234,7 @@ fn an_unreachable_host_is_named_and_the_started_servers_are_finalized() {
     let Some(c) = Cluster::new("unreachable", &[true, false]) else {
         return;
     };
-    let (a, dead) = (&c.hosts[0].addr, &c.hosts[1].addr);
+    let (a, dead) = (&c.hosts()[0].addr, &c.hosts()[1].addr);
     let out = c.run(
         &format!("calhost 4M\n{a} 64M\n{dead} 64M\n"),
         &[],
@@ -397,8 +284,8 @@ fn an_unreachable_host_is_named_and_the_started_servers_are_finalized() {
 }
 
 /// A partition: three servers, each in a namespace of its own, pages kept as `ec:2+1`; the
-/// veth of one is set down under the verifying stress for longer than the servers' lease,
-/// then up again. The program goes on from the other two (no error, no mismatch), gives the
+/// node of one is cut off (`Node::cut`) under the verifying stress for longer than the
+/// servers' lease, then mended. The program goes on from the other two (no error, no mismatch), gives the
 /// partitioned server up, and takes it back once it answers again.
 #[test]
 fn a_server_partitioned_past_its_lease_is_survived_with_redundancy() {
@@ -407,7 +294,7 @@ fn a_server_partitioned_past_its_lease_is_survived_with_redundancy() {
         return;
     };
     let servers: Vec<ServerProcess> = c
-        .hosts
+        .hosts()
         .iter()
         .map(|h| {
             ServerProcess::start_in(
@@ -441,15 +328,14 @@ fn a_server_partitioned_past_its_lease_is_survived_with_redundancy() {
     let child = cmd.spawn().unwrap();
     // Cut the link once the program has pages out; keep it down past the 2 s lease.
     std::thread::sleep(Duration::from_millis(1500));
-    let veth = c.hosts[0].veth.clone();
-    sh(&["ip", "link", "set", &veth, "down"]);
+    c.hosts()[0].cut();
     let down = Instant::now();
     let mut child = child;
     while down.elapsed() < Duration::from_secs(5) && child.try_wait().unwrap().is_none() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let cut_while_running = child.try_wait().unwrap().is_none();
-    sh(&["ip", "link", "set", &veth, "up"]);
+    c.hosts()[0].mend();
     let out = wait_bounded(child, Duration::from_secs(180), "the partitioned stress");
     let what = format!(
         "{:?} after {:?}\nstdout:\n{}\nstderr:\n{}",

@@ -16,16 +16,13 @@
 //! when its test ends.
 
 mod common;
+use common::pool::*;
 use common::*;
 use std::io::Write;
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-const TOKEN: &str = "secret-for-the-pool-test";
-/// The manager's heartbeat in these tests, in milliseconds.
-const BEAT_MS: u64 = 200;
 
 /// The tests here run several programs each: one at a time, or the 2-core machines they run
 /// on time them out.
@@ -33,35 +30,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A running `rmem manager`, killed when dropped.
-struct ManagerProcess {
-    child: Child,
-    addr: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl ManagerProcess {
-    fn start(listen: &str, args: &[&str]) -> ManagerProcess {
-        let mut cmd = Command::new(rmem());
-        cmd.args(["manager", "--listen", listen, "--heartbeat-ms"])
-            .arg(BEAT_MS.to_string())
-            .args(args);
-        let (child, addr, log) = start_daemon(cmd, TOKEN, "rmem-manager");
-        ManagerProcess { child, addr, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for ManagerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `n` servers of `capacity` in the pool of `manager`, each with a lease of 10 s: short enough
@@ -85,84 +53,6 @@ fn servers(manager: &str, n: usize, capacity: &str) -> Vec<ServerProcess> {
         .collect()
 }
 
-/// `rmem pool status --manager M --json`, parsed; `None` if it failed.
-fn pool_status(manager: &str) -> Option<serde_json::Value> {
-    let out = run_bounded(
-        Command::new(rmem())
-            .args(["pool", "status", "--json", "--manager", manager])
-            .env("RMEM_TOKEN", TOKEN),
-        Duration::from_secs(20),
-    );
-    if !out.status.success() {
-        return None;
-    }
-    Some(serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout)))
-}
-
-/// Wait up to `limit` until the pool's status satisfies `ok`; the last status seen.
-fn await_status(
-    manager: &str,
-    limit: Duration,
-    ok: impl Fn(&serde_json::Value) -> bool,
-) -> Result<serde_json::Value, String> {
-    let t = Instant::now();
-    let mut last = None;
-    while t.elapsed() < limit {
-        if let Some(st) = pool_status(manager) {
-            if ok(&st) {
-                return Ok(st);
-            }
-            last = Some(st);
-        }
-        std::thread::sleep(Duration::from_millis(BEAT_MS / 2));
-    }
-    Err(format!("after {limit:?}: {last:?}"))
-}
-
-fn live_servers(st: &serde_json::Value) -> usize {
-    st["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["health"] == "ok")
-        .count()
-}
-
-fn clients(st: &serde_json::Value) -> usize {
-    st["clients"].as_array().unwrap().len()
-}
-
-/// `rmem run --manager M OPTS -- PROGRAM`, started (stdout and stderr piped).
-fn run_in_pool(manager: &str, opts: &[&str], program: &[&str], as_nobody: bool) -> Child {
-    run_in_pool_env(manager, opts, program, as_nobody, &[])
-}
-
-/// [`run_in_pool`] with more environment for the program.
-fn run_in_pool_env(
-    manager: &str,
-    opts: &[&str],
-    program: &[&str],
-    as_nobody: bool,
-    env: &[(&str, &str)],
-) -> Child {
-    let dir = scratch("pool-run");
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let stats = dir.join(format!("stats-{n}.json"));
-    let mut cmd = rmem_run(
-        &[&["--manager", manager][..], opts].concat(),
-        &stats,
-        program,
-        as_nobody,
-    );
-    cmd.envs(env.iter().copied())
-        .env("RMEM_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd.spawn().unwrap()
-}
-
 /// The 8-thread verifying stress under `rmem run --manager`, 4 KiB pages, 8 MiB local.
 fn stress_in_pool(manager: &str, threads: &str, mib: &str, ops: &str) -> Child {
     let prog = build_c("tests/c/stress.c");
@@ -174,77 +64,23 @@ fn stress_in_pool(manager: &str, threads: &str, mib: &str, ops: &str) -> Child {
     )
 }
 
-fn shown(out: &Output) -> String {
-    format!(
-        "{:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status, out.stdout, out.stderr
-    )
-}
-
-fn assert_stress_ok(out: &Output) {
-    assert!(out.status.success(), "{}", shown(out));
-    assert!(
-        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
-        "{}",
-        shown(out)
-    );
-}
-
-/// A file of `lines` pseudo-random lines (the same every run).
-fn random_lines(path: &std::path::Path, lines: usize, seed: u64) {
-    let mut x = seed;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    for _ in 0..lines {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        writeln!(f, "{:016x} {}", x, x % 1000).unwrap();
-    }
-    f.flush().unwrap();
-    drop(f);
-    let _ = Command::new("chmod").arg("644").arg(path).status();
-}
-
 #[test]
 fn two_programs_through_a_manager_match_plain_runs() {
     let _one = serial();
     let m = ManagerProcess::start("127.0.0.1:0", &[]);
     let _servers = servers(&m.addr, 4, "256M");
     await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
-    let dir = scratch("pool-sort");
-    let (a, b) = (dir.join("a.txt"), dir.join("b.txt"));
-    random_lines(&a, 200_000, 0x9E3779B97F4A7C15);
-    random_lines(&b, 150_000, 0x2545F4914F6CDD1D);
-    let plain = |f: &std::path::Path| {
-        let out = run_bounded(
-            Command::new("sort").arg("-S").arg("16M").arg(f),
-            Duration::from_secs(60),
-        );
-        assert!(out.status.success());
-        out.stdout
-    };
-    // sort's 16 MiB buffer is remote (transparent mode), 2 MiB of it resident at once; the
-    // second program runs as nobody when the test runs as root (the unprivileged path).
-    let opts = ["--local", "2M", "--page-size", "16K"];
+    let (a, b) = sort_inputs("pool-sort");
+    // The second program runs as nobody when the test runs as root (the unprivileged path).
     let sort = |f: &std::path::Path, nobody| {
-        run_in_pool(
-            &m.addr,
-            &opts,
-            &["sort", "-S", "16M", f.to_str().unwrap()],
-            nobody,
-        )
+        let prefix: &[&str] = if nobody && is_root() {
+            &["runuser", "-u", "nobody", "--"]
+        } else {
+            &[]
+        };
+        sort_in_pool(prefix, &m.addr, f)
     };
-    let (ra, rb) = (sort(&a, false), sort(&b, true));
-    let oa = wait_bounded(ra, Duration::from_secs(180), "sort a in the pool");
-    let ob = wait_bounded(rb, Duration::from_secs(180), "sort b in the pool");
-    assert!(oa.status.success(), "{}", shown(&oa));
-    assert!(ob.status.success(), "{}", shown(&ob));
-    assert!(oa.stdout == plain(&a), "sort a differs from a plain run");
-    assert!(ob.stdout == plain(&b), "sort b differs from a plain run");
-    // Their pages went to the pool: swap-outs were written to its servers.
-    for o in [&oa, &ob] {
-        assert!(!o.stderr.contains(" 0 swap-outs"), "{}", shown(o));
-    }
+    assert_sorts_match_plain([sort(&a, false), sort(&b, true)], [&a, &b]);
 }
 
 #[test]
@@ -331,27 +167,6 @@ fn the_manager_restarted_mid_run_is_right_again_within_a_few_heartbeats() {
     assert!(m.log().contains("joined"), "{}", m.log());
 }
 
-/// The 8-thread stress over 32 MiB with no redundancy (a page lost or stale on the way would
-/// be a mismatch, or the end), started.
-fn stress_unreplicated(manager: &str, env: &[(&str, &str)]) -> Child {
-    let prog = build_c("tests/c/stress.c");
-    run_in_pool_env(
-        manager,
-        &[
-            "--api",
-            "--page-size",
-            "4K",
-            "--local",
-            "8M",
-            "--redundancy",
-            "none",
-        ],
-        &[prog.to_str().unwrap(), "8", "32", "60000"],
-        false,
-        env,
-    )
-}
-
 /// [`stress_unreplicated`], run until `server` holds more than 1 MiB of it.
 fn stress_holding_on(manager: &str, server: &str) -> Child {
     let run = stress_unreplicated(manager, &[]);
@@ -374,20 +189,7 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
     let run = stress_holding_on(&m.addr, &servers[0].addr);
     let victim = servers[0].addr.clone();
-    let drained = run_bounded(
-        Command::new(rmem())
-            .args([
-                "pool",
-                "drain",
-                &victim,
-                "--manager",
-                &m.addr,
-                "--wait",
-                "60",
-            ])
-            .env("RMEM_TOKEN", TOKEN),
-        Duration::from_secs(90),
-    );
+    let drained = pool_drain(&m.addr, &victim);
     let out = wait_bounded(run, Duration::from_secs(240), "stress under a drain");
     assert!(
         drained.status.success(),
@@ -399,16 +201,7 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     let leaving = format!("memory server {victim} is leaving the pool");
     assert!(out.stderr.contains(&leaving), "{}", shown(&out));
     // The drained server exits by itself once empty.
-    let t = Instant::now();
-    while servers[0].child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        servers[0].child.try_wait().unwrap().is_some(),
-        "{}",
-        servers[0].log()
-    );
-    assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+    assert_exits_drained(&mut servers[0], Duration::from_secs(10));
     servers.remove(0);
     // SIGTERM to a server in a pool is a drain too: a second program runs meanwhile.
     let run = stress_holding_on(&m.addr, &servers[0].addr);
@@ -546,13 +339,14 @@ fn bad_input_gives_a_clear_error() {
     }
     assert!(m.log().contains("truncated"), "{}", m.log());
     assert!(pool_status(&m.addr).is_some(), "the manager still answers");
-    // A server address that is no address.
+    // A server address that is no address, from a peer of the first version (no node in its
+    // beats): still spoken, its beat decoded and answered.
     let mut sock = TcpStream::connect(&m.addr).unwrap();
     rmem_client::store::remote::handshake_as(
         &mut sock,
         &m.addr,
         TOKEN.as_bytes(),
-        rmem_proto::pool::VERSION,
+        rmem_proto::pool::VERSION_NODELESS,
         0,
         Instant::now() + Duration::from_secs(5),
     )
@@ -564,8 +358,9 @@ fn bad_input_gives_a_clear_error() {
         used_bytes: 0,
         flags: 0,
         sessions: vec![],
+        node: String::new(),
     })
-    .encode(1, &mut frame);
+    .encode_for(rmem_proto::pool::VERSION_NODELESS, 1, &mut frame);
     sock.write_all(&frame).unwrap();
     let mut body = Vec::new();
     let h = rmem_client::store::remote::read_frame(
@@ -655,17 +450,6 @@ fn rmem_nbd_through_a_manager_round_trips_a_file() {
         st["clients"][0]["used_bytes"].as_u64().unwrap_or(0) > 4 << 20
     })
     .unwrap();
-}
-
-/// Bytes `server` holds according to the pool's status.
-fn used_on(st: &serde_json::Value, server: &str) -> u64 {
-    st["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["addr"] == server)
-        .and_then(|s| s["used_bytes"].as_u64())
-        .unwrap_or(0)
 }
 
 /// A disk-backed server in the pool: `--store file:PATH` and these arguments.
@@ -860,15 +644,6 @@ fn rss_bytes(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap();
     kib << 10
-}
-
-fn server_row<'a>(st: &'a serde_json::Value, addr: &str) -> &'a serde_json::Value {
-    st["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["addr"] == addr)
-        .unwrap_or(&serde_json::Value::Null)
 }
 
 /// Issue 13, "no loan while in debt": a server lends from a node (a 256 MiB memory cgroup)

@@ -52,20 +52,39 @@ pub struct ManagerConn {
     sock: TcpStream,
     manager: String,
     next_tag: u64,
+    /// The protocol spoken: [`pool::VERSION`], or [`pool::VERSION_NODELESS`] with a manager
+    /// that knows no other (beats then go without the node).
+    version: u16,
 }
 
 impl ManagerConn {
-    /// Connect and authenticate, all within `timeout`.
+    /// Connect and authenticate, all within `timeout`. A manager that refuses
+    /// [`pool::VERSION`] as a version it does not speak is asked again in
+    /// [`pool::VERSION_NODELESS`], the first version (a manager older than nodes).
     pub fn connect(manager: &str, token: &[u8], timeout: Duration) -> Result<Self, StoreError> {
         let deadline = Instant::now() + timeout;
-        let mut sock = dial(manager, timeout).map_err(|e| as_manager(manager, e))?;
-        handshake_as(&mut sock, manager, token, pool::VERSION, 0, deadline)
-            .map_err(|e| as_manager(manager, e))?;
-        Ok(ManagerConn {
-            sock,
-            manager: manager.into(),
-            next_tag: 1,
-        })
+        let mut version = pool::VERSION;
+        loop {
+            let mut sock = dial(manager, timeout).map_err(|e| as_manager(manager, e))?;
+            match handshake_as(&mut sock, manager, token, version, 0, deadline) {
+                Ok(_) => {
+                    return Ok(ManagerConn {
+                        sock,
+                        manager: manager.into(),
+                        next_tag: 1,
+                        version,
+                    })
+                }
+                Err(StoreError::Refused { ref message, .. })
+                    if version == pool::VERSION
+                        && message
+                            .starts_with(&rmem_proto::ErrorCode::VersionMismatch.to_string()) =>
+                {
+                    version = pool::VERSION_NODELESS;
+                }
+                Err(e) => return Err(as_manager(manager, e)),
+            }
+        }
     }
 
     /// This host's address on the connection: the one the manager (and, most likely, the
@@ -84,7 +103,7 @@ impl ManagerConn {
         let tag = self.next_tag;
         self.next_tag += 1;
         let mut frame = Vec::new();
-        req.encode(tag, &mut frame);
+        req.encode_for(self.version, tag, &mut frame);
         self.sock
             .set_write_timeout(Some(timeout))
             .and_then(|()| self.sock.write_all(&frame))
@@ -238,12 +257,14 @@ impl PoolLink {
         max_remote_bytes: u64,
     ) -> Result<PoolLink, StoreError> {
         let mut conn = ManagerConn::connect(manager, token, MANAGER_TIMEOUT)?;
+        let node = pool::node_id();
         let beat = move |uses: Vec<ServerUse>| {
             PoolRequest::ClientBeat(ClientBeat {
                 session,
                 name: name.clone(),
                 max_remote_bytes,
                 uses,
+                node: node.clone(),
             })
         };
         let first = conn.ask(&beat(Vec::new()), MANAGER_TIMEOUT)?;

@@ -9,13 +9,21 @@
 //! stores nothing). After the handshake:
 //!
 //! ```text
-//! memory server ── ServerBeat { addr, capacity, used, flags (DRAINING, DISK), sessions } ─► manager
-//!               ◄─ ServerAck { heartbeat_ms, flags (DRAIN) }
-//! client        ── ClientBeat { session, name, max_remote, uses per server } ─►
+//! memory server ── ServerBeat { addr, capacity, used, flags (DRAINING, DISK, ...), sessions,
+//!                               node } ─► manager
+//!               ◄─ ServerAck { heartbeat_ms, flags (DRAIN, NODE_BORROWS) }
+//! client        ── ClientBeat { session, name, max_remote, uses per server, node } ─►
 //!               ◄─ ClientAck { heartbeat_ms, grant, servers by free memory }
 //! rmem pool     ── Status ─► ◄─ StatusOk { servers, clients }
 //!               ── Drain { server } ─► ◄─ DrainOk   (a later version acts on it)
 //! ```
+//!
+//! Versions: [`VERSION`] (0x0102) ends both beats with the sender's node ([`node_id`]'s
+//! form); [`VERSION_NODELESS`] (0x0101, the first) has no node. A manager accepts both and
+//! decodes each connection's beats by the version of its `Hello` ([`PoolRequest::decode_for`]);
+//! a peer refused by a manager that knows only 0x0101 connects again as 0x0101 and sends no
+//! node (rmem-client's `ManagerConn`). A peer without a node is on no node: it neither
+//! borrows nor lends in the manager's accounting of debt.
 //!
 //! Every beat carries the sender's whole state, never a change: a manager that restarts
 //! rebuilds its picture from the next beat of each server and client (docs/pool.md). Decoding
@@ -26,8 +34,11 @@
 use crate::{Cursor, ErrorCode, Op, ProtoError, Response, SessionId};
 
 /// The manager protocol's version, sent in `Hello`. Numbered from 256 so that it never equals a
-/// memory server's protocol version.
-pub const VERSION: u16 = 0x0101;
+/// memory server's protocol version. This one ends both beats with the sender's node.
+pub const VERSION: u16 = 0x0102;
+/// The first version: beats without the node. Still accepted, and spoken to a manager that
+/// knows no other.
+pub const VERSION_NODELESS: u16 = 0x0101;
 /// Longest server address (`host:port`) or client name carried.
 pub const NAME_LEN_MAX: usize = 256;
 /// Most servers one answer lists.
@@ -43,6 +54,10 @@ pub const UNLIMITED: u64 = u64::MAX;
 pub const SERVER_DRAINING: u32 = 1;
 /// `ServerAck` flag: the manager asks the server to drain.
 pub const ACK_DRAIN: u32 = 1;
+/// `ServerAck` flag: a client on the server's node holds more on other nodes' servers than
+/// the other nodes' clients hold on this node's (its node is in debt): lend nothing meanwhile
+/// (reclaim as with [`SERVER_RECLAIMING`], saying [`SERVER_NODE_BORROWS`] too).
+pub const ACK_NODE_BORROWS: u32 = 2;
 /// `ServerOffer` / `ServerRow` flag: the server has not been heard from within the manager's
 /// loss window (only in status: clients are offered live servers).
 pub const ROW_LOST: u32 = 2;
@@ -55,6 +70,9 @@ pub const SERVER_DISK: u32 = 4;
 /// (`rmem server --reclaim-below`): it takes no new pages, and clients move their pages off it
 /// as for a drain, but only while the flag is set; it is not leaving.
 pub const SERVER_RECLAIMING: u32 = 8;
+/// `ServerBeat` flag (passed on), always with [`SERVER_RECLAIMING`]: it reclaims because its
+/// node is in debt ([`ACK_NODE_BORROWS`]), not (only) because memory is short.
+pub const SERVER_NODE_BORROWS: u32 = 16;
 
 /// Bytes one session (a client) holds on a server, or one client on one server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +99,8 @@ pub struct ServerBeat {
     pub flags: u32,
     /// Its sessions and their bytes (at most [`USES_MAX`], the largest first).
     pub sessions: Vec<SessionUse>,
+    /// The node it runs on ([`node_id`]; empty: unknown, from a [`VERSION_NODELESS`] peer).
+    pub node: String,
 }
 
 /// A client's heartbeat: everything the manager keeps about it.
@@ -94,6 +114,22 @@ pub struct ClientBeat {
     pub max_remote_bytes: u64,
     /// What it has placed where.
     pub uses: Vec<ServerUse>,
+    /// The node it runs on ([`node_id`]; empty: unknown, from a [`VERSION_NODELESS`] peer).
+    pub node: String,
+}
+
+/// This process's node, as beats carry it: the host name and the inode of its network
+/// namespace (`/proc/self/ns/net`), `HOST/net:INODE`. Two namespaces of one host are two nodes
+/// (as in the tests, where namespaces simulate nodes); the host name tells real hosts apart.
+pub fn node_id() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    match std::fs::metadata("/proc/self/ns/net") {
+        Ok(m) => format!("{host}/net:{}", m.ino()),
+        Err(_) => host,
+    }
 }
 
 /// A server offered to a client.
@@ -272,8 +308,15 @@ impl PoolRequest {
         }
     }
 
-    /// Append the whole frame to `out`.
+    /// Append the whole frame to `out`, as [`VERSION`] has it.
     pub fn encode(&self, tag: u64, out: &mut Vec<u8>) {
+        self.encode_for(VERSION, tag, out)
+    }
+
+    /// Append the whole frame to `out`, as protocol `version` has it (a beat's node is left
+    /// out for [`VERSION_NODELESS`]).
+    pub fn encode_for(&self, version: u16, tag: u64, out: &mut Vec<u8>) {
+        let with_node = version >= VERSION;
         let start = begin(out, self.op(), tag);
         match self {
             PoolRequest::ServerBeat(b) => {
@@ -282,12 +325,18 @@ impl PoolRequest {
                 out.extend_from_slice(&b.used_bytes.to_le_bytes());
                 out.extend_from_slice(&b.flags.to_le_bytes());
                 put_session_uses(out, &b.sessions);
+                if with_node {
+                    put_str(out, &b.node);
+                }
             }
             PoolRequest::ClientBeat(b) => {
                 out.extend_from_slice(&b.session.0.to_le_bytes());
                 put_str(out, &b.name);
                 out.extend_from_slice(&b.max_remote_bytes.to_le_bytes());
                 put_server_uses(out, &b.uses);
+                if with_node {
+                    put_str(out, &b.node);
+                }
             }
             PoolRequest::Status => {}
             PoolRequest::Drain { server } => put_str(out, server),
@@ -295,8 +344,21 @@ impl PoolRequest {
         crate::patch_len(out, start);
     }
 
+    /// Decode a [`VERSION`] frame.
     pub fn decode(op: Op, body: &[u8]) -> Result<PoolRequest, ProtoError> {
+        Self::decode_for(VERSION, op, body)
+    }
+
+    /// Decode a frame of protocol `version` (a [`VERSION_NODELESS`] beat has no node: empty).
+    pub fn decode_for(version: u16, op: Op, body: &[u8]) -> Result<PoolRequest, ProtoError> {
         let mut c = Cursor::new(op, body);
+        let node = |c: &mut Cursor<'_>| {
+            if version >= VERSION {
+                c.string()
+            } else {
+                Ok(String::new())
+            }
+        };
         let req = match op {
             Op::PoolServerBeat => PoolRequest::ServerBeat(ServerBeat {
                 addr: c.string()?,
@@ -304,12 +366,14 @@ impl PoolRequest {
                 used_bytes: c.u64()?,
                 flags: c.u32()?,
                 sessions: c.session_uses()?,
+                node: node(&mut c)?,
             }),
             Op::PoolClientBeat => PoolRequest::ClientBeat(ClientBeat {
                 session: SessionId(u128::from_le_bytes(c.array()?)),
                 name: c.string()?,
                 max_remote_bytes: c.u64()?,
                 uses: c.server_uses()?,
+                node: node(&mut c)?,
             }),
             Op::PoolStatus => PoolRequest::Status,
             Op::PoolDrain => PoolRequest::Drain {
@@ -487,6 +551,7 @@ mod tests {
                 session: SessionId(7 << 90),
                 bytes: 4096,
             }],
+            node: "node7/net:4026531840".into(),
         }
     }
 
@@ -501,6 +566,7 @@ mod tests {
                     server: "10.0.0.7:7000".into(),
                     bytes: 1 << 20,
                 }],
+                node: "node1/net:4026531840".into(),
             }),
             PoolRequest::Status,
             PoolRequest::Drain {
@@ -513,7 +579,7 @@ mod tests {
         vec![
             PoolResponse::ServerAck {
                 heartbeat_ms: 1000,
-                flags: ACK_DRAIN,
+                flags: ACK_DRAIN | ACK_NODE_BORROWS,
             },
             PoolResponse::ClientAck {
                 heartbeat_ms: 1000,
@@ -567,6 +633,42 @@ mod tests {
             let h = parse_header(&buf, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
             assert_eq!(PoolResponse::decode(h.op, &buf[HEADER_LEN..]).unwrap(), r);
         }
+    }
+
+    /// A beat of the first version has no node, and a manager decodes it as such; the two
+    /// forms differ by exactly the node, so neither is misread as the other.
+    #[test]
+    fn nodeless_beats_roundtrip_without_their_node() {
+        for r in requests() {
+            let mut old = Vec::new();
+            r.encode_for(VERSION_NODELESS, 5, &mut old);
+            let h = parse_header(&old, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
+            let body = &old[HEADER_LEN..];
+            let back = PoolRequest::decode_for(VERSION_NODELESS, h.op, body).unwrap();
+            let nodeless = match r.clone() {
+                PoolRequest::ServerBeat(b) => PoolRequest::ServerBeat(ServerBeat {
+                    node: String::new(),
+                    ..b
+                }),
+                PoolRequest::ClientBeat(b) => PoolRequest::ClientBeat(ClientBeat {
+                    node: String::new(),
+                    ..b
+                }),
+                other => other,
+            };
+            assert_eq!(back, nodeless);
+            let mut new = Vec::new();
+            r.encode(5, &mut new);
+            if new.len() != old.len() {
+                assert!(PoolRequest::decode(h.op, body).is_err(), "{r:?}");
+                assert!(
+                    PoolRequest::decode_for(VERSION_NODELESS, h.op, &new[HEADER_LEN..]).is_err()
+                );
+            }
+        }
+        let id = node_id();
+        assert!(id.contains("/net:"), "{id}");
+        assert_eq!(id, node_id(), "the same process, the same node");
     }
 
     #[test]

@@ -48,12 +48,35 @@ struct ServerEntry {
     last: Instant,
     /// `rmem pool drain` asked for it (told to the server in its next ack).
     drain: bool,
+    /// Its node was in debt at its last beat ([`Pool::debt`]; told in its ack).
+    in_debt: bool,
 }
 
 struct ClientEntry {
     beat: pool::ClientBeat,
     last: Instant,
     grant_bytes: u64,
+}
+
+/// A node's standing in the pool: what its clients hold on other nodes, and what other nodes'
+/// clients hold on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Debt {
+    borrowed_bytes: u64,
+    lent_bytes: u64,
+}
+
+impl Debt {
+    /// In debt: it borrows more than it lends. Not "borrows at all": of two nodes that borrow
+    /// from each other, at most one is then in debt (every byte between nodes is one node's
+    /// borrowing and another's lending, so not every node can borrow more than it lends), and
+    /// the other always has servers that take pages; and a node that sheds its loans only
+    /// goes deeper in debt, so the state ends when its programs stop borrowing, not by
+    /// flapping. A node that lends more than it borrows keeps lending: shedding would move its
+    /// loans to other nodes while its own program borrowed just as much.
+    fn in_debt(self) -> bool {
+        self.borrowed_bytes > self.lent_bytes
+    }
 }
 
 /// What the manager knows: the last beat of each server and client.
@@ -96,6 +119,37 @@ impl Pool {
                 .then(a.addr.cmp(&b.addr))
         });
         v
+    }
+
+    /// What clients on `node` hold on other nodes' servers (borrowed), and what clients on
+    /// other nodes hold on `node`'s servers (lent), by the clients' own counts. Peers without
+    /// a node (protocol [`pool::VERSION_NODELESS`]) count for nothing.
+    fn debt(&self, node: &str) -> Debt {
+        let mut d = Debt::default();
+        if node.is_empty() {
+            return d;
+        }
+        let server_node: HashMap<&str, &str> = self
+            .servers
+            .values()
+            .map(|s| (s.beat.addr.as_str(), s.beat.node.as_str()))
+            .collect();
+        for c in self.clients.values().filter(|c| !c.beat.node.is_empty()) {
+            for u in &c.beat.uses {
+                let Some(&on) = server_node.get(u.server.as_str()) else {
+                    continue;
+                };
+                if on.is_empty() || on == c.beat.node {
+                    continue;
+                }
+                if c.beat.node == node {
+                    d.borrowed_bytes = d.borrowed_bytes.saturating_add(u.bytes);
+                } else if on == node {
+                    d.lent_bytes = d.lent_bytes.saturating_add(u.bytes);
+                }
+            }
+        }
+        d
     }
 
     fn status(&self, now: Instant, heartbeat: Duration) -> PoolStatus {
@@ -203,8 +257,10 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
     };
     let mut reader = BufReader::with_capacity(IO_BUFFER, deadlined);
     let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
+    // The version of the peer's Hello: how its beats are decoded, and what the welcome says.
+    let spoken = std::cell::Cell::new(pool::VERSION);
     let hello = |version, unit: u32| {
-        if version != pool::VERSION {
+        if version != pool::VERSION && version != pool::VERSION_NODELESS {
             let msg = format!(
                 "this is an rmem pool manager (protocol {}), not a memory server: protocol \
                  {version} is not spoken here",
@@ -215,6 +271,7 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
         if unit != 0 {
             return Err((ErrorCode::BadRequest, format!("unit size {unit}, not 0")));
         }
+        spoken.set(version);
         Ok(())
     };
     let welcome = || {
@@ -231,7 +288,7 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
             )
         });
         Welcomed {
-            version: pool::VERSION,
+            version: spoken.get(),
             frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
             capacity_bytes,
             used_bytes,
@@ -249,7 +306,7 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
         let Some(h) = read_frame(&mut reader, rmem_proto::FRAME_LEN_MAX_DEFAULT, &mut body)? else {
             return Ok(());
         };
-        let req = PoolRequest::decode(h.op, &body)?;
+        let req = PoolRequest::decode_for(spoken.get(), h.op, &body)?;
         out.clear();
         answer(config, pool, req).encode(h.tag, &mut out);
         writer.write_all(&out)?;
@@ -289,6 +346,7 @@ fn answer(config: &ManagerConfig, pool: &Mutex<Pool>, req: PoolRequest) -> PoolR
                     beat: beat.clone(),
                     last: now,
                     drain: false,
+                    in_debt: false,
                 }
             });
             if Pool::lost(e, now, config.heartbeat) {
@@ -301,17 +359,40 @@ fn answer(config: &ManagerConfig, pool: &Mutex<Pool>, req: PoolRequest) -> PoolR
             }
             let reclaiming = beat.flags & pool::SERVER_RECLAIMING != 0;
             if reclaiming != (e.beat.flags & pool::SERVER_RECLAIMING != 0) {
-                if reclaiming {
-                    log::info!("server {addr}: reclaiming (its node is short of memory)");
-                } else {
+                if !reclaiming {
                     log::info!("server {addr}: lending again");
+                } else if beat.flags & pool::SERVER_NODE_BORROWS != 0 {
+                    log::info!("server {addr}: reclaiming (its node is in debt)");
+                } else {
+                    log::info!("server {addr}: reclaiming (its node is short of memory)");
                 }
             }
             e.beat = beat;
             e.last = now;
+            let mut flags = if e.drain { pool::ACK_DRAIN } else { 0 };
+            let node = p.servers[&addr].beat.node.clone();
+            let debt = p.debt(&node);
+            let e = p.servers.get_mut(&addr).expect("inserted above");
+            if debt.in_debt() != e.in_debt {
+                log::info!(
+                    "server {addr}: its node ({node}) borrows {} bytes from other nodes and \
+                     lends {}: {}",
+                    debt.borrowed_bytes,
+                    debt.lent_bytes,
+                    if debt.in_debt() {
+                        "in debt, it lends nothing meanwhile"
+                    } else {
+                        "no longer in debt"
+                    }
+                );
+                e.in_debt = debt.in_debt();
+            }
+            if e.in_debt {
+                flags |= pool::ACK_NODE_BORROWS;
+            }
             PoolResponse::ServerAck {
                 heartbeat_ms,
-                flags: if e.drain { pool::ACK_DRAIN } else { 0 },
+                flags,
             }
         }
         PoolRequest::ClientBeat(beat) => {
@@ -348,5 +429,77 @@ fn answer(config: &ManagerConfig, pool: &Mutex<Pool>, req: PoolRequest) -> PoolR
                 message: format!("no live server {server} in this pool"),
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(p: &mut Pool, addr: &str, node: &str) {
+        let beat = pool::ServerBeat {
+            addr: addr.into(),
+            capacity_bytes: 1 << 30,
+            used_bytes: 0,
+            flags: 0,
+            sessions: vec![],
+            node: node.into(),
+        };
+        p.servers.insert(
+            addr.into(),
+            ServerEntry {
+                beat,
+                last: Instant::now(),
+                drain: false,
+                in_debt: false,
+            },
+        );
+    }
+
+    fn client(p: &mut Pool, id: u128, node: &str, uses: &[(&str, u64)]) {
+        let beat = pool::ClientBeat {
+            session: SessionId(id),
+            name: format!("c{id}"),
+            max_remote_bytes: pool::UNLIMITED,
+            uses: uses
+                .iter()
+                .map(|&(s, bytes)| pool::ServerUse {
+                    server: s.into(),
+                    bytes,
+                })
+                .collect(),
+            node: node.into(),
+        };
+        p.clients.insert(
+            SessionId(id),
+            ClientEntry {
+                beat,
+                last: Instant::now(),
+                grant_bytes: pool::UNLIMITED,
+            },
+        );
+    }
+
+    #[test]
+    fn a_node_is_in_debt_when_it_borrows_more_than_it_lends() {
+        let mut p = Pool::default();
+        server(&mut p, "a:1", "A");
+        server(&mut p, "b:1", "B");
+        server(&mut p, "old:1", "");
+        // Pages on its own node's server are not borrowed; on a nodeless server, not counted.
+        client(&mut p, 1, "A", &[("a:1", 100), ("old:1", 100)]);
+        assert_eq!(p.debt("A"), Debt::default());
+        // A borrows 300 from B, B borrows 200 from A: only A is in debt.
+        client(&mut p, 2, "A", &[("b:1", 300)]);
+        client(&mut p, 3, "B", &[("a:1", 200), ("b:1", 50)]);
+        let (a, b) = (p.debt("A"), p.debt("B"));
+        assert_eq!((a.borrowed_bytes, a.lent_bytes), (300, 200));
+        assert_eq!((b.borrowed_bytes, b.lent_bytes), (200, 300));
+        assert!(a.in_debt() && !b.in_debt());
+        // Even: neither. A client without a node counts for nothing.
+        client(&mut p, 4, "B", &[("a:1", 100)]);
+        client(&mut p, 5, "", &[("a:1", 1000)]);
+        assert!(!p.debt("A").in_debt() && !p.debt("B").in_debt());
+        assert_eq!(p.debt(""), Debt::default());
     }
 }

@@ -337,3 +337,6 @@ pub fn first_line(child: &mut Child) -> String {
 mod swap_file;
 #[allow(unused_imports)] // used by some of the test crates that include this module
 pub use swap_file::SwapFile;
+
+pub mod netns;
+pub mod pool;

@@ -41,7 +41,9 @@ use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::{Config, Placement};
 use crate::pool::PoolLink;
 use crate::PageIndex;
-use rmem_proto::pool::{ServerUse, SERVER_DISK, SERVER_DRAINING, SERVER_RECLAIMING, UNLIMITED};
+use rmem_proto::pool::{
+    ServerUse, SERVER_DISK, SERVER_DRAINING, SERVER_NODE_BORROWS, SERVER_RECLAIMING, UNLIMITED,
+};
 use rmem_proto::{PageKey, Request, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -724,7 +726,7 @@ impl RemoteStore {
                         .stuck
                         .remove(&offer.addr);
                     eprintln!(
-                        "rmem: memory server {} has memory to spare again; it takes new pages",
+                        "rmem: memory server {} lends again; it takes new pages",
                         offer.addr
                     );
                     continue;
@@ -751,7 +753,9 @@ impl RemoteStore {
                     }
                     self.book.draining[s] = true;
                     let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
-                    let why = if reclaiming {
+                    let why = if offer.flags & SERVER_NODE_BORROWS != 0 {
+                        "lends nothing while its node borrows (reclaiming)"
+                    } else if reclaiming {
                         "is short of memory (reclaiming)"
                     } else {
                         "is leaving the pool"
