@@ -276,7 +276,7 @@ fn migrate(
     let token = fresh_token();
     let m = ManagerProc::start(&token, a.heartbeat_ms)?;
     let pool_args = |extra: &[String]| {
-        let mut v: Vec<String> = ["--manager", &m.addr, "--lease", "10"]
+        let mut v: Vec<String> = ["--manager", &m.addr]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -661,8 +661,15 @@ pub fn pool(a: PoolBenchArgs) -> Result<(), String> {
     if !(10..=1000).contains(&a.heartbeat_ms) {
         return Err("--heartbeat-ms: 10 to 1000".into());
     }
-    // The limits first, while nothing else of this run is busy.
-    let lim = limits::measure(2000, 64)?;
+    // The limits first, while nothing else of this run is busy; the best of three, as one
+    // short measurement on a loaded machine can catch a stall.
+    let mut lim = limits::measure(2000, 64)?;
+    for _ in 0..2 {
+        let again = limits::measure(2000, 64)?;
+        if again.loopback_gbps > lim.loopback_gbps {
+            lim = again;
+        }
+    }
     let loop_mbs = lim.loopback_bytes_per_s() / 1e6;
     let tcp64 = limits::tcp_rtt_us_p50(2000, 64)?;
     let (_raw_servers, raw_config) = local_setup(4096, 1 << 20, 64 << 20)?;
@@ -811,6 +818,12 @@ pub fn pool(a: PoolBenchArgs) -> Result<(), String> {
             false,
         ),
         Goal::new(
+            "program slowdown while the client moved pages",
+            drain.slowdown_moving(),
+            1.5,
+            false,
+        ),
+        Goal::new(
             "64 B rmem_read p50 x raw 4 KiB round trip",
             find(64).map(|d| d.read_us_p50 / raw50),
             1.3,
@@ -906,10 +919,17 @@ fn load_average() -> String {
 /// pool.png/svg: each target's ratio (a line at 1); pool-direct.png/svg: direct reads and
 /// writes by transfer size against loopback bandwidth.
 fn plots(dir: &Path, goals: &[Goal], rows: &[Direct], loop_mbs: f64) -> Result<(), String> {
-    let groups: Vec<String> = ["drain", "reclaim", "slowdown", "64 B p50", "4 MiB read"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let groups: Vec<String> = [
+        "drain",
+        "reclaim",
+        "slowdown",
+        "slowdown moving",
+        "64 B p50",
+        "4 MiB read",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let series = [
         plot::Bars {
             label: "measured (x reference)".into(),

@@ -98,12 +98,15 @@ fn bench_pool_tiny_measures_every_row_and_computes_its_ratios() {
         assert!(close(pos(d, ratio), num / pos(d, den)), "{ratio}: {d}");
     }
     let targets = v["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 5, "{v}");
+    assert_eq!(targets.len(), 6, "{v}");
     for t in targets {
+        let what = t["what"].as_str().unwrap();
         let measured = t["met"].is_boolean();
-        let skipped = t["what"].as_str().unwrap().starts_with("reclaim")
-            && v["reclaim"]["skipped"].is_string();
-        assert!(measured || skipped, "{t}");
+        let skipped = what.starts_with("reclaim") && v["reclaim"]["skipped"].is_string();
+        // No progress at all while pages moved leaves that slowdown unmeasured.
+        let stalled = what.contains("while the client moved")
+            && v["drain"]["program_slowdown_while_moving"].is_null();
+        assert!(measured || skipped || stalled, "{t}");
     }
     assert!(out.stdout.contains("targets:"), "{}", out.stdout);
     for f in ["pool.png", "pool.svg", "pool-direct.png", "pool-direct.svg"] {
