@@ -35,6 +35,9 @@ pub enum BenchCommand {
     /// The block device (`rmem nbd`, data fitting its cache and 4x it) under fio against
     /// nbdkit's memory plugin, nbdkit's file plugin and the kernel's loop device.
     Nbd(crate::nbd_bench::NbdBenchArgs),
+    /// The memory pool: a drain's and a reclaim's MB/s and the program's slowdown meanwhile,
+    /// direct access by transfer size, a disk-backed server against the raw disk.
+    Pool(crate::pool_bench::PoolBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -86,6 +89,7 @@ pub fn run(cmd: BenchCommand) -> i32 {
         BenchCommand::Fork(a) => crate::fork_bench::fork(a),
         BenchCommand::Redundancy(a) => crate::redundancy_bench::redundancy(a),
         BenchCommand::Nbd(a) => crate::nbd_bench::nbd(a),
+        BenchCommand::Pool(a) => crate::pool_bench::pool(a),
     };
     match r {
         Ok(()) => 0,
@@ -111,6 +115,58 @@ pub(crate) fn write_json(path: &Option<PathBuf>, v: &serde_json::Value) -> Resul
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// One of an issue's targets, evaluated in a benchmark's run.
+pub(crate) struct Goal {
+    pub what: String,
+    pub value: f64,
+    pub bound: f64,
+    /// The value must be at least the bound (else at most).
+    pub at_least: bool,
+    /// None: not measured in this run.
+    pub met: Option<bool>,
+}
+
+impl Goal {
+    pub(crate) fn new(what: impl Into<String>, v: Option<f64>, bound: f64, at_least: bool) -> Goal {
+        Goal {
+            what: what.into(),
+            value: v.unwrap_or(f64::NAN),
+            bound,
+            at_least,
+            met: v.map(|v| if at_least { v >= bound } else { v <= bound }),
+        }
+    }
+}
+
+/// Print `goals` as `  targets:` and one line each: value, bound, met / NOT met.
+pub(crate) fn print_goals(goals: &[Goal]) {
+    println!("  targets:");
+    for g in goals {
+        println!(
+            "    {:<58} {:>8.2} {} {:<6} {}",
+            g.what,
+            g.value,
+            if g.at_least { ">=" } else { "<=" },
+            format!("{:.2}", g.bound),
+            match g.met {
+                Some(true) => "met",
+                Some(false) => "NOT met",
+                None => "not measured",
+            }
+        );
+    }
+}
+
+pub(crate) fn goals_json(goals: &[Goal]) -> Vec<serde_json::Value> {
+    goals
+        .iter()
+        .map(|g| {
+            serde_json::json!({"what": g.what, "value": g.value, "bound": g.bound,
+                               "at_least": g.at_least, "met": g.met})
+        })
+        .collect()
 }
 
 pub(crate) fn err<E: std::fmt::Display>(e: E) -> String {

@@ -116,6 +116,8 @@ pub struct Plan {
     srun_opts: Vec<String>,
     start_timeout: Duration,
     verbose: bool,
+    /// More arguments for each local server (benchmarks: `--manager`, `--store`).
+    server_args: Vec<String>,
 }
 
 impl Plan {
@@ -177,6 +179,7 @@ impl Plan {
             srun_opts: opts(&a.srun_opts, "RMEM_SRUN_OPTS"),
             start_timeout: Duration::from_secs(a.start_timeout),
             verbose: std::env::var("RMEM_VERBOSE").is_ok_and(|v| v == "1"),
+            server_args: Vec::new(),
         })
     }
 
@@ -712,6 +715,7 @@ fn server_command(plan: &Plan, spec: &ServerSpec) -> Command {
     if plan.verbose {
         args.push("--verbose".into());
     }
+    args.extend(plan.server_args.iter().cloned());
     match spec.how {
         How::Local => {
             let mut c = Command::new(&plan.local_rmem);
@@ -834,6 +838,17 @@ pub fn start_local_servers(
     capacity: u64,
     token: &str,
 ) -> Result<Vec<ServerProc>, String> {
+    start_local_servers_with(count, capacity, token, &[])
+}
+
+/// [`start_local_servers`] with `args` added to each server's command line (`--manager M`,
+/// `--store file:PATH`, ...).
+pub fn start_local_servers_with(
+    count: usize,
+    capacity: u64,
+    token: &str,
+    args: &[String],
+) -> Result<Vec<ServerProc>, String> {
     let local_rmem =
         std::env::current_exe().map_err(|e| format!("cannot find the rmem executable: {e}"))?;
     let spec = ServerSpec {
@@ -859,6 +874,7 @@ pub fn start_local_servers(
         srun_opts: Vec::new(),
         start_timeout: Duration::from_secs(10),
         verbose: false,
+        server_args: args.to_vec(),
     })
 }
 

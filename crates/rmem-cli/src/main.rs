@@ -18,6 +18,7 @@ mod manager_cmd;
 mod nbd_bench;
 mod nbd_cmd;
 mod policy_bench;
+mod pool_bench;
 mod pool_cmd;
 mod programs_bench;
 mod redundancy_bench;

@@ -13,7 +13,7 @@
 //! tenants) weighs on all targets alike. Every fio run is bounded in time; every process
 //! started is stopped, and the loop device detached, on the way out.
 
-use crate::bench_cmd::{err, local_setup, write_json, RawRoundTrip};
+use crate::bench_cmd::{err, local_setup, write_json, Goal, RawRoundTrip};
 use crate::bench_suite::plot;
 use rmem_proto::size::parse_size;
 use serde_json::json;
@@ -598,21 +598,7 @@ fn run(
         }
     }
     let goals = goals(&cells, loop_mbs, raw50);
-    println!("  targets:");
-    for g in &goals {
-        println!(
-            "    {:<58} {:>8.2} {} {:<6} {}",
-            g.what,
-            g.value,
-            if g.at_least { ">=" } else { "<=" },
-            format!("{:.2}", g.bound),
-            match g.met {
-                Some(true) => "met",
-                Some(false) => "NOT met",
-                None => "not measured",
-            }
-        );
-    }
+    crate::bench_cmd::print_goals(&goals);
     // What a miss adds to a hit at queue depth 1, against the raw round trip: the part of
     // the 4x case's latency rmem's own path is responsible for (the NBD hop is in both).
     let qd1 = JOBS
@@ -674,13 +660,7 @@ fn run(
                    "iodepth_per_connection": job.iodepth, "connections": job.connections})
         })
         .collect();
-    let goal_list: Vec<serde_json::Value> = goals
-        .iter()
-        .map(|g| {
-            json!({"what": g.what, "value": g.value, "bound": g.bound,
-                   "at_least": g.at_least, "met": g.met})
-        })
-        .collect();
+    let goal_list = crate::bench_cmd::goals_json(&goals);
     write_json(
         &a.json,
         &json!({
@@ -735,16 +715,6 @@ fn print_job(job: &Job, cells: &[Cell]) {
     }
 }
 
-/// One of the targets, evaluated.
-struct Goal {
-    what: String,
-    value: f64,
-    bound: f64,
-    at_least: bool,
-    /// None: not measured in this run.
-    met: Option<bool>,
-}
-
 fn goals(cells: &[Cell], loop_mbs: f64, raw_rtt_us: f64) -> Vec<Goal> {
     let get = |k: Kind, name: &str| {
         let j = JOBS.iter().position(|x| x.name == name).expect("known");
@@ -756,13 +726,7 @@ fn goals(cells: &[Cell], loop_mbs: f64, raw_rtt_us: f64) -> Vec<Goal> {
     };
     let mut out = Vec::new();
     let mut goal = |what: String, v: Option<f64>, bound: f64, at_least: bool| {
-        out.push(Goal {
-            what,
-            value: v.unwrap_or(f64::NAN),
-            bound,
-            at_least,
-            met: v.map(|v| if at_least { v >= bound } else { v <= bound }),
-        })
+        out.push(Goal::new(what, v, bound, at_least))
     };
     for name in ["randread-4k-qd32", "randwrite-4k-qd32"] {
         let v = get(Kind::RmemFit, name).map(|(m, b)| m.iops / b.iops);

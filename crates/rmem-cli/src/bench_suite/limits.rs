@@ -40,12 +40,17 @@ fn pair() -> Result<(TcpStream, TcpStream), String> {
 
 /// Median of `samples` blocking ping-pongs of 4 KiB over 127.0.0.1, in microseconds.
 fn rtt_us_p50(samples: usize) -> Result<f64, String> {
+    tcp_rtt_us_p50(samples, MSG)
+}
+
+/// Median of `samples` blocking ping-pongs of `bytes` over 127.0.0.1, in microseconds.
+pub fn tcp_rtt_us_p50(samples: usize, bytes: usize) -> Result<f64, String> {
     let (mut client, mut server) = pair()?;
     let echo = std::thread::spawn(move || {
-        let mut b = [0u8; MSG];
+        let mut b = vec![0u8; bytes];
         while server.read_exact(&mut b).is_ok() && server.write_all(&b).is_ok() {}
     });
-    let mut b = [0x5au8; MSG];
+    let mut b = vec![0x5au8; bytes];
     let mut rtt = Vec::with_capacity(samples);
     for i in 0..samples + samples / 10 {
         let t0 = Instant::now();
