@@ -242,7 +242,7 @@ fn a_fork_rmem_cannot_serve_fails_at_the_call() {
 /// outcome's first word (ok, FAIL, ERROR, skipped, expected, unexpected).
 fn unittest_outcomes(stderr: &str) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
-    for l in stderr.lines() {
+    for l in without_server_lines(stderr).lines() {
         let Some((name, rest)) = l.split_once(") ... ") else {
             continue;
         };
@@ -253,6 +253,47 @@ fn unittest_outcomes(stderr: &str) -> std::collections::BTreeMap<String, String>
         out.insert(id.to_string(), word);
     }
     out
+}
+
+/// `stderr` without the memory servers' log records, which share the program's stderr under
+/// `rmem run` and may cut into a line of its own (`test_x (...) ... rmem-server WARN ...`, then
+/// `ok` on the next line): the record is dropped and the line goes on with the next one.
+fn without_server_lines(stderr: &str) -> String {
+    const LEVELS: [&str; 5] = ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"];
+    let mut out = String::with_capacity(stderr.len());
+    for l in stderr.lines() {
+        let record = l.match_indices("rmem-server ").find(|&(at, m)| {
+            let level = l[at + m.len()..].split_whitespace().next().unwrap_or("");
+            LEVELS.contains(&level)
+        });
+        match record {
+            Some((0, _)) => {}
+            Some((at, _)) => out.push_str(&l[..at]),
+            None => {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_server_record_inside_a_unittest_line_is_skipped() {
+    let got = unittest_outcomes(
+        "test_a (m.C.test_a) ... rmem-server WARN  x: closing y: gone\nok\n\
+         rmem-server INFO  z\ntest_b (m.C.test_b) ... FAIL\n",
+    );
+    assert_eq!(
+        got.get("m.C.test_a").map(String::as_str),
+        Some("ok"),
+        "{got:?}"
+    );
+    assert_eq!(
+        got.get("m.C.test_b").map(String::as_str),
+        Some("FAIL"),
+        "{got:?}"
+    );
 }
 
 /// Parts of CPython's own test_subprocess and test_multiprocessing_fork (the classes that run
