@@ -66,7 +66,11 @@ fn bench_pool_tiny_measures_every_row_and_computes_its_ratios() {
     }
     check_move(&v["drain"], loop_mbs);
     match v["reclaim"]["skipped"].as_str() {
-        Some(why) => assert!(why.starts_with("skipped: "), "{v}"),
+        Some(why) => {
+            // The reclaim itself is tested for real in pool.rs (a hog in a memory cgroup).
+            eprintln!("bench pool: the reclaim row was {why}");
+            assert!(why.starts_with("skipped: "), "{v}");
+        }
         None => check_move(&v["reclaim"], loop_mbs),
     }
     let rows = v["direct"].as_array().unwrap();
