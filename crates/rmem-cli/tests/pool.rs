@@ -189,17 +189,7 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
     let run = stress_holding_on(&m.addr, &servers[0].addr);
     let victim = servers[0].addr.clone();
-    let drained = pool_drain(&m.addr, &victim);
-    let out = wait_bounded(run, Duration::from_secs(240), "stress under a drain");
-    assert!(
-        drained.status.success(),
-        "{}\n{}",
-        shown(&drained),
-        shown(&out)
-    );
-    assert_stress_ok(&out);
-    let leaving = format!("memory server {victim} is leaving the pool");
-    assert!(out.stderr.contains(&leaving), "{}", shown(&out));
+    drain_under_stress(&m.addr, &victim, run);
     // The drained server exits by itself once empty.
     assert_exits_drained(&mut servers[0], Duration::from_secs(10));
     servers.remove(0);

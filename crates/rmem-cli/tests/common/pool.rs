@@ -250,6 +250,24 @@ pub fn pool_drain(manager: &str, server: &str) -> Output {
     )
 }
 
+/// `rmem pool drain VICTIM` while `run` (the stress with no redundancy) goes on: the drain
+/// succeeds, the stress verifies with zero mismatches, and it was told the server is leaving.
+/// The stress's output.
+pub fn drain_under_stress(manager: &str, victim: &str, run: Child) -> Output {
+    let drained = pool_drain(manager, victim);
+    let out = wait_bounded(run, Duration::from_secs(240), "stress under a drain");
+    assert!(
+        drained.status.success(),
+        "{}\n{}",
+        shown(&drained),
+        shown(&out)
+    );
+    assert_stress_ok(&out);
+    let leaving = format!("memory server {victim} is leaving the pool");
+    assert!(out.stderr.contains(&leaving), "{}", shown(&out));
+    out
+}
+
 /// Wait up to `limit` for a drained server to exit by itself; it must have, saying so.
 pub fn assert_exits_drained(server: &mut ServerProcess, limit: Duration) {
     let t = Instant::now();
