@@ -652,7 +652,9 @@ impl Pager {
     /// thread does not exist here). Descriptors it held were in that thread's own table and
     /// are not the child's: they are forgotten, never closed (closing would close whatever
     /// the child has under those numbers). The child opens its own userfaultfd and registers
-    /// the region and staging area (the kernel dropped the child's registrations), reads its
+    /// the region and staging area (the kernel dropped the child's registrations; the region's
+    /// write protection waits for the child's first protected page, so that a child that
+    /// execs at once does not pay for clearing it), reads its
     /// pages' states as `PageStates::after_fork` says, and takes over the store under its
     /// snapshot. Trace mode records the parent only.
     pub fn into_child(self, snapshot: Snapshot, mailbox: Arc<Mailbox>) -> Result<Pager, UffdError> {
@@ -681,7 +683,9 @@ impl Pager {
             }
         };
         std::mem::forget(std::mem::replace(&mut core.uffd, uffd));
-        core.uffd.register(core.region.base(), core.region.len())?;
+        // Write protection at the first page protected: see `register_wp_later`.
+        core.uffd
+            .register_wp_later(core.region.base(), core.region.len())?;
         core.uffd
             .register_missing(core.staging.mapping.base(), core.staging.mapping.len())?;
         core.blocked.clear();

@@ -13,6 +13,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 pub mod fds;
@@ -249,6 +250,11 @@ pub struct Uffd {
     pagemap: Option<std::fs::File>,
     /// Fault delivery by SIGBUS ([`Uffd::open_signal`]).
     signal: Option<SignalDelivery>,
+    /// Ranges registered for missing faults whose write-protect registration waits for the
+    /// first call that protects a page ([`Uffd::register_wp_later`]).
+    wp_later: Mutex<Vec<(u64, u64)>>,
+    /// `wp_later` is not empty (read without the lock on every install).
+    wp_waiting: AtomicBool,
 }
 
 /// The state of a userfaultfd whose faults arrive by signal (see `signal.rs`).
@@ -414,6 +420,8 @@ impl Uffd {
             features,
             pagemap: std::fs::File::open("/proc/self/pagemap").ok(),
             signal,
+            wp_later: Mutex::new(Vec::new()),
+            wp_waiting: AtomicBool::new(false),
         })
     }
 
@@ -440,6 +448,8 @@ impl Uffd {
             features: self.features,
             pagemap: None,
             signal: None,
+            wp_later: Mutex::new(Vec::new()),
+            wp_waiting: AtomicBool::new(false),
         })
     }
 
@@ -537,27 +547,50 @@ impl Uffd {
 
     /// Register `[start, start+len)` for missing and write-protect faults.
     pub fn register(&self, start: u64, len: u64) -> Result<(), UffdError> {
-        let mut r = UffdioRegister {
-            range: UffdioRange { start, len },
-            mode: REGISTER_MODE_MISSING | REGISTER_MODE_WP,
-            ioctls: 0,
-        };
-        // SAFETY: `r` is a valid uffdio_register; the kernel validates the range.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER as _, &mut r) } != 0 {
-            return Err(UffdError::Register {
-                start,
-                len,
-                source: errno(),
-            });
-        }
+        self.register_mode(start, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP)?;
         self.add_signal_range(start, len)
     }
 
     /// Register `[start, start+len)` for missing faults only (a staging area for MOVE).
     pub fn register_missing(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        self.register_mode(start, len, REGISTER_MODE_MISSING)?;
+        self.add_signal_range(start, len)
+    }
+
+    /// Register `[start, start+len)` for missing faults now and for write-protect faults at
+    /// the first call that write-protects a page (an install with write protection or
+    /// [`Uffd::write_protect`]). For a fork() child, most of which exec at once: the kernel
+    /// clears write protection over a write-protect registered range when the descriptor is
+    /// released (exec, exit), a walk of every page table entry the range has, which with
+    /// tens of MiB resident cost more than the rest of the fork.
+    pub fn register_wp_later(&self, start: u64, len: u64) -> Result<(), UffdError> {
+        self.register_mode(start, len, REGISTER_MODE_MISSING)?;
+        self.wp_later
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((start, len));
+        self.wp_waiting.store(true, Ordering::Release);
+        self.add_signal_range(start, len)
+    }
+
+    /// Add write-protect faults to the ranges [`Uffd::register_wp_later`] left without.
+    fn arm_wp(&self) -> Result<(), UffdError> {
+        if !self.wp_waiting.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut later = self.wp_later.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(&(start, len)) = later.last() {
+            self.register_mode(start, len, REGISTER_MODE_MISSING | REGISTER_MODE_WP)?;
+            later.pop();
+        }
+        self.wp_waiting.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    fn register_mode(&self, start: u64, len: u64, mode: u64) -> Result<(), UffdError> {
         let mut r = UffdioRegister {
             range: UffdioRange { start, len },
-            mode: REGISTER_MODE_MISSING,
+            mode,
             ioctls: 0,
         };
         // SAFETY: `r` is a valid uffdio_register; the kernel validates the range.
@@ -568,7 +601,7 @@ impl Uffd {
                 source: errno(),
             });
         }
-        self.add_signal_range(start, len)
+        Ok(())
     }
 
     pub fn unregister(&self, start: u64, len: u64) -> Result<(), UffdError> {
@@ -612,6 +645,9 @@ impl Uffd {
         len: u64,
         write_protect: bool,
     ) -> Result<Copied, UffdError> {
+        if write_protect {
+            self.arm_wp()?;
+        }
         let mut mode = if write_protect { COPY_MODE_WP } else { 0 };
         if self.signal.is_some() {
             // Nobody sleeps in the kernel on these pages.
@@ -725,6 +761,8 @@ impl Uffd {
         protect: bool,
         dont_wake: bool,
     ) -> Result<(), UffdError> {
+        // Clearing needs the registration too: the kernel refuses a range without it.
+        self.arm_wp()?;
         let mut mode = if protect { WRITEPROTECT_MODE_WP } else { 0 };
         if dont_wake {
             mode |= WRITEPROTECT_MODE_DONTWAKE;
@@ -983,6 +1021,23 @@ impl AsRawFd for Uffd {
 mod tests {
     use super::*;
 
+    /// A fresh private anonymous mapping of `len` bytes, read-write.
+    fn anon(len: u64) -> *mut libc::c_void {
+        // SAFETY: a new mapping that nothing else uses.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        m
+    }
+
     #[test]
     fn struct_sizes_match_the_kernel_abi() {
         assert_eq!(std::mem::size_of::<UffdioApi>(), 24);
@@ -1020,18 +1075,7 @@ mod tests {
         let u = Uffd::open().expect("userfaultfd");
         let pieces = 4u64;
         let len = pieces * PIECE;
-        // SAFETY: a fresh private anonymous mapping of our own.
-        let m = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(m, libc::MAP_FAILED);
+        let m = anon(len);
         let base = m as u64;
         u.register(base, len).unwrap();
         let src: Vec<u8> = (0..len).map(|i| (i / PIECE) as u8 + 1).collect();
@@ -1061,18 +1105,7 @@ mod tests {
     fn a_copy_over_a_split_mapping_goes_a_piece_at_a_time() {
         let u = Uffd::open().expect("userfaultfd");
         let len = 4 * PIECE;
-        // SAFETY: a fresh private anonymous mapping of our own.
-        let m = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(m, libc::MAP_FAILED);
+        let m = anon(len);
         let base = m as u64;
         u.register(base, len).unwrap();
         // SAFETY: changing the protection of the third piece of our own mapping.
@@ -1096,6 +1129,49 @@ mod tests {
             let v = unsafe { std::ptr::read_volatile(at as *const u8) };
             assert_eq!(v, i as u8 + 1, "piece {i}");
         }
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(m, len as usize) };
+    }
+
+    /// The VmFlags line of /proc/self/smaps for the mapping that starts at `base`.
+    fn vm_flags(base: u64) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{base:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+        lines
+            .find_map(|l| l.strip_prefix("VmFlags:"))
+            .unwrap_or_else(|| panic!("no mapping at {base:x}"))
+            .to_string()
+    }
+
+    /// A range registered with `register_wp_later` takes missing faults at once and gets
+    /// write protection at the first install that protects a page, which then works (a
+    /// fork() child registers so, so that an exec does not pay for clearing protection).
+    #[test]
+    fn write_protection_registered_later_comes_with_the_first_protected_page() {
+        let u = Uffd::open().expect("userfaultfd");
+        let len = 2 * PIECE;
+        let m = anon(len);
+        let base = m as u64;
+        u.register_wp_later(base, len).unwrap();
+        let flags = |f: &str| vm_flags(base).split_whitespace().any(|x| x == f);
+        assert!(flags("um") && !flags("uw"), "{}", vm_flags(base));
+        let src = vec![7u8; PIECE as usize];
+        // Without protection: nothing to arm.
+        assert_eq!(
+            u.copy(base, src.as_ptr(), PIECE, false).unwrap(),
+            Copied::Whole
+        );
+        assert!(!flags("uw"), "{}", vm_flags(base));
+        assert_eq!(
+            u.copy(base + PIECE, src.as_ptr(), PIECE, true).unwrap(),
+            Copied::Whole
+        );
+        assert!(flags("um") && flags("uw"), "{}", vm_flags(base));
+        u.write_protect(base, len, false, false).unwrap();
+        u.write_protect(base, PIECE, true, false).unwrap();
+        // SAFETY: a populated page of our own mapping.
+        assert_eq!(unsafe { std::ptr::read_volatile(base as *const u8) }, 7);
         // SAFETY: unmapping the mapping made above.
         unsafe { libc::munmap(m, len as usize) };
     }
