@@ -3,12 +3,10 @@
 //! runs: they carry the swap setup that needs root and a plotting library that links
 //! fontconfig and freetype.
 
+use rmem_cli::launch::BENCH_BIN;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-
-/// The name of the benchmarks' binary, installed beside `rmem`.
-const BENCH_BIN: &str = "rmem-bench";
 
 /// Replace this process with `rmem-bench ARGS`; returns only if that cannot start.
 pub fn run(args: &[OsString]) -> i32 {

@@ -821,12 +821,16 @@ fn spawn(plan: &Plan, spec: &ServerSpec) -> Result<ServerProc, String> {
     Ok(proc_)
 }
 
+/// The benchmarks' binary (crates/rmem-bench), installed beside `rmem`, which runs it as
+/// `rmem bench`.
+pub const BENCH_BIN: &str = "rmem-bench";
+
 /// The `rmem` executable that local servers run as (`rmem server`): this program, unless it
-/// is `rmem-bench`, which starts them with the `rmem` beside it.
+/// is [`BENCH_BIN`], which starts them with the `rmem` beside it.
 pub fn rmem_exe() -> Result<PathBuf, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the rmem executable: {e}"))?;
-    if exe.file_name().is_some_and(|n| n != "rmem-bench") {
+    if exe.file_name().is_some_and(|n| n != BENCH_BIN) {
         return Ok(exe);
     }
     let rmem = exe.with_file_name("rmem");

@@ -836,8 +836,8 @@ fn targets(suite: &Suite, limits: &Limits) -> Option<serde_json::Value> {
 
 pub fn run(a: SuiteArgs) -> Result<(), String> {
     let profile = Profile::new(&a);
-    let target = std::env::current_exe()
-        .map_err(err)?
+    // The workloads link the librmem.so beside rmem.
+    let target = rmem_cli::launch::rmem_exe()?
         .parent()
         .ok_or("rmem has no directory")?
         .to_path_buf();
