@@ -48,7 +48,8 @@ if [ "$(id -u)" -eq 0 ]; then
   command -v ssh >/dev/null || need+=(openssh-client)
   command -v ip >/dev/null || need+=(iproute2)
 fi
-# The plots of `rmem bench suite` (plotters' ttf feature) find and draw fonts via fontconfig.
+# The benchmarks' plots (rmem-bench, which `rmem bench` runs: plotters' ttf feature) find and
+# draw fonts via fontconfig. The `rmem` binary itself does not link it.
 command -v pkg-config >/dev/null || need+=(pkg-config)
 pkg-config --exists fontconfig 2>/dev/null || need+=(libfontconfig1-dev)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)

@@ -123,8 +123,7 @@ pub struct Plan {
 impl Plan {
     /// Check the launch options and resolve them into servers; starts nothing.
     pub fn new(a: &LaunchArgs) -> Result<Plan, String> {
-        let local_rmem =
-            std::env::current_exe().map_err(|e| format!("cannot find the rmem executable: {e}"))?;
+        let local_rmem = rmem_exe()?;
         let opts = |given: &Option<String>, var: &str| -> Vec<String> {
             given
                 .clone()
@@ -822,6 +821,26 @@ fn spawn(plan: &Plan, spec: &ServerSpec) -> Result<ServerProc, String> {
     Ok(proc_)
 }
 
+/// The benchmarks' binary (crates/rmem-bench), installed beside `rmem`, which runs it as
+/// `rmem bench`.
+pub const BENCH_BIN: &str = "rmem-bench";
+
+/// The `rmem` executable that local servers run as (`rmem server`): this program, unless it
+/// is [`BENCH_BIN`], which starts them with the `rmem` beside it.
+pub fn rmem_exe() -> Result<PathBuf, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the rmem executable: {e}"))?;
+    if exe.file_name().is_some_and(|n| n != BENCH_BIN) {
+        return Ok(exe);
+    }
+    let rmem = exe.with_file_name("rmem");
+    if rmem.is_file() {
+        Ok(rmem)
+    } else {
+        Err(format!("there is no rmem beside {}", exe.display()))
+    }
+}
+
 /// A fresh random token, hex-encoded.
 pub fn fresh_token() -> String {
     let mut b = [0u8; 32];
@@ -849,8 +868,7 @@ pub fn start_local_servers_with(
     token: &str,
     args: &[String],
 ) -> Result<Vec<ServerProc>, String> {
-    let local_rmem =
-        std::env::current_exe().map_err(|e| format!("cannot find the rmem executable: {e}"))?;
+    let local_rmem = rmem_exe()?;
     let spec = ServerSpec {
         host: HostLine {
             host: "127.0.0.1".into(),

@@ -4,33 +4,18 @@
 //! `rmem nbd` serves remote memory as a block device,
 //! `rmem manager` runs a pool's manager and `rmem pool` asks it, `rmem region` puts and gets
 //! named direct regions,
-//! `rmem status` asks a server what it holds, `rmem bench` measures, `rmem cc` compiles DLM
-//! programs (cc/). Each subcommand lives in its own module.
+//! `rmem status` asks a server what it holds, `rmem cc` compiles DLM programs (cc/). Each
+//! subcommand lives in its own module of the library (lib.rs). `rmem bench` runs the
+//! `rmem-bench` beside this binary, which is a crate of its own so that the binary every
+//! memory node runs carries no benchmark code and links no plotting library.
 
-mod bench_cmd;
-mod bench_suite;
-mod cc;
-mod fork_bench;
-mod hostfile;
-mod launch;
-mod launch_cmd;
-mod manager_cmd;
-mod nbd_bench;
-mod nbd_cmd;
-mod policy_bench;
-mod pool_bench;
-mod pool_cmd;
-mod programs_bench;
-mod redundancy_bench;
-mod region_cmd;
-mod run_cmd;
-mod server_cmd;
-mod sim_cmd;
-mod status_cmd;
-mod syscall_bench;
-mod workloads;
+mod bench;
 
 use clap::{Parser, Subcommand};
+use rmem_cli::{
+    cc, launch_cmd, manager_cmd, nbd_cmd, pool_cmd, region_cmd, run_cmd, server_cmd, sim_cmd,
+    status_cmd,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -49,9 +34,13 @@ enum Command {
     Server(server_cmd::ServerArgs),
     /// Start memory servers, run PROGRAM on them, finalize them, report statistics.
     Run(run_cmd::RunArgs),
-    /// Benchmarks that print ratios measured in one run and write JSON.
-    #[command(subcommand)]
-    Bench(bench_cmd::BenchCommand),
+    /// Benchmarks that print ratios measured in one run and write JSON: runs `rmem-bench`
+    /// (beside this binary) with the arguments; `rmem bench --help` lists them.
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Replay a reference trace under every policy and Belady's OPT.
     Sim(sim_cmd::SimArgs),
     /// The DLM compiler: translate `dlm` arrays, compile with $CC, link librmem (also as
@@ -95,7 +84,7 @@ fn main() {
     let code = match cli.command {
         Command::Server(a) => server_cmd::run(a),
         Command::Run(a) => run_cmd::run(a),
-        Command::Bench(b) => bench_cmd::run(b),
+        Command::Bench { args } => bench::run(&args),
         Command::Sim(a) => sim_cmd::run(a),
         Command::Launch(a) => launch_cmd::run(a),
         Command::Nbd(a) => nbd_cmd::run(a),

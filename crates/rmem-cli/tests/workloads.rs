@@ -4,7 +4,7 @@
 
 mod common;
 #[allow(dead_code)]
-#[path = "../src/workloads.rs"]
+#[path = "../../rmem-bench/src/workloads.rs"]
 mod workloads;
 
 use common::*;

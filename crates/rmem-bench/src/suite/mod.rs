@@ -9,13 +9,13 @@
 //! Ctrl-C stops the suite between or during runs, and the swap setup is undone on the way out
 //! ([`swap::SwapRig`]).
 
-pub(crate) mod limits;
-pub(crate) mod plot;
 mod swap;
 
-use crate::bench_cmd::{err, local_setup, percentile_us, write_json};
+use crate::limits::{self, Limits};
+use crate::plot;
+use crate::report::{err, percentile_us, JsonOut, PlotOut};
+use crate::setup::local_setup;
 use crate::workloads;
-use limits::Limits;
 use rmem_proto::size::parse_size;
 use serde_json::json;
 use std::fs::File;
@@ -58,12 +58,11 @@ pub struct SuiteArgs {
     /// Directory for the swap file.
     #[arg(long, default_value = "/var/tmp")]
     pub swap_dir: PathBuf,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write one plot per workload here, as NAME.png and NAME.svg.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: JsonOut,
+    // --plot DIR: one plot per workload, WORKLOAD.png and WORKLOAD.svg.
+    #[command(flatten)]
+    pub plots: PlotOut,
 }
 
 /// Sizes and bounds of a quick or a full run.
@@ -437,7 +436,7 @@ impl Suite {
                 }
                 let budget = rmem_budget(resident, ps);
                 let stats = dir.join(format!("{name}-{ratio}-{ps}.json"));
-                let mut cmd = Command::new(std::env::current_exe().map_err(err)?);
+                let mut cmd = Command::new(rmem_cli::launch::rmem_exe()?);
                 cmd.args(["run", "--api", "--servers", "1", "--local"])
                     .arg(budget.to_string())
                     .arg("--page-size")
@@ -837,8 +836,8 @@ fn targets(suite: &Suite, limits: &Limits) -> Option<serde_json::Value> {
 
 pub fn run(a: SuiteArgs) -> Result<(), String> {
     let profile = Profile::new(&a);
-    let target = std::env::current_exe()
-        .map_err(err)?
+    // The workloads link the librmem.so beside rmem.
+    let target = rmem_cli::launch::rmem_exe()?
         .parent()
         .ok_or("rmem has no directory")?
         .to_path_buf();
@@ -914,7 +913,7 @@ pub fn run(a: SuiteArgs) -> Result<(), String> {
     result?;
     suite.print_table(&limits);
     let targets = targets(&suite, &limits);
-    if let Some(dir) = &a.plot {
+    if let Some(dir) = &a.plots.plot {
         suite.plots(dir)?;
     }
     let results: Vec<serde_json::Value> = suite
@@ -922,9 +921,7 @@ pub fn run(a: SuiteArgs) -> Result<(), String> {
         .iter()
         .map(|c| cell_json(c, suite.local_seconds(&c.workload), &limits))
         .collect();
-    write_json(
-        &a.json,
-        &json!({
+    a.out.write(&json!({
             "limits": {
                 "rtt_us_p50": limits.rtt_us_p50,
                 "loopback_gbps": limits.loopback_gbps,
@@ -935,6 +932,5 @@ pub fn run(a: SuiteArgs) -> Result<(), String> {
             "results": results,
             "table2": table2,
             "targets": targets,
-        }),
-    )
+    }))
 }

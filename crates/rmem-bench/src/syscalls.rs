@@ -11,10 +11,11 @@
 //! - `writev_local`: writev through librmem's wrapper (always trapped calls skip the trap);
 //! - `raw_writev_local`: writev by syscall(2), trapped on every call with the filter on.
 //!
-//! The worker is this binary (`rmem bench syscalls --worker`), run under `rmem run`: its
+//! The worker is this binary (`rmem-bench syscalls --worker`), run under `rmem run`: its
 //! allocations go through librmem like any program's.
 
-use std::path::PathBuf;
+use crate::report::JsonOut;
+use crate::setup::worker_json;
 use std::process::Command;
 use std::time::Instant;
 
@@ -23,9 +24,8 @@ pub struct SyscallsArgs {
     /// Calls per timed loop.
     #[arg(long, default_value_t = 200_000)]
     pub calls: u64,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: JsonOut,
     /// Run the loops in this process and print them as JSON (what the bench starts).
     #[arg(long, hide = true)]
     pub worker: bool,
@@ -44,18 +44,19 @@ pub fn syscalls(a: SyscallsArgs) -> Result<(), String> {
     if a.worker {
         return worker(a.calls);
     }
-    let rmem = std::env::current_exe().map_err(|e| e.to_string())?;
+    let rmem = rmem_cli::launch::rmem_exe()?;
+    let bench = std::env::current_exe().map_err(|e| e.to_string())?;
     let calls = a.calls.to_string();
-    let worker_args = ["bench", "syscalls", "--worker", "--calls", calls.as_str()];
-    let plain = measure(Command::new(&rmem).args(worker_args))?;
+    let worker_args = ["syscalls", "--worker", "--calls", calls.as_str()];
+    let plain = worker_json(Command::new(&bench).args(worker_args))?;
     let under_rmem = |trap: &str| {
         let mut c = Command::new(&rmem);
         c.args(["run", "--local", "64M", "--"])
-            .arg(&rmem)
+            .arg(&bench)
             .args(worker_args)
             .env("RMEM_UFFD_USER_MODE_ONLY", "1")
             .env("RMEM_SYSCALL_TRAP", trap);
-        measure(&mut c)
+        worker_json(&mut c)
     };
     let off = under_rmem("0")?;
     let on = under_rmem("1")?;
@@ -79,22 +80,7 @@ pub fn syscalls(a: SyscallsArgs) -> Result<(), String> {
         }));
     }
     let v = serde_json::json!({ "bench": "syscalls", "calls": a.calls, "results": rows });
-    crate::bench_cmd::write_json(&a.json, &v)
-}
-
-/// Run a worker, parse its JSON line: ns per call of each kind.
-fn measure(c: &mut Command) -> Result<serde_json::Value, String> {
-    let out = c.output().map_err(|e| format!("{c:?}: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with('{'));
-    match (out.status.success(), line) {
-        (true, Some(l)) => serde_json::from_str(l).map_err(|e| format!("worker output: {e}")),
-        _ => Err(format!(
-            "worker failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )),
-    }
+    a.out.write(&v)
 }
 
 /// Best ns per call of `f` over a few loops of `calls`.

@@ -13,8 +13,9 @@
 //! tenants) weighs on all targets alike. Every fio run is bounded in time; every process
 //! started is stopped, and the loop device detached, on the way out.
 
-use crate::bench_cmd::{err, local_setup, write_json, Goal, RawRoundTrip};
-use crate::bench_suite::plot;
+use crate::plot;
+use crate::report::{err, goals_json, percentile_us, print_goals, DiskDir, Goal, JsonOut, PlotOut};
+use crate::setup::{local_setup, RawRoundTrip};
 use rmem_proto::size::parse_size;
 use serde_json::json;
 use std::io::{BufRead, BufReader};
@@ -47,15 +48,14 @@ pub struct NbdBenchArgs {
         default_value = "randread-4k-qd1,randread-4k-qd32,randwrite-4k-qd1,randwrite-4k-qd32,read-1m,write-1m"
     )]
     pub jobs: String,
-    /// Directory on local disk for the files of nbdkit's file plugin and the loop device.
-    #[arg(long, default_value = "/var/tmp")]
-    pub dir: PathBuf,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write the plot here, as nbd.png and nbd.svg.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    // --dir: the files of nbdkit's file plugin and the loop device.
+    #[command(flatten)]
+    pub disk: DiskDir,
+    #[command(flatten)]
+    pub out: JsonOut,
+    // --plot DIR: nbd.png and nbd.svg.
+    #[command(flatten)]
+    pub plots: PlotOut,
 }
 
 /// One fio job, the same on every target.
@@ -288,7 +288,7 @@ fn start(kind: Kind, size: u64, work: &Path) -> Result<Target, String> {
             let cache = cache.max(1 << 20) >> 12 << 12;
             let stats = work.join(format!("{name}-stats.json"));
             let log = std::fs::File::create(work.join(format!("{name}.log"))).map_err(err)?;
-            let mut child = dies_with_us(&mut Command::new(std::env::current_exe().map_err(err)?))
+            let mut child = dies_with_us(&mut Command::new(rmem_cli::launch::rmem_exe()?))
                 .args(["nbd", "--servers", "1", "--size", &size.to_string()])
                 .args(["--cache", &cache.to_string(), "--socket"])
                 .arg(&sock)
@@ -508,7 +508,10 @@ pub fn nbd(a: NbdBenchArgs) -> Result<(), String> {
             .ok_or_else(|| format!("--jobs {j}: unknown job"))?;
         jobs.push(i);
     }
-    let work = a.dir.join(format!("rmem-bench-nbd-{}", std::process::id()));
+    let work = a
+        .disk
+        .dir
+        .join(format!("rmem-bench-nbd-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let r = run(&a, size, &kinds, &jobs, &work);
     let _ = std::fs::remove_dir_all(&work);
@@ -523,17 +526,14 @@ fn run(
     work: &Path,
 ) -> Result<(), String> {
     // The limits first, while nothing else of this run is busy.
-    let limits = crate::bench_suite::limits::measure(2000, 64)?;
+    let limits = crate::limits::measure(2000, 64)?;
     let (raw50, raw99) = {
         let (_servers, config) = local_setup(4096, 1 << 20, 64 << 20)?;
         let mut raw = RawRoundTrip::connect(&config)?;
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let mut s = raw.sample(2000, &mut x)?;
         s.sort();
-        (
-            crate::bench_cmd::percentile_us(&s, 0.5),
-            crate::bench_cmd::percentile_us(&s, 0.99),
-        )
+        (percentile_us(&s, 0.5), percentile_us(&s, 0.99))
     };
     let loop_mbs = limits.loopback_bytes_per_s() / 1e6;
     println!(
@@ -598,7 +598,7 @@ fn run(
         }
     }
     let goals = goals(&cells, loop_mbs, raw50);
-    crate::bench_cmd::print_goals(&goals);
+    print_goals(&goals);
     // What a miss adds to a hit at queue depth 1, against the raw round trip: the part of
     // the 4x case's latency rmem's own path is responsible for (the NBD hop is in both).
     let qd1 = JOBS
@@ -622,7 +622,7 @@ fn run(
             p50(Kind::NbdkitMemory).unwrap_or(f64::NAN)
         );
     }
-    if let Some(dir) = &a.plot {
+    if let Some(dir) = &a.plots.plot {
         plots(dir, &cells, jobs, kinds)?;
     }
     let results: Vec<serde_json::Value> = cells
@@ -660,20 +660,17 @@ fn run(
                    "iodepth_per_connection": job.iodepth, "connections": job.connections})
         })
         .collect();
-    let goal_list = crate::bench_cmd::goals_json(&goals);
-    write_json(
-        &a.json,
-        &json!({
-            "size": size, "runtime_s": a.runtime_s, "ramp_s": a.ramp_s,
-            "anchor": key(Kind::NbdkitMemory),
-            "loopback_gbps": limits.loopback_gbps, "loopback_mb_per_s": loop_mbs,
-            "tcp_rtt_us_p50": limits.rtt_us_p50,
-            "raw_rtt_us_p50": raw50, "raw_rtt_us_p99": raw99,
-            "miss_over_hit_us_p50": miss_us,
-            "jobs": job_list, "results": results, "targets": goal_list,
-            "rmem": rmem_stats,
-        }),
-    )
+    let goal_list = goals_json(&goals);
+    a.out.write(&json!({
+        "size": size, "runtime_s": a.runtime_s, "ramp_s": a.ramp_s,
+        "anchor": key(Kind::NbdkitMemory),
+        "loopback_gbps": limits.loopback_gbps, "loopback_mb_per_s": loop_mbs,
+        "tcp_rtt_us_p50": limits.rtt_us_p50,
+        "raw_rtt_us_p50": raw50, "raw_rtt_us_p99": raw99,
+        "miss_over_hit_us_p50": miss_us,
+        "jobs": job_list, "results": results, "targets": goal_list,
+        "rmem": rmem_stats,
+    }))
 }
 
 /// The anchor's result for job `j`.

@@ -7,8 +7,9 @@
 //! each reference reads or increments the first byte of its page, and the bytes are checked
 //! at the end.
 
-use crate::launch::{fresh_token, start_local_servers};
-use crate::sim_cmd::rows_json;
+use crate::report::JsonOut;
+use rmem_cli::launch::{fresh_token, start_local_servers};
+use rmem_cli::sim_cmd::rows_json;
 use rmem_client::config::Config;
 use rmem_client::Runtime;
 use rmem_policy::patterns::{generate, PATTERN_NAMES};
@@ -44,9 +45,8 @@ pub struct PoliciesArgs {
     /// the policies alone.
     #[arg(long, default_value = "off", value_parser = ["on", "off"])]
     pub prefetch: String,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: JsonOut,
     /// Write the markdown tables here.
     #[arg(long)]
     pub markdown: Option<PathBuf>,
@@ -251,10 +251,6 @@ pub fn policies(a: PoliciesArgs) -> Result<(), String> {
     if let Some(p) = &a.markdown {
         std::fs::write(p, &md).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
-    if let Some(p) = &a.json {
-        let v = serde_json::json!({"page_size": ps, "pages": a.pages, "cells": cells});
-        std::fs::write(p, serde_json::to_string_pretty(&v).expect("json") + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-    }
-    Ok(())
+    a.out
+        .write(&serde_json::json!({"page_size": ps, "pages": a.pages, "cells": cells}))
 }

@@ -21,10 +21,10 @@
 //!
 //! Then the issue's targets, met or not. Every process started is stopped on the way out.
 
-use crate::bench_cmd::{err, goals_json, local_setup, percentile_us, write_json, Goal};
-use crate::bench_cmd::{print_goals, RawRoundTrip};
-use crate::bench_suite::{limits, plot};
-use crate::launch::{fresh_token, start_local_servers_with};
+use crate::report::{err, goals_json, percentile_us, print_goals, DiskDir, Goal, JsonOut, PlotOut};
+use crate::setup::{local_setup, xorshift, RawRoundTrip};
+use crate::{limits, plot};
+use rmem_cli::launch::{fresh_token, start_local_servers_with};
 use rmem_client::config::{Config, Placement};
 use rmem_client::direct::DirectRegion;
 use rmem_client::pool::ManagerConn;
@@ -33,7 +33,7 @@ use rmem_proto::pool::{PoolRequest, PoolResponse, PoolStatus, SERVER_RECLAIMING}
 use rmem_proto::size::parse_size;
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -65,15 +65,14 @@ pub struct PoolBenchArgs {
     /// Bytes written and read on the disk-backed server, and in the raw disk reference.
     #[arg(long, default_value = "256M")]
     pub disk_size: String,
-    /// Directory on local disk for the disk-backed server's file and the raw reference's.
-    #[arg(long, default_value = "/var/tmp")]
-    pub dir: PathBuf,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write the plots here: pool.png/svg (the ratios) and pool-direct.png/svg.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    // --dir: the disk-backed server's file and the raw reference's.
+    #[command(flatten)]
+    pub disk: DiskDir,
+    #[command(flatten)]
+    pub out: JsonOut,
+    // --plot DIR: pool.png/svg (the ratios) and pool-direct.png/svg.
+    #[command(flatten)]
+    pub plots: PlotOut,
 }
 
 /// A `rmem manager` this benchmark started: stopped (stdin closed, then killed) on drop.
@@ -86,7 +85,7 @@ struct ManagerProc {
 impl ManagerProc {
     fn start(token: &str, heartbeat_ms: u64) -> Result<ManagerProc, String> {
         use std::os::unix::process::CommandExt;
-        let mut cmd = Command::new(std::env::current_exe().map_err(err)?);
+        let mut cmd = Command::new(rmem_cli::launch::rmem_exe()?);
         cmd.args(["manager", "--listen", "127.0.0.1:0", "--token-stdin"])
             .args(["--heartbeat-ms", &heartbeat_ms.to_string()])
             .stdin(Stdio::piped())
@@ -171,13 +170,6 @@ fn held(st: &PoolStatus, server: &str) -> u64 {
         .iter()
         .find(|s| s.addr == server)
         .map_or(0, |s| s.used_bytes)
-}
-
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
 }
 
 /// The program: random read-modify-writes of one word per page over `pages` pages at
@@ -374,7 +366,7 @@ fn measure_move(
     match trigger {
         Trigger::Drain => {
             drain = Some(
-                Command::new(std::env::current_exe().map_err(err)?)
+                Command::new(rmem_cli::launch::rmem_exe()?)
                     .args(["pool", "drain", server, "--manager", manager])
                     .args(["--wait", "120"])
                     .env("RMEM_TOKEN", token)
@@ -774,13 +766,13 @@ pub fn pool(a: PoolBenchArgs) -> Result<(), String> {
     }
 
     let token = fresh_token();
-    std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
-    let (dw, dr) = disk_server(&token, page, disk_bytes, &a.dir)?;
-    let [raw_w, raw_ws, raw_rc, raw_rd] = raw_disk(disk_bytes, &a.dir)?;
+    std::fs::create_dir_all(&a.disk.dir).map_err(|e| format!("{}: {e}", a.disk.dir.display()))?;
+    let (dw, dr) = disk_server(&token, page, disk_bytes, &a.disk.dir)?;
+    let [raw_w, raw_ws, raw_rc, raw_rd] = raw_disk(disk_bytes, &a.disk.dir)?;
     println!(
         "  disk-backed server (--store file: in {}, --store-cache 4M), {} MiB sequential in \
          4 MiB calls:",
-        a.dir.display(),
+        a.disk.dir.display(),
         disk_bytes >> 20
     );
     println!(
@@ -837,7 +829,7 @@ pub fn pool(a: PoolBenchArgs) -> Result<(), String> {
         ),
     ];
     print_goals(&goals);
-    if let Some(dir) = &a.plot {
+    if let Some(dir) = &a.plots.plot {
         plots(dir, &goals, &rows, loop_mbs)?;
     }
     let direct_json: Vec<serde_json::Value> = rows
@@ -860,30 +852,27 @@ pub fn pool(a: PoolBenchArgs) -> Result<(), String> {
         Ok(r) => r.to_json(loop_mbs),
         Err(e) => json!({"skipped": e}),
     };
-    write_json(
-        &a.json,
-        &json!({
-            "size": size, "local_percent": a.local_percent, "page_size": page,
-            "heartbeat_ms": a.heartbeat_ms,
-            "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
-            "load_average": load_average(),
-            "loopback_gbps": lim.loopback_gbps, "loopback_mb_per_s": loop_mbs,
-            "tcp_rtt_us_p50": lim.rtt_us_p50, "tcp_rtt_64_us_p50": tcp64,
-            "raw_rtt_us_p50": raw50, "raw_rtt_us_p99": raw99,
-            "drain": drain.to_json(loop_mbs),
-            "reclaim": reclaim_json,
-            "direct": direct_json,
-            "disk": {
-                "bytes": disk_bytes, "dir": a.dir.display().to_string(), "store_cache_bytes": 4 << 20,
-                "write_mb_per_s": dw, "read_mb_per_s": dr,
-                "raw_write_buffered_mb_per_s": raw_w, "raw_write_fsync_mb_per_s": raw_ws,
-                "raw_read_cached_mb_per_s": raw_rc, "raw_read_device_mb_per_s": raw_rd,
-                "write_x_raw_buffered": dw / raw_w, "write_x_raw_fsync": dw / raw_ws,
-                "read_x_raw_cached": dr / raw_rc, "read_x_raw_device": dr / raw_rd,
-            },
-            "targets": goals_json(&goals),
-        }),
-    )
+    a.out.write(&json!({
+        "size": size, "local_percent": a.local_percent, "page_size": page,
+        "heartbeat_ms": a.heartbeat_ms,
+        "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "load_average": load_average(),
+        "loopback_gbps": lim.loopback_gbps, "loopback_mb_per_s": loop_mbs,
+        "tcp_rtt_us_p50": lim.rtt_us_p50, "tcp_rtt_64_us_p50": tcp64,
+        "raw_rtt_us_p50": raw50, "raw_rtt_us_p99": raw99,
+        "drain": drain.to_json(loop_mbs),
+        "reclaim": reclaim_json,
+        "direct": direct_json,
+        "disk": {
+            "bytes": disk_bytes, "dir": a.disk.dir.display().to_string(), "store_cache_bytes": 4 << 20,
+            "write_mb_per_s": dw, "read_mb_per_s": dr,
+            "raw_write_buffered_mb_per_s": raw_w, "raw_write_fsync_mb_per_s": raw_ws,
+            "raw_read_cached_mb_per_s": raw_rc, "raw_read_device_mb_per_s": raw_rd,
+            "write_x_raw_buffered": dw / raw_w, "write_x_raw_fsync": dw / raw_ws,
+            "read_x_raw_cached": dr / raw_rc, "read_x_raw_device": dr / raw_rd,
+        },
+        "targets": goals_json(&goals),
+    }))
 }
 
 fn print_move(what: &str, m: &Move, loop_mbs: f64) {

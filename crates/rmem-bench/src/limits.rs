@@ -1,7 +1,7 @@
 //! The physical limits measured in the same run as the suite: loopback TCP round trip of
 //! 4 KiB, loopback streaming bandwidth, and memcpy bandwidth.
 
-use crate::bench_cmd::{err, percentile_us};
+use crate::report::{err, percentile_us};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! `rmem bench fork`: what fork() costs under rmem (issue 16), in one run.
 //!
-//! - fork then exec: a worker (this binary, `rmem bench fork --worker`) with `--mib` MiB of
+//! - fork then exec: a worker (this binary, `rmem-bench fork --worker`) with `--mib` MiB of
 //!   malloc'ed memory written (remote under `rmem run`, resident: the budget holds it) forks
 //!   `--forks` children that exec `/bin/true` at once, and waits for each; the time from the
 //!   call to the end of the wait, median and best of `--rounds` runs, without rmem and under
@@ -14,8 +14,9 @@
 //!
 //! Timings are the best of a few runs: the numbers are noisy on a shared machine.
 
+use crate::report::{err, JsonOut};
+use crate::setup::worker_json;
 use std::ffi::CString;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
@@ -33,9 +34,8 @@ pub struct ForkArgs {
     /// Size of the Pool's numpy arrays in MiB (0: no Pool measure).
     #[arg(long, default_value_t = 256)]
     pub pool_mib: usize,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: JsonOut,
     /// Fork in this process and print the medians as JSON (what the bench starts).
     #[arg(long, hide = true)]
     pub worker: bool,
@@ -47,19 +47,18 @@ pub fn fork(a: ForkArgs) -> Result<(), String> {
     if a.worker {
         return worker(a.mib, a.forks);
     }
-    let rmem = std::env::current_exe().map_err(|e| e.to_string())?;
+    let rmem = rmem_cli::launch::rmem_exe()?;
+    let bench = std::env::current_exe().map_err(|e| e.to_string())?;
     let (mib, forks) = (a.mib.to_string(), a.forks.to_string());
-    let worker_args = [
-        "bench", "fork", "--worker", "--mib", &mib, "--forks", &forks,
-    ];
+    let worker_args = ["fork", "--worker", "--mib", &mib, "--forks", &forks];
     let local = format!("{}M", 2 * a.mib + 64);
     let mut best = [f64::INFINITY; 5];
     for _ in 0..a.rounds.max(1) {
-        let plain = measure(Command::new(&rmem).args(worker_args))?;
-        let under = measure(
+        let plain = worker_json(Command::new(&bench).args(worker_args))?;
+        let under = worker_json(
             Command::new(&rmem)
                 .args(["run", "--local", &local, "--"])
-                .arg(&rmem)
+                .arg(&bench)
                 .args(worker_args),
         )?;
         let got = [
@@ -115,15 +114,15 @@ pub fn fork(a: ForkArgs) -> Result<(), String> {
         v["pool_spawn_s"] = spawn_s.into();
         v["pool_ratio"] = ratio.into();
     }
-    crate::bench_cmd::write_json(&a.json, &v)
+    a.out.write(&v)
 }
 
 /// The Pool's wall time with fork and with spawn under rmem, best of `rounds` each.
 fn pools(rmem: &std::path::Path, mib: usize, rounds: usize) -> Result<(f64, f64), String> {
     let dir = std::env::temp_dir().join(format!("rmem-bench-fork-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(crate::bench_cmd::err)?;
+    std::fs::create_dir_all(&dir).map_err(err)?;
     let script = dir.join("pool_fork.py");
-    std::fs::write(&script, POOL_SCRIPT).map_err(crate::bench_cmd::err)?;
+    std::fs::write(&script, POOL_SCRIPT).map_err(err)?;
     let local = format!("{}M", (mib / 4).max(1));
     let mut best = [f64::INFINITY; 2];
     let r = (|| {
@@ -155,21 +154,6 @@ fn pools(rmem: &std::path::Path, mib: usize, rounds: usize) -> Result<(f64, f64)
     })();
     let _ = std::fs::remove_dir_all(&dir);
     r.map(|()| (best[0], best[1]))
-}
-
-/// Run a worker, parse its JSON line.
-fn measure(c: &mut Command) -> Result<serde_json::Value, String> {
-    let out = c.output().map_err(|e| format!("{c:?}: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with('{'));
-    match (out.status.success(), line) {
-        (true, Some(l)) => serde_json::from_str(l).map_err(|e| format!("worker output: {e}")),
-        _ => Err(format!(
-            "worker failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )),
-    }
 }
 
 fn median_us(mut v: Vec<f64>) -> f64 {

@@ -14,12 +14,12 @@
 //! Every configuration gets fresh servers (as many as the widest layout needs, the same for
 //! all), so one run's repair or leftover pages do not weigh on the next.
 
-use crate::bench_cmd::{err, percentile_us, write_json};
-use crate::launch::{fresh_token, start_local_servers, ServerProc};
+use crate::report::{err, percentile_us, JsonOut};
+use crate::setup::xorshift;
+use rmem_cli::launch::{fresh_token, start_local_servers, ServerProc};
 use rmem_client::config::Config;
 use rmem_client::store::codec::Redundancy;
 use rmem_client::Runtime;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -42,9 +42,8 @@ pub struct RedundancyArgs {
     /// Triad passes over the three arrays.
     #[arg(long, default_value_t = 2)]
     pub passes: usize,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: JsonOut,
 }
 
 /// What one configuration measured.
@@ -109,7 +108,7 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
     };
     // One server more than the widest layout, so a killed one can be rebuilt elsewhere.
     let servers = layouts.iter().map(|l| l.width()).max().unwrap_or(1) + 1;
-    let limits = crate::bench_suite::limits::measure(2000, 64)?;
+    let limits = crate::limits::measure(2000, 64)?;
     println!(
         "rmem bench redundancy: {} MiB per workload, {}% local, 4 KiB pages, {servers} local \
          servers; loopback {:.1} Gbit/s, 4 KiB round trip {:.1} us",
@@ -178,15 +177,12 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
             })
         })
         .collect();
-    write_json(
-        &a.json,
-        &serde_json::json!({
-            "size": size, "local_percent": a.local_percent, "servers": servers,
-            "updates": a.updates, "passes": a.passes,
-            "loopback_gbps": limits.loopback_gbps, "rtt_us_p50": limits.rtt_us_p50,
-            "results": json_rows,
-        }),
-    )
+    a.out.write(&serde_json::json!({
+        "size": size, "local_percent": a.local_percent, "servers": servers,
+        "updates": a.updates, "passes": a.passes,
+        "loopback_gbps": limits.loopback_gbps, "rtt_us_p50": limits.rtt_us_p50,
+        "results": json_rows,
+    }))
 }
 
 /// One layout and encryption setting on fresh servers: both workloads, then a server killed.
@@ -279,13 +275,6 @@ fn stream(rt: &Runtime, size: u64, passes: usize) -> Result<f64, String> {
     Ok(secs)
 }
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
 /// Uniform random read-modify-writes of 8-byte words over `size` bytes, each timed; checked
 /// against a local log of what was written. Seconds, the sorted latencies, the bytes on the
 /// servers over the data's (measured after the fill), and the region (kept for the repair).
@@ -305,7 +294,7 @@ fn random(
     }
     let used: u64 = procs
         .iter()
-        .map(|p| crate::status_cmd::query(&p.addr, &config.token, Duration::from_secs(10)))
+        .map(|p| rmem_cli::status_cmd::query(&p.addr, &config.token, Duration::from_secs(10)))
         .collect::<Result<Vec<_>, _>>()?
         .iter()
         .map(|s| s.used_bytes)

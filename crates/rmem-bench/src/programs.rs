@@ -7,10 +7,11 @@
 //! The footprint is the plain run's peak resident set (`wait4`'s ru_maxrss); rmem's budget is
 //! `--ratio` percent of it. Output must be byte-identical to the plain run's.
 
+use crate::report::JsonOut;
 use std::fmt::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,9 +35,8 @@ pub struct ProgramsArgs {
     /// Bound on each run, in seconds.
     #[arg(long, default_value_t = 1800)]
     pub timeout_s: u64,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: JsonOut,
 }
 
 const NUMPY_SCRIPT: &str = include_str!("../../../tests/py/numpy_io.py");
@@ -68,7 +68,7 @@ struct Ran {
 
 pub fn programs(a: ProgramsArgs) -> Result<(), String> {
     let ps = rmem_proto::size::parse_size(&a.page_size).map_err(|e| e.to_string())?;
-    let rmem = std::env::current_exe().map_err(|e| e.to_string())?;
+    let rmem = rmem_cli::launch::rmem_exe()?;
     let dir = std::env::temp_dir().join(format!("rmem-bench-programs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // `nobody` writes its output here too.
@@ -206,11 +206,8 @@ fn run_all(a: &ProgramsArgs, ps: u64, rmem: &Path, dir: &Path) -> Result<(), Str
         }));
     }
     println!("\n{table}");
-    if let Some(path) = &a.json {
-        let doc = serde_json::json!({ "ratio_percent": a.ratio, "results": rows });
-        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap())
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+    a.out
+        .write(&serde_json::json!({ "ratio_percent": a.ratio, "results": rows }))?;
     if all_ok {
         Ok(())
     } else {
