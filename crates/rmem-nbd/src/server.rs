@@ -47,6 +47,9 @@ impl Default for Limits {
 const WAIT_WINDOW: usize = 256;
 /// A read's data from this size up is sent from its own buffer rather than copied.
 const OWN_CHUNK_MIN: usize = 64 * 1024;
+/// Sent read buffers a connection keeps for its next reads, and the largest it keeps.
+const SPARE_READ_BUFFERS: usize = 4;
+const SPARE_READ_BUFFER_MAX: usize = 4 << 20;
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
 /// Room for received bytes a connection keeps when it has none waiting (more was needed by
@@ -160,6 +163,8 @@ struct Conn {
     opos: usize,
     out_bytes: usize,
     wbuf: Vec<u8>,
+    /// Sent chunks kept as the next reads' buffers ([`Conn::read_buffer`]).
+    spare: Vec<Vec<u8>>,
     /// Some while negotiating.
     handshake: Option<Handshake>,
     structured: bool,
@@ -189,6 +194,25 @@ impl Conn {
         }
         self.out_bytes += data.len();
         self.out.push_back(data);
+    }
+
+    /// A buffer of `len` bytes for a read's data. Every byte of it is overwritten before it
+    /// is sent (each page's part by the cache: its data, or zeros for a page never written),
+    /// so a sent one is reused as it is, old bytes (this connection's own earlier replies)
+    /// included: zeroing a new 1 MiB buffer for every 1 MiB read was one of the two copies
+    /// per byte that kept large reads below nbdkit's.
+    fn read_buffer(&mut self, len: usize) -> Vec<u8> {
+        if len < OWN_CHUNK_MIN {
+            return vec![0; len]; // copied behind its reply header, then dropped
+        }
+        match self.spare.iter().position(|b| b.capacity() >= len) {
+            Some(i) => {
+                let mut b = self.spare.swap_remove(i);
+                b.resize(len, 0);
+                b
+            }
+            None => vec![0; len],
+        }
     }
 
     fn may_read(&self, limits: &Limits) -> bool {
@@ -230,7 +254,13 @@ impl Conn {
                         self.opos = 0;
                         let mut done = self.out.pop_front().expect("front exists");
                         // Keep one small buffer for the next replies.
-                        if self.wbuf.capacity() == 0 && done.capacity() <= OWN_CHUNK_MIN * 16 {
+                        if done.capacity() >= OWN_CHUNK_MIN
+                            && done.capacity() <= SPARE_READ_BUFFER_MAX
+                            && self.spare.len() < SPARE_READ_BUFFERS
+                        {
+                            self.spare.push(done);
+                        } else if self.wbuf.capacity() == 0 && done.capacity() <= OWN_CHUNK_MIN * 16
+                        {
                             done.clear();
                             self.wbuf = done;
                         }
@@ -552,6 +582,7 @@ impl<'a> Server<'a> {
                 opos: 0,
                 out_bytes: 0,
                 wbuf: Handshake::greeting(),
+                spare: Vec::new(),
                 handshake: Some(Handshake::new()),
                 structured: false,
                 requests: 0,
@@ -660,7 +691,7 @@ impl<'a> Server<'a> {
         self.next_req += 1;
         let data = match r.command {
             Command::Write => payload,
-            Command::Read if error.is_none() => vec![0; r.length as usize],
+            Command::Read if error.is_none() => c.read_buffer(r.length as usize),
             _ => Vec::new(),
         };
         c.requests += 1;
