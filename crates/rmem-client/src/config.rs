@@ -241,6 +241,24 @@ pub fn servers_configured() -> bool {
         || var("RMEM_MANAGER").is_some()
 }
 
+/// `RMEM_SPIN_US`, else the default: how long a thread waiting on servers polls without
+/// sleeping after its last event (the pager; a region call).
+pub fn spin_from_env() -> Result<Duration, ConfigError> {
+    match var("RMEM_SPIN_US") {
+        None => Ok(Config::default().spin),
+        Some(v) => {
+            v.trim()
+                .parse()
+                .map(Duration::from_micros)
+                .map_err(|e: std::num::ParseIntError| ConfigError::Invalid {
+                    var: "RMEM_SPIN_US",
+                    value: v.clone(),
+                    reason: e.to_string(),
+                })
+        }
+    }
+}
+
 impl Config {
     /// Read the configuration from `RMEM_*` environment variables over the defaults.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -292,17 +310,7 @@ impl Config {
                     })?
             }
         };
-        let spin =
-            match var("RMEM_SPIN_US") {
-                None => d.spin,
-                Some(v) => Duration::from_micros(v.trim().parse().map_err(
-                    |e: std::num::ParseIntError| ConfigError::Invalid {
-                        var: "RMEM_SPIN_US",
-                        value: v.clone(),
-                        reason: e.to_string(),
-                    },
-                )?),
-            };
+        let spin = spin_from_env()?;
         let c = Config {
             servers,
             manager,
