@@ -269,6 +269,7 @@ fn serve(
     };
     let limits = Limits {
         requests_per_connection_max: a.requests_max,
+        spin: c.spin,
         ..Limits::default()
     };
     let mut server = match Server::new(&mut cache, export, limits, listeners) {
