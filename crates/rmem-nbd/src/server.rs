@@ -49,7 +49,7 @@ impl Default for Limits {
             requests_per_connection_max: 256,
             bytes_per_connection_max: 128 << 20,
             stop_grace: Duration::from_secs(10),
-            spin: Duration::from_micros(200),
+            spin: rmem_client::Config::default().spin,
         }
     }
 }
