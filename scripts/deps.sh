@@ -41,6 +41,11 @@ command -v nbdkit >/dev/null || need+=(nbdkit)
 command -v qemu-io >/dev/null || need+=(qemu-utils)
 command -v fio >/dev/null || need+=(fio)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+# `rmem bench programs` (and its test, crates/rmem-cli/tests/bench_programs.rs) runs real
+# programs: sqlite3 and Octave (its command-line interpreter only: without recommends).
+command -v sqlite3 >/dev/null || need+=(sqlite3)
+lean=()
+command -v octave-cli >/dev/null || lean+=(octave)
 # The multi-host test (crates/rmem-cli/tests/multihost.rs) runs sshd in network namespaces;
 # it needs root, and says that it skips without it, so only root needs these.
 if [ "$(id -u)" -eq 0 ]; then
@@ -57,11 +62,12 @@ if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
   export PATH="$HOME/.cargo/bin:$PATH"
 fi
 command -v cargo >/dev/null || need+=(rustc-web cargo-web)
-if [ ${#need[@]} -gt 0 ]; then
+if [ $((${#need[@]} + ${#lean[@]})) -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "rmem: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+    echo "rmem: missing ${need[*]} ${lean[*]}; install them (apt-get install ${need[*]} ${lean[*]}) or run as root" >&2
     exit 1
   fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  [ ${#need[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  [ ${#lean[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
 fi

@@ -8,6 +8,7 @@
 //! round trip; limits.rs: the network's limits; plot.rs; workloads.rs) and never on each
 //! other. Servers are started through the `rmem` beside this binary (`rmem_cli::launch`).
 
+mod bounded;
 mod fault;
 mod fork;
 mod limits;
@@ -21,6 +22,7 @@ mod report;
 mod scan;
 mod setup;
 mod suite;
+mod swap;
 mod syscalls;
 mod workloads;
 
@@ -48,8 +50,10 @@ enum BenchCommand {
     Suite(suite::SuiteArgs),
     /// Every workload pattern at several local ratios under every policy, live and simulated.
     Policies(policies::PoliciesArgs),
-    /// Real programs (GNU sort, numpy as nobody, CPython's small objects) in transparent mode
-    /// at a quarter of their footprint, against the same programs without rmem.
+    /// Real programs (GNU sort, numpy, sqlite3, Octave, CPython, STREAM, Himeno) at 50, 25 and
+    /// 10% of their footprint under rmem at its defaults, kernel swap to zram and to disk,
+    /// against the same programs plain, with their output checked.
+    #[command(alias = "real")]
     Programs(programs::ProgramsArgs),
     /// What trapping system calls with remote buffers costs per call, unprivileged, against
     /// the same calls without rmem and with the trap off.

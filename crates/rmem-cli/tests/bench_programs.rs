@@ -1,5 +1,7 @@
-//! `rmem bench programs` at a tiny size, as the test suite runs it: every program's output under
-//! rmem is identical to its plain run, at a quarter of its footprint, and the JSON says so.
+//! `rmem bench programs` at a tiny size, as the test suite runs it: every real program plain,
+//! under rmem at its defaults and (as root) under kernel swap to zram and to disk at half its
+//! footprint; every output identical to the plain run's, and the JSON, the table's geometric
+//! means and the plots consistent with the runs.
 
 mod common;
 use common::*;
@@ -7,27 +9,29 @@ use std::process::Command;
 use std::time::Duration;
 
 #[test]
-fn tiny_programs_bench_matches_plain_runs() {
+fn tiny_programs_bench_matches_plain_runs_and_reports_ratios() {
     let dir = scratch("bench-programs");
     let json = dir.join("programs.json");
+    let plots = dir.join("plots");
+    std::fs::create_dir_all(&plots).unwrap();
     let mut cmd = Command::new(rmem());
     cmd.args([
         "bench",
         "programs",
-        "--sort-mib",
-        "4",
-        "--numpy-mib",
-        "16",
-        "--small-keys",
-        "20000",
-        "--page-size",
-        "4K",
+        "--size",
+        "tiny",
+        "--ratios",
+        "50",
+        "--min-limit-s",
+        "40",
         "--timeout-s",
-        "200",
+        "120",
         "--json",
     ])
-    .arg(&json);
-    let out = run_bounded(&mut cmd, Duration::from_secs(280));
+    .arg(&json)
+    .arg("--plot")
+    .arg(&plots);
+    let out = run_bounded(&mut cmd, Duration::from_secs(900));
     assert!(
         out.status.success(),
         "bench programs failed ({:?}):\n{}\n{}",
@@ -36,22 +40,92 @@ fn tiny_programs_bench_matches_plain_runs() {
         out.stderr
     );
     let v = read_json(&json);
-    let rows = v["results"].as_array().expect("results is a list");
-    let names: Vec<&str> = rows.iter().filter_map(|r| r["program"].as_str()).collect();
-    assert_eq!(names, ["sort", "numpy", "python-small"]);
-    for r in rows {
-        assert_eq!(r["identical"], true, "{r}");
-        assert_eq!(r["status"], "ok", "{r}");
-        let footprint = r["footprint_bytes"].as_u64().unwrap();
-        let local = r["local_bytes"].as_u64().unwrap();
-        assert!(footprint > 0 && local <= footprint / 4 + 8 * 4096, "{r}");
-        assert!(r["rmem_seconds"].as_f64().unwrap() > 0.0, "{r}");
-        assert!(r["swap_outs"].as_u64().unwrap() > 0, "nothing paged: {r}");
+    let systems: Vec<&str> = v["systems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    if is_root() {
+        assert_eq!(systems, ["rmem", "zram", "disk"]);
+    } else {
+        assert_eq!(systems, ["rmem"]);
+        assert!(out
+            .stdout
+            .contains("kernel swap not measured: kernel swap runs need root"));
     }
+    let progs = v["programs"].as_array().expect("programs is a list");
+    let names: Vec<&str> = progs.iter().filter_map(|r| r["program"].as_str()).collect();
     assert_eq!(
-        rows[1]["as_nobody"],
-        is_root(),
-        "numpy runs as nobody under root"
+        names,
+        ["sort", "numpy", "sqlite", "octave", "python", "stream", "himeno"]
     );
+    for p in progs {
+        assert!(p["footprint_bytes"].as_u64().unwrap() > 0, "{p}");
+        let plain = p["plain_seconds"].as_f64().unwrap();
+        let runs = p["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), systems.len(), "{p}");
+        for r in runs {
+            let limit = r["limit_bytes"].as_u64().unwrap();
+            assert_eq!(
+                limit,
+                (p["footprint_bytes"].as_u64().unwrap() / 2).max(1 << 20),
+                "{r}"
+            );
+            let rel = r["relative_to_plain"].as_f64().unwrap();
+            assert!(
+                (rel - r["seconds"].as_f64().unwrap() / plain).abs() < 1e-9,
+                "{r}"
+            );
+            if r["system"] == "rmem" {
+                // rmem must finish with the plain run's output.
+                assert_eq!(r["status"], "ok", "{r}");
+                assert_eq!(r["identical"], true, "{r}");
+            } else if r["status"] == "ok" {
+                assert_eq!(r["identical"], true, "kernel swap changed the output: {r}");
+                assert!(
+                    r["peak_bytes"].as_u64().unwrap() <= limit + (1 << 20),
+                    "the cgroup limit did not hold: {r}"
+                );
+            }
+        }
+    }
+    // rmem's own runs: the numpy one runs as nobody (as root), and something was fetched in
+    // the programs whose data dwarfs their code.
+    assert_eq!(progs[1]["as_nobody"], is_root());
+    for p in [&progs[0], &progs[5]] {
+        let rmem = &p["runs"][0];
+        assert!(rmem["bytes_in"].as_u64().unwrap() > 0, "nothing paged: {p}");
+    }
+    // The geometric means are of the runs listed.
+    let means = v["geomeans"].as_array().unwrap();
+    let rmem_mean = means
+        .iter()
+        .find(|m| m["what"] == "rmem/plain" && m["ratio"] == 50)
+        .expect("rmem's geometric mean");
+    let n = rmem_mean["programs"].as_u64().unwrap() as usize;
+    assert!(n >= 1 && n <= progs.len(), "{rmem_mean}");
+    if n == progs.len() {
+        let logs: f64 = progs
+            .iter()
+            .map(|p| p["runs"][0]["relative_to_plain"].as_f64().unwrap().ln())
+            .sum();
+        let g = (logs / n as f64).exp();
+        assert!(
+            (g - rmem_mean["geomean"].as_f64().unwrap()).abs() < 1e-6 * g,
+            "{g} {rmem_mean}"
+        );
+    }
+    assert!(
+        out.stdout.contains("50%: geomean rmem / plain"),
+        "{}",
+        out.stdout
+    );
+    for f in ["programs-50.png", "programs-50.svg"] {
+        assert!(
+            std::fs::metadata(plots.join(f)).is_ok_and(|m| m.len() > 1000),
+            "{f}"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -7,25 +7,20 @@
 //! Every run is bounded in time and killed as a process group when it runs over; kernel swap
 //! sometimes OOM-kills or hangs a job under a cgroup limit, which is recorded, never retried.
 //! Ctrl-C stops the suite between or during runs, and the swap setup is undone on the way out
-//! ([`swap::SwapRig`]).
+//! ([`crate::swap::SwapRig`]).
 
-mod swap;
-
+use crate::bounded::{self, interrupted, run_bounded, Finished, Status};
 use crate::limits::{self, Limits};
 use crate::plot;
 use crate::report::{err, percentile_us, JsonOut, PlotOut};
 use crate::setup::local_setup;
+use crate::swap;
 use crate::workloads;
 use rmem_proto::size::parse_size;
 use serde_json::json;
 use std::fs::File;
-use std::io::Read;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -143,28 +138,6 @@ impl System {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Status {
-    Ok,
-    Killed,
-    TimedOut,
-    /// Ran and failed otherwise: a failed self-check, a lost server, an error.
-    Failed,
-    Skipped,
-}
-
-impl Status {
-    fn name(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Killed => "killed",
-            Status::TimedOut => "timed-out",
-            Status::Failed => "failed",
-            Status::Skipped => "skipped",
-        }
-    }
-}
-
 /// What rmem's statistics say about one run.
 #[derive(Clone, Copy, Debug)]
 struct RmemStats {
@@ -240,119 +213,6 @@ impl Cell {
 }
 
 const KERNEL_PAGE: u64 = 4096;
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::Relaxed);
-}
-
-fn interrupted() -> Result<(), String> {
-    if INTERRUPTED.load(Ordering::Relaxed) {
-        Err("interrupted; the machine's swap and cgroups were restored".into())
-    } else {
-        Ok(())
-    }
-}
-
-/// How a bounded run ended.
-struct Finished {
-    status: Status,
-    stdout: String,
-    stderr: String,
-    wall: f64,
-}
-
-/// Run `cmd` in its own process group (in the cgroup behind `procs`, if given), killing the
-/// group if it runs over `limit` or the suite is interrupted.
-fn run_bounded(cmd: &mut Command, limit: Duration, procs: Option<&File>) -> Finished {
-    let procs_fd = procs.map(|f| f.as_raw_fd());
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: the closure calls only async-signal-safe functions (setpgid, write).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setpgid(0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Join the cgroup before exec, so that everything the program touches is charged.
-            if let Some(fd) = procs_fd {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let t0 = Instant::now();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            return Finished {
-                status: Status::Failed,
-                stdout: String::new(),
-                stderr: format!("cannot start {:?}: {e}", cmd.get_program()),
-                wall: 0.0,
-            }
-        }
-    };
-    let drain = |mut r: Box<dyn Read + Send>| {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            let _ = tx.send(s);
-        });
-        rx
-    };
-    let out = drain(Box::new(child.stdout.take().expect("piped")));
-    let errs = drain(Box::new(child.stderr.take().expect("piped")));
-    let pgid = child.id() as i32;
-    let (mut status, mut note) = (None, None);
-    while status.is_none() {
-        match child.try_wait() {
-            Ok(Some(s)) => status = Some(s),
-            Ok(None) if t0.elapsed() > limit || INTERRUPTED.load(Ordering::Relaxed) => {
-                note = Some(if t0.elapsed() > limit {
-                    Status::TimedOut
-                } else {
-                    Status::Failed
-                });
-                // SAFETY: kill has no memory-safety preconditions; the group is our child's.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
-                // A task stuck in reclaim can take a while to die; do not wait forever.
-                let end = Instant::now() + Duration::from_secs(30);
-                while status.is_none() && Instant::now() < end {
-                    status = child.try_wait().ok().flatten();
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                break;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(_) => break,
-        }
-    }
-    let wall = t0.elapsed().as_secs_f64();
-    let collect =
-        |rx: mpsc::Receiver<String>| rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-    let (stdout, stderr) = (collect(out), collect(errs));
-    let status = match (note, status) {
-        (Some(n), _) => n,
-        (None, Some(s)) if s.success() => Status::Ok,
-        // The OOM killer's SIGKILL, seen directly or through `rmem run` (128 + 9).
-        (None, Some(s)) if s.signal() == Some(libc::SIGKILL) || s.code() == Some(137) => {
-            Status::Killed
-        }
-        (None, _) => Status::Failed,
-    };
-    Finished {
-        status,
-        stdout,
-        stderr,
-        wall,
-    }
-}
 
 /// Run a workload binary and fill `cell` from how it ended.
 fn run_cell(
@@ -864,10 +724,7 @@ pub fn run(a: SuiteArgs) -> Result<(), String> {
                 ))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_interrupt as *const () as libc::sighandler_t) };
-    }
+    bounded::catch_interrupts();
     let mut suite = Suite {
         profile,
         workloads: progs,

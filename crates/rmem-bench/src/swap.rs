@@ -2,7 +2,7 @@
 //! resident memory, a swap file, and zram with lz4. Needs root.
 //!
 //! [`SwapRig`] owns everything it set up and undoes it on drop, in reverse order, also when
-//! the suite fails or is interrupted: tasks left in the group are killed, swap is turned off,
+//! the benchmark fails or is interrupted: tasks left in the group are killed, swap is turned off,
 //! zram is reset, the swap file is removed and the group is removed. Only one of the two
 //! swap devices is on at a time. Existing swap devices are left alone (and reported).
 
@@ -34,7 +34,7 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// Swap devices that were on before the suite started (`/proc/swaps`), not ours.
+/// Swap devices that were on before the benchmark started (`/proc/swaps`), not ours.
 pub fn existing_swaps() -> Vec<String> {
     std::fs::read_to_string("/proc/swaps")
         .unwrap_or_default()
@@ -71,7 +71,7 @@ enum Device {
     Zram,
 }
 
-/// The cgroup and at most one swap device, set up by the suite; restored on drop.
+/// The cgroup and at most one swap device, set up by the benchmark; restored on drop.
 pub struct SwapRig {
     cgroup: PathBuf,
     swap_dir: PathBuf,
@@ -216,11 +216,11 @@ impl Drop for SwapRig {
     fn drop(&mut self) {
         self.empty_group();
         if let Err(e) = self.swap_off() {
-            eprintln!("rmem bench suite: restoring swap: {e}");
+            eprintln!("rmem bench: restoring swap: {e}");
         }
         if let Err(e) = std::fs::remove_dir(&self.cgroup) {
             eprintln!(
-                "rmem bench suite: cannot remove cgroup {}: {e}",
+                "rmem bench: cannot remove cgroup {}: {e}",
                 self.cgroup.display()
             );
         }
