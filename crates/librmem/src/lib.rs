@@ -456,6 +456,15 @@ fn transparent_start() {
             }
         }
     }
+    match std::env::var("RMEM_ANON_MMAP").as_deref() {
+        Ok("1") => malloc::ANON_MMAP.store(true, Ordering::Relaxed),
+        Ok("0") | Ok("") | Err(_) => {}
+        Ok(v) => {
+            report(&format!("fatal: RMEM_ANON_MMAP={v:?}: expected 0 or 1"));
+            // SAFETY: ending the process before the program starts.
+            unsafe { libc::_exit(rmem_client::EXIT_SERVER_LOST) };
+        }
+    }
     if init().is_none() {
         // SAFETY: as above; init() has said why.
         unsafe { libc::_exit(rmem_client::EXIT_SERVER_LOST) };

@@ -138,6 +138,20 @@ fn remote(size: usize, align: usize) -> Option<*mut c_void> {
     p
 }
 
+/// Transparent mode also serves private anonymous mappings from remote memory
+/// (`RMEM_ANON_MMAP=1`, `rmem run --anon-mmap`): see [`crate::mem::mmap`].
+pub static ANON_MMAP: AtomicBool = AtomicBool::new(false);
+
+/// Remote memory for an anonymous mapping of `len` bytes: page-aligned and zeroed, freed by
+/// `munmap` as a malloc'ed block is. None when transparent mode does not want it (then the
+/// C library maps it); `Some(NULL)` when the mapping must fail (strict accounting).
+pub fn remote_mapping(len: usize) -> Option<*mut c_void> {
+    if !ANON_MMAP.load(Relaxed) {
+        return None;
+    }
+    remote(len.div_ceil(4096) * 4096, 4096)
+}
+
 /// An allocation has fallen back to local memory (reported once).
 static FELL_BACK: AtomicBool = AtomicBool::new(false);
 

@@ -80,6 +80,67 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
     })
 }
 
+/// A private anonymous read-write mapping at no particular address: what a program's own
+/// allocator asks for (CPython's object arenas, OpenBLAS's buffers). Shared mappings (shared
+/// with fork children), file mappings, executable or inaccessible ones (reservations made
+/// accessible piece by piece), fixed addresses, stacks, huge pages and MAP_NORESERVE stay
+/// with the kernel.
+fn plain_anon(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
+    let others = libc::MAP_FIXED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_STACK
+        | libc::MAP_HUGETLB
+        | libc::MAP_NORESERVE
+        | libc::MAP_32BIT;
+    addr.is_null()
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+        && flags & libc::MAP_TYPE == libc::MAP_PRIVATE
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & others == 0
+}
+
+/// See mmap(2). With `RMEM_ANON_MMAP=1` in transparent mode, a private anonymous read-write
+/// mapping ([`plain_anon`]) of at least `--min-alloc` bytes is remote memory, zeroed and
+/// page-aligned, as a large malloc'ed block is; `munmap`, `mremap`, `madvise` and `mprotect`
+/// then act on it as they do on the region. Everything else is the C library's mmap.
+#[no_mangle]
+pub extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    if plain_anon(addr, prot, flags) {
+        match crate::malloc::remote_mapping(len) {
+            Some(p) if p.is_null() => return libc::MAP_FAILED,
+            Some(p) => return p,
+            None => {}
+        }
+    }
+    let real = real!(
+        c"mmap",
+        fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void
+    );
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { real(addr, len, prot, flags, fd, off) }
+}
+
+/// See mmap(2): the same call as [`mmap`] under its large-file name.
+#[no_mangle]
+pub extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
 /// See munmap(2). On the region the memory is freed (`Runtime::unmap`): a malloc'ed block
 /// unmapped from its start is freed, its tail unmapped goes back to the allocator. The range
 /// stays mapped, so a later touch reads zeros where Linux raises SIGSEGV.

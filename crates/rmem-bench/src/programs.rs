@@ -73,6 +73,9 @@ pub struct ProgramsArgs {
     /// the defaults; the benchmark's figures are at the defaults).
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub rmem_args: String,
+    /// Plain runs of each program; ratios are against their median time.
+    #[arg(long, default_value_t = 3)]
+    pub plain_runs: usize,
     /// Bound on each run, in seconds.
     #[arg(long, default_value_t = 1800)]
     pub timeout_s: u64,
@@ -110,17 +113,30 @@ struct Run {
     status: Status,
     seconds: f64,
     identical: bool,
-    /// The program's peak resident set (rmem), or the cgroup's peak (kernel swap).
-    peak: u64,
-    /// Bytes brought in: rmem's fetches, or the kernel's swap-ins.
-    bytes_in: u64,
+    /// The program's peak resident set (rmem), or the cgroup's peak (kernel swap); None for
+    /// an rmem run that did not end by itself (its program was never reaped by `rmem run`).
+    peak: Option<u64>,
+    /// Bytes brought in: rmem's fetches, or the kernel's swap-ins; None for an rmem run that
+    /// wrote no statistics.
+    bytes_in: Option<u64>,
     why: Option<String>,
 }
 
 impl Run {
-    /// Ran to its end with the right output, or to its time limit (its time a lower bound).
+    /// Ran to its end with the right output, or to its time limit (its time a lower bound),
+    /// and, under rmem, was paged: a program rmem did not page at all (its memory is in
+    /// allocations under `--min-alloc` or in its own mappings) ran as plain, over its limit,
+    /// which is no comparison with kernel swap.
     fn counts(&self) -> bool {
-        (self.status == Status::Ok && self.identical) || self.status == Status::TimedOut
+        ((self.status == Status::Ok && self.identical) || self.status == Status::TimedOut)
+            && !self.unpaged()
+    }
+
+    /// rmem fetched nothing and the program stayed resident above its limit.
+    fn unpaged(&self) -> bool {
+        self.system == System::Rmem
+            && self.bytes_in == Some(0)
+            && self.peak.is_some_and(|p| p > self.limit)
     }
 
     fn bound(&self) -> &'static str {
@@ -376,38 +392,58 @@ fn run_all(a: &ProgramsArgs, dir: &Path, progs: Vec<Program>) -> Result<(), Stri
                 .min(a.timeout_s as f64),
         )
     };
-    // Plain runs first: the footprints size the limits and the swap devices.
+    // Plain runs first: the footprints size the limits and the swap devices. Each program
+    // runs plain --plain-runs times (its time is their median: a short program's time moves
+    // between runs, and every ratio is against it) with the same output every time.
     let mut results = Vec::new();
     for program in progs {
-        bounded::interrupted()?;
-        let (f, plain_out) = launch(
-            &program,
-            dir,
-            "plain",
-            &[],
-            Duration::from_secs(a.timeout_s),
-            None,
-            None,
-        )?;
-        if f.status != Status::Ok {
-            return Err(format!(
-                "{} failed without rmem ({}): {}",
-                program.name,
-                f.status.name(),
-                tail(&f.stderr)
-            ));
+        let (mut times, mut footprint, mut plain_out) = (Vec::new(), 0, None);
+        for _ in 0..a.plain_runs.max(1) {
+            bounded::interrupted()?;
+            let (f, out) = launch(
+                &program,
+                dir,
+                "plain",
+                &[],
+                Duration::from_secs(a.timeout_s),
+                None,
+                None,
+            )?;
+            if f.status != Status::Ok {
+                return Err(format!(
+                    "{} failed without rmem ({}): {}",
+                    program.name,
+                    f.status.name(),
+                    tail(&f.stderr)
+                ));
+            }
+            if plain_out.is_some_and(|o| o != out) {
+                return Err(format!(
+                    "{}'s output differs between two plain runs: it cannot be checked",
+                    program.name
+                ));
+            }
+            plain_out = Some(out);
+            times.push(f.wall);
+            footprint = footprint.max(f.max_rss);
         }
+        times.sort_by(f64::total_cmp);
+        let plain = times[times.len() / 2];
         println!(
-            "  {:<7} plain {:>7.2} s, footprint {} MiB",
+            "  {:<7} plain {:>7.2} s (median of {:?}), footprint {} MiB",
             program.name,
-            f.wall,
-            f.max_rss >> 20
+            plain,
+            times
+                .iter()
+                .map(|t| (t * 100.0).round() / 100.0)
+                .collect::<Vec<_>>(),
+            footprint >> 20
         );
         results.push(Measured {
             program,
-            footprint: f.max_rss,
-            plain: f.wall,
-            plain_out,
+            footprint,
+            plain,
+            plain_out: plain_out.expect("at least one plain run"),
             runs: Vec::new(),
         });
     }
@@ -477,9 +513,10 @@ fn run_all(a: &ProgramsArgs, dir: &Path, progs: Vec<Program>) -> Result<(), Stri
                             .ok()
                             .and_then(|s| serde_json::from_str(&s).ok())
                             .unwrap_or_default();
-                        finish(system, ratio, limit, &f, &out, &m.plain_out, f.max_rss, {
-                            v["bytes_fetched"].as_u64().unwrap_or(0)
-                        })
+                        let ended = f.status == Status::Ok || f.status == Status::Failed;
+                        let peak = ended.then_some(f.max_rss);
+                        let fetched = v["bytes_fetched"].as_u64();
+                        finish(system, ratio, limit, &f, &out, &m.plain_out, peak, fetched)
                     }
                     (None, Some(rig)) => {
                         rig.set_limit(Some(limit))?;
@@ -505,23 +542,24 @@ fn run_all(a: &ProgramsArgs, dir: &Path, progs: Vec<Program>) -> Result<(), Stri
                             &f,
                             &out,
                             &m.plain_out,
-                            peak,
-                            swapped_in,
+                            Some(peak),
+                            Some(swapped_in),
                         )
                     }
                     (None, None) => unreachable!("a swap run without its rig"),
                 };
                 println!(
-                    "  {:<7} {:<4} {:>3}%  {}{:>8.2} s  {:>6.1}x plain  peak {:>5} MiB (limit {:>5} MiB)  in {:>8.1} MiB  {}",
+                    "  {:<7} {:<4} {:>3}%  {}{:>8.2} s  {:>6.1}x plain  peak {:>5} MiB (limit {:>5} MiB)  in {:>8} MiB  {}",
                     m.program.name,
                     system.name(),
                     ratio,
                     run.bound(),
                     run.seconds,
                     run.seconds / m.plain,
-                    run.peak >> 20,
+                    run.peak.map_or("-".into(), |p| (p >> 20).to_string()),
                     limit >> 20,
-                    run.bytes_in as f64 / (1 << 20) as f64,
+                    run.bytes_in
+                        .map_or("-".into(), |b| format!("{:.1}", b as f64 / (1 << 20) as f64)),
                     verdict(&run)
                 );
                 m.runs.push(run);
@@ -555,8 +593,8 @@ fn finish(
     f: &Finished,
     out: &(u64, u64),
     plain_out: &(u64, u64),
-    peak: u64,
-    bytes_in: u64,
+    peak: Option<u64>,
+    bytes_in: Option<u64>,
 ) -> Run {
     let identical = f.status == Status::Ok && out == plain_out;
     Run {
@@ -641,7 +679,8 @@ fn report(a: &ProgramsArgs, systems: &[System], results: &[Measured]) -> Result<
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "\ntime relative to plain (> : stopped at its limit, so at least); output checked against plain"
+        "\ntime relative to plain (> : stopped at its limit, so at least; L: rmem paged none of it, \
+         it stayed local above its limit); output checked against plain"
     );
     let _ = write!(table, "{:<8} {:>9} {:>8}", "program", "footprint", "plain");
     for &r in &a.ratios {
@@ -662,6 +701,7 @@ fn report(a: &ProgramsArgs, systems: &[System], results: &[Measured]) -> Result<
             for &s in systems {
                 let cell = get(m, s, r).map_or("-".to_string(), |x| {
                     let mark = match (x.status, x.identical) {
+                        _ if x.unpaged() => " L",
                         (Status::Ok, true) | (Status::TimedOut, _) => "",
                         (Status::Ok, false) => " DIFF",
                         _ => " FAIL",
@@ -716,7 +756,11 @@ fn report(a: &ProgramsArgs, systems: &[System], results: &[Measured]) -> Result<
         }
         if !left_out.is_empty() {
             let names: Vec<&str> = left_out.iter().map(|m| m.program.name).collect();
-            let _ = write!(line, "  (left out, failed somewhere: {})", names.join(", "));
+            let _ = write!(
+                line,
+                "  (left out, failed or not paged somewhere: {})",
+                names.join(", ")
+            );
         }
         let _ = writeln!(table, "{line}");
     }
@@ -731,7 +775,7 @@ fn report(a: &ProgramsArgs, systems: &[System], results: &[Measured]) -> Result<
                 let _ = write!(
                     table,
                     "  {r:>3}%: {:>5} / {:>5} MiB",
-                    x.peak >> 20,
+                    x.peak.map_or("-".into(), |p| (p >> 20).to_string()),
                     x.limit >> 20
                 );
             }
@@ -748,10 +792,11 @@ fn report(a: &ProgramsArgs, systems: &[System], results: &[Measured]) -> Result<
     let mut goals = Vec::new();
     if a.ratios.contains(&25) && systems.contains(&System::Rmem) {
         if systems.contains(&System::Zram) {
-            // A zram run that failed (OOM-killed) counts as slower than a completed rmem run.
+            // A zram run that failed (OOM-killed) counts as slower than a completed rmem run;
+            // an rmem run that paged nothing is no win.
             let slower = results.iter().all(|m| {
                 matches!((get(m, System::Zram, 25), get(m, System::Rmem, 25)),
-                    (Some(z), Some(r)) if r.status == Status::Ok
+                    (Some(z), Some(r)) if r.status == Status::Ok && !r.unpaged()
                         && (z.seconds > r.seconds || !z.counts()))
             });
             goals.push(Goal::new(

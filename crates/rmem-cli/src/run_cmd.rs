@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// Transparent mode: smallest allocation that goes remote (0: every allocation).
     #[arg(long, default_value = "64K")]
     pub min_alloc: String,
+    /// Transparent mode: also serve the program's private anonymous read-write mappings of at
+    /// least --min-alloc bytes (CPython's object arenas, ...) from remote memory.
+    #[arg(long)]
+    pub anon_mmap: bool,
     /// Write the statistics as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
@@ -316,6 +320,9 @@ pub fn run(args: RunArgs) -> i32 {
             cmd.env("RMEM_MODE", "transparent")
                 .env("RMEM_MIN_ALLOC", min_alloc.to_string())
                 .env("LD_PRELOAD", new);
+            if args.anon_mmap {
+                cmd.env("RMEM_ANON_MMAP", "1");
+            }
         }
     }
     if let Some(t) = &args.trace {

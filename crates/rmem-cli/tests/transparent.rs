@@ -270,6 +270,78 @@ fn many_small_allocations_with_min_alloc_zero() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `--anon-mmap`: private anonymous mappings go remote and keep their meaning (munmap of a
+/// part, mremap, MADV_DONTNEED, mprotect), while shared mappings and PROT_NONE reservations
+/// stay the kernel's; without it the same program is not paged at all. Also as `nobody`.
+#[test]
+fn anonymous_mappings_go_remote_with_anon_mmap() {
+    let dir = scratch("anon-mmap");
+    let prog = build_plain("tests/c/anon_mmap.c");
+    let exe = prog.to_str().unwrap();
+    let plain = run_bounded(Command::new(exe).arg("48"), Duration::from_secs(60));
+    assert!(plain.status.success(), "{}", plain.stderr);
+    assert!(
+        plain.stdout.starts_with("anon_mmap ok "),
+        "{}",
+        plain.stdout
+    );
+    for as_nobody in [false, true] {
+        let stats = dir.join(format!("stats-{as_nobody}.json"));
+        let out = run_bounded(
+            &mut rmem_run(
+                &["--local", "8M", "--page-size", "64K", "--anon-mmap"],
+                &stats,
+                &[exe, "48"],
+                as_nobody,
+            ),
+            Duration::from_secs(120),
+        );
+        assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+        assert_eq!(out.stdout, plain.stdout);
+        let v = swapped(&stats);
+        assert!(v["local_bytes_max"].as_u64().unwrap() <= 8 << 20, "{v}");
+    }
+    // Without the option the mappings are the kernel's: nothing is paged.
+    let stats = dir.join("stats-off.json");
+    let out = run_bounded(
+        &mut rmem_run(&["--local", "8M"], &stats, &[exe, "48"], false),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, plain.stdout);
+    assert_eq!(read_json(&stats)["swap_ins"], 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// CPython's object arenas are 1 MiB anonymous mappings: with `--anon-mmap` a dict of many
+/// small objects is paged at the default `--min-alloc`, with the plain run's output.
+#[test]
+fn cpython_arenas_are_paged_with_anon_mmap() {
+    let dir = scratch("arenas");
+    let script = dir.join("small.py");
+    std::fs::write(&script, SMALL_ALLOCS_SCRIPT).unwrap();
+    let n = "100000";
+    let plain = run_bounded(
+        Command::new("/usr/bin/python3").arg(&script).arg(n),
+        Duration::from_secs(60),
+    );
+    assert!(plain.status.success(), "{}", plain.stderr);
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "8M", "--anon-mmap"],
+            &stats,
+            &["/usr/bin/python3", script.to_str().unwrap(), n],
+            false,
+        ),
+        Duration::from_secs(240),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, plain.stdout);
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A sort-like program: `malloc` of 16 GiB, of which it touches `touch_mib` MiB, then reads
 /// them back. Prints `null`, or `ok` and the address.
 fn reserve_and_touch(opts: &[&str], stats: &Path, touch_mib: u64) -> Output {
