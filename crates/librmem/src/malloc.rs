@@ -146,10 +146,12 @@ pub static ANON_MMAP: AtomicBool = AtomicBool::new(false);
 /// `munmap` as a malloc'ed block is. None when transparent mode does not want it (then the
 /// C library maps it); `Some(NULL)` when the mapping must fail (strict accounting).
 pub fn remote_mapping(len: usize) -> Option<*mut c_void> {
-    if !ANON_MMAP.load(Relaxed) {
+    if !ANON_MMAP.load(Relaxed) || len == 0 {
+        // A zero length is the kernel's EINVAL to give.
         return None;
     }
-    remote(len.div_ceil(4096) * 4096, 4096)
+    // A length that does not round up to whole pages is the kernel's ENOMEM to give.
+    remote(len.checked_next_multiple_of(4096)?, 4096)
 }
 
 /// An allocation has fallen back to local memory (reported once).

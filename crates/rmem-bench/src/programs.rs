@@ -123,6 +123,21 @@ struct Run {
 }
 
 impl Run {
+    /// How `f` ended, `same_output` as the plain run's; peak and bytes brought in unknown.
+    fn new(system: System, ratio: u64, limit: u64, f: &Finished, same_output: bool) -> Run {
+        Run {
+            system,
+            ratio,
+            limit,
+            status: f.status,
+            seconds: f.wall,
+            identical: f.status == Status::Ok && same_output,
+            peak: None,
+            bytes_in: None,
+            why: (f.status != Status::Ok).then(|| tail(&f.stderr)),
+        }
+    }
+
     /// Ran to its end with the right output, or to its time limit (its time a lower bound),
     /// and, under rmem, was paged: a program rmem did not page at all (its memory is in
     /// allocations under `--min-alloc` or in its own mappings) ran as plain, over its limit,
@@ -214,13 +229,14 @@ fn prepare(a: &ProgramsArgs, dir: &Path) -> Result<Vec<Program>, String> {
     let blas = ("OPENBLAS_NUM_THREADS", "2".to_string());
     let mut progs = Vec::new();
     let mut missing = Vec::new();
-    let mut have = |tool: &str, package: &str| {
+    // `check` is a shell command that succeeds when what a program needs is installed.
+    let mut have = |check: &str, package: &str| {
         let ok = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
+            .args(["-c", check])
             .output()
             .is_ok_and(|o| o.status.success());
         if !ok {
-            missing.push(format!("{tool} (Debian package {package})"));
+            missing.push(format!("{package} (`{check}` failed)"));
         }
         ok
     };
@@ -242,7 +258,7 @@ fn prepare(a: &ProgramsArgs, dir: &Path) -> Result<Vec<Program>, String> {
             as_nobody: false,
         });
     }
-    if want("numpy") && have("/usr/bin/python3", "python3-numpy") {
+    if want("numpy") && have("/usr/bin/python3 -c 'import numpy'", "python3-numpy") {
         let script = write_file(dir, "numpy_work.py", NUMPY_PY)?;
         progs.push(Program {
             name: "numpy",
@@ -255,7 +271,7 @@ fn prepare(a: &ProgramsArgs, dir: &Path) -> Result<Vec<Program>, String> {
             as_nobody: root,
         });
     }
-    if want("sqlite") && have("sqlite3", "sqlite3") {
+    if want("sqlite") && have("command -v sqlite3", "sqlite3") {
         let sql = SQLITE_SQL.replace("ROWS", &sqlite_rows.to_string());
         let file = write_file(dir, "sqlite.sql", &sql)?;
         progs.push(Program {
@@ -271,7 +287,7 @@ fn prepare(a: &ProgramsArgs, dir: &Path) -> Result<Vec<Program>, String> {
             as_nobody: false,
         });
     }
-    if want("octave") && have("octave-cli", "octave") {
+    if want("octave") && have("command -v octave-cli", "octave") {
         let script = write_file(dir, "bench.m", OCTAVE_M)?;
         progs.push(Program {
             name: "octave",
@@ -465,7 +481,7 @@ fn run_all(a: &ProgramsArgs, dir: &Path, progs: Vec<Program>) -> Result<(), Stri
         }
         for m in results.iter_mut() {
             // rmem's servers live as long as one program's runs, outside any cgroup.
-            let servers = if system == System::Rmem {
+            let mut servers = if system == System::Rmem {
                 let token = rmem_cli::launch::fresh_token();
                 let s = rmem_cli::launch::start_local_servers(SERVERS, SERVER_CAPACITY, &token)?;
                 Some((s, token))
@@ -477,74 +493,16 @@ fn run_all(a: &ProgramsArgs, dir: &Path, progs: Vec<Program>) -> Result<(), Stri
                 let limit = (m.footprint * ratio / 100).max(1 << 20);
                 let run = match (&servers, rig.as_mut()) {
                     (Some((s, token)), _) => {
-                        let hosts = dir.join("hosts");
-                        let mut text = format!("localhost {limit}\n");
-                        for srv in s {
-                            let _ = writeln!(text, "{} {SERVER_CAPACITY}", srv.addr);
-                        }
-                        write_file(dir, "hosts", &text)?;
-                        let stats = dir.join(format!("{}-stats.json", m.program.name));
-                        let _ = std::fs::remove_file(&stats);
-                        let mut pre = vec![
-                            rmem.to_string_lossy().into_owned(),
-                            "run".into(),
-                            "--launcher".into(),
-                            "none".into(),
-                            "--hostfile".into(),
-                            hosts.to_string_lossy().into_owned(),
-                            "--local".into(),
-                            limit.to_string(),
-                            "--stats-json".into(),
-                            stats.to_string_lossy().into_owned(),
-                        ];
-                        pre.extend(extra.iter().cloned());
-                        pre.push("--".into());
-                        let env = [("RMEM_TOKEN", token.clone())];
-                        let (f, out) = launch(
-                            &m.program,
-                            dir,
-                            "rmem",
-                            &pre,
-                            limit_of(m.plain),
-                            Some(&env),
-                            None,
-                        )?;
-                        let v: serde_json::Value = std::fs::read_to_string(&stats)
-                            .ok()
-                            .and_then(|s| serde_json::from_str(&s).ok())
-                            .unwrap_or_default();
-                        let ended = f.status == Status::Ok || f.status == Status::Failed;
-                        let peak = ended.then_some(f.max_rss);
-                        let fetched = v["bytes_fetched"].as_u64();
-                        finish(system, ratio, limit, &f, &out, &m.plain_out, peak, fetched)
+                        let rmem_run = RmemRun {
+                            rmem: &rmem,
+                            servers: s,
+                            token,
+                            extra: &extra,
+                        };
+                        rmem_run.run(dir, m, ratio, limit, limit_of(m.plain))?
                     }
                     (None, Some(rig)) => {
-                        rig.set_limit(Some(limit))?;
-                        rig.take_max_usage()?;
-                        let before = pswpin();
-                        let procs = rig.procs()?;
-                        let (f, out) = launch(
-                            &m.program,
-                            dir,
-                            system.name(),
-                            &[],
-                            limit_of(m.plain),
-                            None,
-                            Some(&procs),
-                        )?;
-                        let peak = rig.take_max_usage()?;
-                        rig.set_limit(None)?;
-                        let swapped_in = pswpin().saturating_sub(before) * 4096;
-                        finish(
-                            system,
-                            ratio,
-                            limit,
-                            &f,
-                            &out,
-                            &m.plain_out,
-                            Some(peak),
-                            Some(swapped_in),
-                        )
+                        under_swap(rig, system, dir, m, ratio, limit, limit_of(m.plain))?
                     }
                     (None, None) => unreachable!("a swap run without its rig"),
                 };
@@ -564,8 +522,8 @@ fn run_all(a: &ProgramsArgs, dir: &Path, progs: Vec<Program>) -> Result<(), Stri
                 );
                 m.runs.push(run);
             }
-            if let Some((mut s, _)) = servers {
-                rmem_cli::launch::finalize_all(&mut s, Duration::from_secs(5));
+            if let Some((s, _)) = servers.as_mut() {
+                rmem_cli::launch::finalize_all(s, Duration::from_secs(5));
             }
         }
         if let Some(r) = rig.as_mut() {
@@ -585,29 +543,91 @@ fn pswpin() -> u64 {
         .unwrap_or(0)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn finish(
+/// One program's runs under rmem: the `rmem` to run, the servers it connects to.
+struct RmemRun<'a> {
+    rmem: &'a Path,
+    servers: &'a [rmem_cli::launch::ServerProc],
+    token: &'a str,
+    /// --rmem-args.
+    extra: &'a [String],
+}
+
+impl RmemRun<'_> {
+    /// `m` under `rmem run --local LIMIT` on the servers (`--launcher none`), bounded by `bound`.
+    fn run(
+        &self,
+        dir: &Path,
+        m: &Measured,
+        ratio: u64,
+        limit: u64,
+        bound: Duration,
+    ) -> Result<Run, String> {
+        let mut text = format!("localhost {limit}\n");
+        for srv in self.servers {
+            let _ = writeln!(text, "{} {SERVER_CAPACITY}", srv.addr);
+        }
+        let hosts = write_file(dir, "hosts", &text)?;
+        let stats = dir.join(format!("{}-stats.json", m.program.name));
+        let _ = std::fs::remove_file(&stats);
+        let mut pre = vec![
+            self.rmem.to_string_lossy().into_owned(),
+            "run".into(),
+            "--launcher".into(),
+            "none".into(),
+            "--hostfile".into(),
+            hosts,
+            "--local".into(),
+            limit.to_string(),
+            "--stats-json".into(),
+            stats.to_string_lossy().into_owned(),
+        ];
+        pre.extend(self.extra.iter().cloned());
+        pre.push("--".into());
+        let env = [("RMEM_TOKEN", self.token.to_string())];
+        let (f, out) = launch(&m.program, dir, "rmem", &pre, bound, Some(&env), None)?;
+        let v: serde_json::Value = std::fs::read_to_string(&stats)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default();
+        let mut run = Run::new(System::Rmem, ratio, limit, &f, out == m.plain_out);
+        // A program `rmem run` did not reap (stopped at its limit, killed) has no peak of its
+        // own in `rmem run`'s usage.
+        if matches!(f.status, Status::Ok | Status::Failed) {
+            run.peak = Some(f.max_rss);
+        }
+        run.bytes_in = v["bytes_fetched"].as_u64();
+        Ok(run)
+    }
+}
+
+/// `m` under kernel swap (the rig's device on) with a cgroup limit of `limit`.
+fn under_swap(
+    rig: &mut SwapRig,
     system: System,
+    dir: &Path,
+    m: &Measured,
     ratio: u64,
     limit: u64,
-    f: &Finished,
-    out: &(u64, u64),
-    plain_out: &(u64, u64),
-    peak: Option<u64>,
-    bytes_in: Option<u64>,
-) -> Run {
-    let identical = f.status == Status::Ok && out == plain_out;
-    Run {
-        system,
-        ratio,
-        limit,
-        status: f.status,
-        seconds: f.wall,
-        identical,
-        peak,
-        bytes_in,
-        why: (f.status != Status::Ok).then(|| tail(&f.stderr)),
-    }
+    bound: Duration,
+) -> Result<Run, String> {
+    rig.set_limit(Some(limit))?;
+    rig.take_max_usage()?;
+    let before = pswpin();
+    let procs = rig.procs()?;
+    let (f, out) = launch(
+        &m.program,
+        dir,
+        system.name(),
+        &[],
+        bound,
+        None,
+        Some(&procs),
+    )?;
+    let mut run = Run::new(system, ratio, limit, &f, out == m.plain_out);
+    run.peak = Some(rig.take_max_usage()?);
+    rig.set_limit(None)?;
+    run.bytes_in = Some(pswpin().saturating_sub(before) * 4096);
+    Ok(run)
 }
 
 fn verdict(r: &Run) -> String {
