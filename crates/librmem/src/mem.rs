@@ -83,8 +83,8 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
 /// A private anonymous read-write mapping at no particular address: what a program's own
 /// allocator asks for (CPython's object arenas, OpenBLAS's buffers). Shared mappings (shared
 /// with fork children), file mappings, executable or inaccessible ones (reservations made
-/// accessible piece by piece), fixed addresses, stacks, huge pages and MAP_NORESERVE stay
-/// with the kernel.
+/// accessible piece by piece), fixed addresses, stacks, huge pages, MAP_LOCKED (resident at
+/// once, never paged) and MAP_NORESERVE stay with the kernel.
 fn plain_anon(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
     let others = libc::MAP_FIXED
         | libc::MAP_FIXED_NOREPLACE
@@ -92,6 +92,7 @@ fn plain_anon(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
         | libc::MAP_STACK
         | libc::MAP_HUGETLB
         | libc::MAP_NORESERVE
+        | libc::MAP_LOCKED
         | libc::MAP_32BIT;
     addr.is_null()
         && prot == libc::PROT_READ | libc::PROT_WRITE
