@@ -1017,7 +1017,16 @@ impl Core {
         let Some(pf) = &mut self.prefetcher else {
             return Ok(());
         };
-        let plan = pf.on_fault(page.0);
+        let states = &self.pages;
+        let plan = pf.on_fault(page.0, |q| {
+            !matches!(
+                states.get(PageIndex(q)),
+                PageState::Remote | PageState::Untouched
+            )
+        });
+        if let Some((from, to)) = plan.passed {
+            self.pages.passed(PageIndex(from), PageIndex(to));
+        }
         let pages = self.geo.len / self.geo.page_size;
         for q in plan.pages().map(PageIndex) {
             if !self.blocked.is_empty() {

@@ -198,9 +198,20 @@ impl Runtime {
     ) -> Result<Runtime, RuntimeError> {
         let tracing = trace.is_some();
         config.validate()?;
-        let policy = rmem_policy::by_name_with(&config.policy, &config.policy_params)
-            .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
         let ps = config.page_size as u64;
+        let budget_pages = config.local_pages();
+        // Trace mode records every reference: a prefetched page would hide its first one.
+        let prefetch_window_max = if config.prefetch && !tracing {
+            (PREFETCH_AHEAD_BYTES / ps).clamp(2, (budget_pages / 64).max(2))
+        } else {
+            0
+        };
+        let params = rmem_policy::PolicyParams {
+            prefetch_reach: (2 * prefetch_window_max).max(1),
+            ..config.policy_params.clone()
+        };
+        let policy = rmem_policy::by_name_with(&config.policy, &params)
+            .ok_or_else(|| RuntimeError::Policy(config.policy.clone()))?;
         let uffd = if config.fault_by_signal {
             Uffd::open_signal(config.uffd_user_mode_only)?
         } else {
@@ -218,7 +229,6 @@ impl Runtime {
                 source,
             })?;
         uffd.register(region.base(), region.len())?;
-        let budget_pages = config.local_pages();
         let slots = config.staging_slots();
         let staging = Staging::new(slots as usize, ps).map_err(|source| RuntimeError::Reserve {
             bytes: slots * ps,
@@ -248,12 +258,7 @@ impl Runtime {
             spin: config.spin,
             heartbeat: config.heartbeat,
             trace,
-            // Trace mode records every reference: a prefetched page would hide its first one.
-            prefetch_window_max: if config.prefetch && !tracing {
-                (PREFETCH_AHEAD_BYTES / ps).clamp(2, (budget_pages / 64).max(2))
-            } else {
-                0
-            },
+            prefetch_window_max,
         });
         let on_fatal: Arc<dyn Fn(&str) + Send + Sync> = Arc::from(on_fatal);
         let (handle, shared) = spawn_pager(pager, on_fatal.clone(), Start::Wait)?;

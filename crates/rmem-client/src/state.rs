@@ -153,6 +153,11 @@ impl PageStates {
         self.policy.on_miss(page);
     }
 
+    /// The program ran over `from..to` without faulting (a fault stream continued past them).
+    pub fn passed(&mut self, from: PageIndex, to: PageIndex) {
+        self.policy.on_passed(from, to);
+    }
+
     /// A front end that sees every access used the resident `page` (the block device).
     pub fn hit(&mut self, page: PageIndex) {
         if !self.locked.contains(&page) {
@@ -197,7 +202,13 @@ impl PageStates {
             self.table.transition(page, PageState::Untouched);
             return Landed::Released { slot: None };
         }
-        self.mapped(page, fill, None, Admission::Fetched)
+        // A prefetch nothing has touched yet is not a reference: the policy keeps it apart.
+        let how = if fill.prefetched {
+            Admission::Prefetched
+        } else {
+            Admission::Fetched
+        };
+        self.mapped(page, fill, None, how)
     }
 
     /// A page is mapped from a fetch or a staging slot: Clean or Dirty, admitted to the policy.

@@ -38,6 +38,9 @@ pub enum Admission {
     Fetched,
     /// Zero-filled locally: never written before.
     ZeroFilled,
+    /// Fetched ahead of the program by the prefetcher: nothing has touched it yet. Policies
+    /// that cannot tell take it as `Fetched`.
+    Prefetched,
     /// The page was just returned by [`Policy::select_victim`] but the runtime could not evict
     /// it yet (no write-back slot): it is held again, and this is not a new reference.
     Declined,
@@ -50,6 +53,9 @@ pub trait Policy: Send {
     /// `page` missed and is about to come in; victims chosen from now until the next miss
     /// make room for it. May be repeated for the same miss (a fault retried for room).
     fn on_miss(&mut self, _page: PageIndex) {}
+    /// The program ran over the pages `from..to` (a stream of misses continued past them):
+    /// those it holds were used, pages prefetched there included.
+    fn on_passed(&mut self, _from: PageIndex, _to: PageIndex) {}
     /// `page` is resident and may be chosen as a victim from now on.
     fn insert(&mut self, page: PageIndex, how: Admission);
     /// `page` took its first write since it became resident.
@@ -73,9 +79,10 @@ pub trait Policy: Send {
 pub const POLICY_NAMES: &[&str] = &["adaptive", "fifo", "history", "nru"];
 
 /// The default `--policy`: `adaptive` takes no more misses than fifo in every simulated
-/// pattern and, live, no more swap-ins than fifo on every real workload measured (within
-/// 0.01% on random access), and up to 0.4x fifo's on loops a little larger than memory
-/// (docs/benchmarks.md, "Page replacement").
+/// pattern and, live, no more swap-ins than fifo on the project's workloads (within 0.01% on
+/// random access), and up to 0.4x fifo's on loops a little larger than memory
+/// (docs/benchmarks.md, "Page replacement"); on the real programs of `rmem bench programs`
+/// it fetches 0.5-0.86x fifo's bytes, except numpy (up to 1.15x: docs/benchmarks.md).
 pub const DEFAULT_POLICY: &str = "adaptive";
 
 /// Tunable parameters, with the defaults `rmem run` uses.
@@ -86,6 +93,9 @@ pub struct PolicyParams {
     pub history_ratio: f64,
     /// `history`: most resident pages examined by one victim search (see [`History`]).
     pub history_scan_max: usize,
+    /// `adaptive`: how far (in pages) behind a demand miss a page fetched ahead of the
+    /// program counts as used (see [`Adaptive`]): the prefetcher's largest window.
+    pub prefetch_reach: u64,
 }
 
 impl Default for PolicyParams {
@@ -93,6 +103,7 @@ impl Default for PolicyParams {
         PolicyParams {
             history_ratio: 0.20,
             history_scan_max: 1024,
+            prefetch_reach: 32,
         }
     }
 }
@@ -111,7 +122,7 @@ pub fn by_name_with(name: &str, params: &PolicyParams) -> Option<Box<dyn Policy>
             params.history_scan_max,
         ))),
         "nru" => Some(Box::new(Nru::new())),
-        "adaptive" => Some(Box::new(Adaptive::new())),
+        "adaptive" => Some(Box::new(Adaptive::with_reach(params.prefetch_reach))),
         _ => None,
     }
 }
@@ -150,6 +161,8 @@ mod tests {
                             filling.remove(&f);
                             let how = if seen.insert(f) {
                                 Admission::ZeroFilled
+                            } else if x.is_multiple_of(3) {
+                                Admission::Prefetched
                             } else {
                                 Admission::Fetched
                             };
@@ -168,6 +181,12 @@ mod tests {
                         if let Some(&l) = leaving.iter().next() {
                             leaving.remove(&l);
                         }
+                    }
+                    6 if x.is_multiple_of(2) => {
+                        // A stream passed a range, in either order, empty included.
+                        let other = PageIndex((x >> 45) % 500);
+                        p.on_passed(page.min(other), page.max(other));
+                        p.on_passed(page, other);
                     }
                     _ => match p.select_victim() {
                         Some(v) => {

@@ -35,7 +35,9 @@ impl Policy for Nru {
         match how {
             // It was just taken from the old pages: it goes back where it was.
             Admission::Declined => self.old.insert(page),
-            Admission::Fetched | Admission::ZeroFilled => self.recent.insert(page),
+            Admission::Fetched | Admission::ZeroFilled | Admission::Prefetched => {
+                self.recent.insert(page)
+            }
         };
     }
 
