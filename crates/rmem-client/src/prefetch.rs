@@ -77,9 +77,7 @@ impl Stream {
             ahead == s.abs()
         }
     }
-}
 
-impl Stream {
     /// `page` is further along this confirmed stream and every page between is `here`
     /// (resident or on its way): the program ran over them.
     fn skipped_to(&self, page: u64, here: &impl Fn(u64) -> bool) -> bool {

@@ -53,7 +53,7 @@
 //! So they wait apart, in `ahead`, out of both choices, until the program has passed them: a
 //! stream of misses continued beyond them (`on_passed`: the prefetcher follows the streams,
 //! across pages this policy holds), or a demand miss at most `reach` pages after them (the
-//! prefetcher's windows are at most `reach` long); or until a resident count of admissions
+//! prefetcher's windows are shorter than `reach`); or until a resident count of admissions
 //! later (a stream that stopped).
 //! Should they ever be half the resident pages, the oldest of them is the victim.
 //!
@@ -61,7 +61,7 @@
 //! page it keeps 12 bytes in arrays indexed by page, grown to the highest page admitted.
 
 use crate::{Admission, PageIndex, PageSet, Policy, PolicyParams};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 const SCORE_MAX: i32 = 32;
 const REFRESH_EVERY: u64 = 64;
@@ -97,8 +97,9 @@ pub struct Adaptive {
     selections: u64,
     /// Sequential miss streams seen lately (loop mode's guard holds their current pages).
     streams: [Stream; STREAMS],
-    /// Prefetched pages not yet passed by a demand miss: page -> admission number.
-    ahead: BTreeMap<u64, u64>,
+    /// Prefetched pages the program has not passed yet (their admission numbers are in
+    /// `fetched_at`).
+    ahead: BTreeSet<u64>,
     /// The same pages by admission number (for aging and the oldest).
     ahead_by_seq: BTreeMap<u64, PageIndex>,
     /// A demand miss marks the prefetched pages up to this many pages before it as used.
@@ -124,7 +125,8 @@ impl Adaptive {
         Self::with_reach(PolicyParams::default().prefetch_reach)
     }
 
-    /// `reach`: the prefetcher's largest window, in pages.
+    /// `reach`: how far (in pages) behind a demand miss a prefetched page counts as used; at
+    /// least the prefetcher's largest window (`rmem run` gives twice it).
     pub fn with_reach(reach: u64) -> Self {
         Adaptive {
             reach: reach.max(1),
@@ -237,14 +239,15 @@ impl Adaptive {
             self.long.remove(&k);
         } else if self.young.get(&k) == Some(&page) {
             self.young.remove(&k);
-        } else if self.ahead.remove(&page.0).is_some() {
+        } else if self.ahead.remove(&page.0) {
             self.ahead_by_seq.remove(&k);
         }
     }
 
     /// A prefetched page joins the others by its admission number: it was used, or it
     /// waited too long.
-    fn join(&mut self, seq: u64, page: PageIndex) {
+    fn join(&mut self, page: PageIndex) {
+        let seq = self.fetched_at[page.0 as usize];
         self.ahead.remove(&page.0);
         self.ahead_by_seq.remove(&seq);
         self.young.insert(seq, page);
@@ -255,8 +258,8 @@ impl Adaptive {
         if from >= to {
             return;
         }
-        while let Some((&q, &k)) = self.ahead.range(from..to).next() {
-            self.join(k, PageIndex(q));
+        while let Some(&q) = self.ahead.range(from..to).next() {
+            self.join(PageIndex(q));
         }
     }
 
@@ -272,7 +275,7 @@ impl Adaptive {
             if k >= horizon {
                 break;
             }
-            self.join(k, p);
+            self.join(p);
         }
     }
 
@@ -290,7 +293,7 @@ impl Adaptive {
         for _ in 0..=self.ahead.len() {
             let v = self.resident.next_cyclic(self.cursor)?;
             self.cursor = PageIndex(v.0 + 1);
-            if self.ahead.contains_key(&v.0) {
+            if self.ahead.contains(&v.0) {
                 continue;
             }
             self.resident.remove(v);
@@ -318,7 +321,7 @@ impl Policy for Adaptive {
         self.vote(page.0 as usize, self.seq);
         self.follow(page.0, self.seq);
         if how == Admission::Prefetched {
-            self.ahead.insert(page.0, self.seq);
+            self.ahead.insert(page.0);
             self.ahead_by_seq.insert(self.seq, page);
         } else {
             self.young.insert(self.seq, page);

@@ -94,7 +94,8 @@ pub struct PolicyParams {
     /// `history`: most resident pages examined by one victim search (see [`History`]).
     pub history_scan_max: usize,
     /// `adaptive`: how far (in pages) behind a demand miss a page fetched ahead of the
-    /// program counts as used (see [`Adaptive`]): the prefetcher's largest window.
+    /// program counts as used (see [`Adaptive`]): the runtime sets twice the prefetcher's
+    /// largest window.
     pub prefetch_reach: u64,
 }
 
