@@ -30,6 +30,10 @@ pub struct RedundancyArgs {
     /// Local budget as a percentage of the data.
     #[arg(long, default_value_t = 25)]
     pub local_percent: u64,
+    /// Page size (the unit a fault fetches and a page is coded in): `rmem run`'s default
+    /// unless given.
+    #[arg(long, default_value = "64K")]
+    pub page_size: String,
     /// Layouts, comma-separated; the first is the one the others are compared with.
     #[arg(long, default_value = "none,replicas:2,ec:4+1,ec:8+2")]
     pub layouts: String,
@@ -92,6 +96,8 @@ fn procs_cpu(pids: &[u32]) -> f64 {
 
 pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
     let size = rmem_proto::size::parse_size(&a.size).map_err(err)?;
+    let page = rmem_proto::size::parse_size(&a.page_size)
+        .map_err(|e| format!("--page-size: {e}"))? as usize;
     let layouts = a
         .layouts
         .split(',')
@@ -110,10 +116,11 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
     let servers = layouts.iter().map(|l| l.width()).max().unwrap_or(1) + 1;
     let limits = crate::limits::measure(2000, 64)?;
     println!(
-        "rmem bench redundancy: {} MiB per workload, {}% local, 4 KiB pages, {servers} local \
+        "rmem bench redundancy: {} MiB per workload, {}% local, {} KiB pages, {servers} local \
          servers; loopback {:.1} Gbit/s, 4 KiB round trip {:.1} us",
         size >> 20,
         a.local_percent,
+        page >> 10,
         limits.loopback_gbps,
         limits.rtt_us_p50
     );
@@ -135,7 +142,7 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
     let mut rows: Vec<Row> = Vec::new();
     for &layout in &layouts {
         for &encrypt in encrypts {
-            let r = one(&a, size, servers, layout, encrypt)?;
+            let r = one(&a, size, page, servers, layout, encrypt)?;
             let base = rows.first().unwrap_or(&r);
             println!(
                 "  {:<12} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7.2}x {:>9.1} {:>9.1} {:>11} {:>9.2}s {:>7.2}s",
@@ -178,7 +185,7 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
         })
         .collect();
     a.out.write(&serde_json::json!({
-        "size": size, "local_percent": a.local_percent, "servers": servers,
+        "size": size, "local_percent": a.local_percent, "page_size": page, "servers": servers,
         "updates": a.updates, "passes": a.passes,
         "loopback_gbps": limits.loopback_gbps, "rtt_us_p50": limits.rtt_us_p50,
         "results": json_rows,
@@ -189,6 +196,7 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
 fn one(
     a: &RedundancyArgs,
     size: u64,
+    page: usize,
     servers: usize,
     layout: Redundancy,
     encrypt: bool,
@@ -201,7 +209,7 @@ fn one(
     let config = Config {
         servers: procs.iter().map(|s| s.addr.clone()).collect(),
         token: token.into_bytes(),
-        page_size: 4096,
+        page_size: page,
         local_bytes: local,
         region_bytes: 1 << 36,
         redundancy: Some(layout),

@@ -62,7 +62,8 @@ pub struct Layout {
 /// Most servers one client can address (a group member is 16 bits).
 pub const SERVERS_MAX: usize = u16::MAX as usize - 1;
 /// Pages being repaired at once: few enough that the program's own faults keep most of the
-/// links.
+/// links. (Measured at 64 KiB pages: 256 rebuilt no faster with the program idle, and 4
+/// while it ran made a drain half as fast: docs/benchmarks.md.)
 pub const REPAIR_WINDOW: usize = 32;
 /// A buried server is tried again this often, with this connect timeout, so that one that
 /// comes back takes new pages.
@@ -73,6 +74,8 @@ const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
 const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
 
 const CHUNK: usize = 1 << 16;
+/// Fetch buffers kept for reuse.
+const BUFS_KEPT: usize = 64;
 /// A group member that is no server: a piece not stored (fewer servers left than the
 /// redundancy puts a page on); repaired when one comes back.
 const NONE: u16 = u16::MAX;
@@ -163,7 +166,11 @@ struct Fetch {
     page: u64,
     stamp: Stamp,
     group: u16,
-    pieces: Vec<Option<Vec<u8>>>,
+    /// The pieces in, each in its slot (`Codec::decode`); empty for unsealed pages, which
+    /// are handed on as they come.
+    buf: Vec<u8>,
+    /// Pieces in `buf`.
+    have: u32,
     asked: u32,
     answered: u32,
     bad: u32,
@@ -205,11 +212,12 @@ enum Todo {
         unit: Vec<u8>,
         refused: Option<usize>,
     },
-    /// A repair's read decoded: write the missing pieces.
+    /// A repair's read checked: write the pieces that moved, from `units` (every piece, as
+    /// the servers store them).
     RepairWrite {
         page: u64,
         stamp: Stamp,
-        data: Vec<u8>,
+        units: Vec<u8>,
     },
     /// A repair's writes are all acknowledged.
     Repaired,
@@ -241,7 +249,10 @@ struct Book {
     /// Servers leaving the pool (a drain): still read, never given new pieces; their pages
     /// move elsewhere like a repair whose source is still there.
     draining: Vec<bool>,
-    page_buf: Vec<u8>,
+    /// Fetch buffers to reuse (`Codec::slots` units each).
+    bufs: Vec<Vec<u8>>,
+    /// A sealed page's copy, to check a repair's seal on.
+    scratch: Vec<u8>,
     counters: Arc<StoreCounters>,
 }
 
@@ -327,11 +338,9 @@ impl Book {
                     // A move off a draining server: write it where it goes.
                     let (page, stamp) = (fe.page, fe.stamp);
                     self.ops.remove(&op);
-                    todo.push(Todo::RepairWrite {
-                        page,
-                        stamp,
-                        data: data.to_vec(),
-                    });
+                    let mut units = self.take_buf();
+                    units.copy_from_slice(data);
+                    todo.push(Todo::RepairWrite { page, stamp, units });
                     return;
                 }
                 if self.codec.plain() {
@@ -344,7 +353,12 @@ impl Book {
                     });
                     return;
                 }
-                fe.pieces[p] = Some(data.to_vec());
+                let (unit, slot) = (self.codec.unit_len(), self.codec.slot_of(p));
+                if fe.have & !bit(p) != 0 && self.codec.slots() == 1 {
+                    return; // a second copy: the first is being decoded
+                }
+                fe.buf[slot * unit..(slot + 1) * unit].copy_from_slice(data);
+                fe.have |= bit(p);
                 self.try_decode(op, f, todo);
             }
             Answer::Missing { op, piece } => {
@@ -399,89 +413,119 @@ impl Book {
         }
     }
 
-    /// A fetch with a new piece in: decode when enough are; a bad seal asks for more.
+    /// A fetch buffer: one reused, or a new one.
+    fn take_buf(&mut self) -> Vec<u8> {
+        let len = self.codec.slots() * self.codec.unit_len();
+        let mut b = self.bufs.pop().unwrap_or_default();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Keep a fetch buffer for the next fetch (a few: as many as fetches overlap).
+    fn give_buf(&mut self, b: Vec<u8>) {
+        if self.bufs.len() < BUFS_KEPT && !b.is_empty() {
+            self.bufs.push(b);
+        }
+    }
+
+    /// A fetch with a new piece in: decode when enough are (a repair: rebuild every piece);
+    /// a bad seal asks for more.
     fn try_decode(&mut self, op: u64, f: &mut dyn FnMut(Completion<'_>), todo: &mut Vec<Todo>) {
         let needed = self.codec.redundancy().needed();
         let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
             return;
         };
-        let have = fe.pieces.iter().filter(|p| p.is_some()).count();
-        if have < needed {
+        if (fe.have.count_ones() as usize) < needed {
             return;
         }
         let outstanding = (fe.asked & !fe.answered) != 0;
         if fe.all && outstanding {
             return; // every piece was asked after a bad seal: try once all are in
         }
-        let mut out = std::mem::take(&mut self.page_buf);
+        let codec = &self.codec;
+        let (page, stamp) = (fe.page, fe.stamp);
         let ok = if !fe.all {
-            let mut pieces = fe.pieces.clone();
-            self.codec
-                .decode(fe.page, fe.stamp, &mut pieces, &mut out)
-                .is_ok()
+            // In place: a repair leaves the pieces as they came whatever the seal says; a
+            // fetch decrypts them, so under encryption a bad seal leaves the data fragments
+            // to be asked again.
+            let r = if fe.repair {
+                codec.rebuild(page, stamp, &mut fe.buf, fe.have, &mut self.scratch)
+            } else {
+                codec.decode(page, stamp, &mut fe.buf, fe.have)
+            };
+            if r.is_err() && !fe.repair && codec.encrypted() && needed > 1 {
+                let data = (1u32 << needed) - 1;
+                let spoilt = fe.have & data;
+                fe.have &= !spoilt;
+                fe.asked &= !spoilt;
+                fe.answered &= !spoilt;
+            }
+            r.is_ok()
         } else {
-            // Without each piece in turn, then the bad one is known.
+            // Without each piece in turn, on a copy, then the bad one is known.
             let mut found = false;
-            for leave in 0..fe.pieces.len() {
-                if fe.pieces[leave].is_none() {
+            let mut copy = std::mem::take(&mut self.scratch);
+            for leave in (0..32).filter(|&i| fe.have & bit(i) != 0) {
+                let have = fe.have & !bit(leave);
+                if (have.count_ones() as usize) < needed {
                     continue;
                 }
-                let mut pieces = fe.pieces.clone();
-                pieces[leave] = None;
-                if pieces.iter().filter(|p| p.is_some()).count() < needed {
-                    continue;
-                }
-                if self
-                    .codec
-                    .decode(fe.page, fe.stamp, &mut pieces, &mut out)
-                    .is_ok()
-                {
-                    fe.pieces[leave] = None;
+                copy.clear();
+                copy.extend_from_slice(&fe.buf);
+                let mut spare = Vec::new();
+                let r = if fe.repair {
+                    codec.rebuild(page, stamp, &mut copy, have, &mut spare)
+                } else {
+                    codec.decode(page, stamp, &mut copy, have)
+                };
+                if r.is_ok() {
+                    std::mem::swap(&mut fe.buf, &mut copy);
+                    fe.have = have;
                     fe.bad |= bit(leave);
                     self.counters.pieces_bad.fetch_add(1, Relaxed);
                     found = true;
                     break;
                 }
             }
+            self.scratch = copy;
             found
         };
         if ok {
-            let (page, stamp, repair) = (fe.page, fe.stamp, fe.repair);
-            self.ops.remove(&op);
-            if repair {
+            let Some(Op::Fetch(fe)) = self.ops.remove(&op) else {
+                unreachable!()
+            };
+            if fe.repair {
                 todo.push(Todo::RepairWrite {
                     page,
                     stamp,
-                    data: out.clone(),
+                    units: fe.buf,
                 });
             } else {
                 self.unbusy(page, op);
                 f(Completion::Fetched {
                     page: PageIndex(page),
-                    data: &out,
+                    data: &fe.buf[..self.codec.page_size()],
                 });
+                self.give_buf(fe.buf);
             }
-            self.page_buf = out;
             return;
         }
-        self.page_buf = out;
-        if self.codec.redundancy().needed() == 1 {
+        let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
+            unreachable!()
+        };
+        if needed == 1 {
             // A replica that fails its seal: it is bad; ask another.
-            for p in 0..fe.pieces.len() {
-                if fe.pieces[p].take().is_some() {
-                    fe.bad |= bit(p);
-                    self.counters.pieces_bad.fetch_add(1, Relaxed);
-                }
-            }
+            fe.bad |= fe.have;
+            self.counters
+                .pieces_bad
+                .fetch_add(u64::from(fe.have.count_ones()), Relaxed);
+            fe.have = 0;
         } else if !fe.all {
             fe.all = true;
         } else {
             // Every subset failed: nothing here is this page.
-            for p in 0..fe.pieces.len() {
-                if fe.pieces[p].take().is_some() {
-                    fe.bad |= bit(p);
-                }
-            }
+            fe.bad |= fe.have;
+            fe.have = 0;
         }
         todo.push(Todo::Ask(op));
     }
@@ -601,7 +645,8 @@ impl RemoteStore {
         };
         let mut store = RemoteStore {
             book: Book {
-                page_buf: vec![0; page_size],
+                bufs: Vec::new(),
+                scratch: Vec::new(),
                 codec: Arc::new(codec),
                 meta: Meta::default(),
                 groups: Groups::default(),
@@ -851,12 +896,15 @@ impl RemoteStore {
 
     /// Servers for a page that has none: `width` distinct live servers in placement order
     /// from the page's start, not known to be full first; else any that has not refused it.
-    fn choose(&self, page: u64, keep: &[u16]) -> Result<Vec<u16>, StoreError> {
+    /// `spread`: the page's start is its own (as under stripe) whatever the placement, so that
+    /// the pages of a lost or draining server are rebuilt over all the others at once, not
+    /// all onto the next one in line.
+    fn choose(&self, page: u64, keep: &[u16], spread: bool) -> Result<Vec<u16>, StoreError> {
         let n = self.conns.len();
         let w = self.book.codec.redundancy().width();
         let start = match self.placement {
-            Placement::Priority | Placement::Free => 0,
-            Placement::Stripe => (page % n as u64) as usize,
+            Placement::Priority | Placement::Free if !spread => 0,
+            _ => (page % n as u64) as usize,
         };
         let refused = self.refusals.get(&page).map_or(&[][..], |r| r.as_slice());
         let mut order: Vec<u16> = (0..n)
@@ -866,12 +914,15 @@ impl RemoteStore {
             .collect();
         if self.placement == Placement::Free {
             // Servers with room for a unit first, of those the RAM tier first (a disk-backed
-            // server only when the RAM servers are full), then the most free memory.
+            // server only when the RAM servers are full), then the most free memory (spread:
+            // the page's start, since what a server last said it has free is the same for
+            // every page of a rebuild).
             let unit = self.book.unit() as u64;
             let key = |s: &u16| {
                 let c = &self.conns[*s as usize];
                 let free = c.capacity_bytes.saturating_sub(c.used_bytes);
-                (c.full || free < unit, c.disk, std::cmp::Reverse(free))
+                let most = if spread { 0 } else { free };
+                (c.full || free < unit, c.disk, std::cmp::Reverse(most))
             };
             order.sort_by_key(key);
         }
@@ -977,7 +1028,7 @@ impl RemoteStore {
             }
             None => {
                 self.within_grant(page)?;
-                self.choose(page, &[])?
+                self.choose(page, &[], false)?
             }
         };
         let g = self.book.groups.intern(&members);
@@ -1001,7 +1052,7 @@ impl RemoteStore {
             .copied()
             .filter(|&s| self.book.placeable(s))
             .collect();
-        let fresh = self.choose(page, &keep)?;
+        let fresh = self.choose(page, &keep, true)?;
         let mut extra = fresh[keep.len()..].iter();
         Ok(members
             .iter()
@@ -1045,13 +1096,10 @@ impl RemoteStore {
     }
 
     /// Start writing `data` as `page`: a new version, its pieces to its group.
-    fn start_store(&mut self, page: u64, data: &[u8], repair: bool) -> Result<u64, StoreError> {
-        let (g, changed) = self.target(page)?;
-        let w = self.book.codec.redundancy().width();
+    fn start_store(&mut self, page: u64, data: &[u8]) -> Result<u64, StoreError> {
+        let (g, _) = self.target(page)?;
         let stamp = if self.book.codec.plain() {
             Stamp::default()
-        } else if repair {
-            self.book.meta.stamp(page)
         } else {
             let v = self
                 .book
@@ -1065,22 +1113,49 @@ impl RemoteStore {
             self.book.meta.set_stamp(page, v);
             v
         };
-        // A repair writes only the pieces that moved, with the same version: the same bytes.
+        let all = (1u32 << self.book.codec.redundancy().width()) - 1;
+        if self.book.codec.plain() {
+            return Ok(self.send_store(page, g, stamp, all, data, false));
+        }
+        let mut units = std::mem::take(&mut self.units);
+        self.book.codec.encode(page, stamp, data, &mut units);
+        let op = self.send_store(page, g, stamp, all, &units, false);
+        self.units = units;
+        Ok(op)
+    }
+
+    /// Write the pieces of `page` that moved (a repair, or a move off a draining server):
+    /// from `units`, every piece as the servers store it, sealed as `stamp` (the version the
+    /// page has: the same bytes).
+    fn start_repair_store(
+        &mut self,
+        page: u64,
+        stamp: Stamp,
+        units: &[u8],
+    ) -> Result<u64, StoreError> {
+        let (g, changed) = self.target(page)?;
+        Ok(self.send_store(page, g, stamp, changed, units, true))
+    }
+
+    /// Send the pieces in `mask` of `page` to group `g`'s members (those that are servers)
+    /// and wait for them as one store.
+    fn send_store(
+        &mut self,
+        page: u64,
+        g: u16,
+        stamp: Stamp,
+        mask: u32,
+        units: &[u8],
+        repair: bool,
+    ) -> u64 {
         let real = self.book.groups.members[g as usize]
             .iter()
             .enumerate()
             .filter(|&(_, &s)| s != NONE)
             .fold(0, |m, (i, _)| m | bit(i));
-        let mask = if repair { changed } else { (1u32 << w) - 1 } & real;
+        let mask = mask & real;
         let op = self.book.op_id();
-        let mut units = std::mem::take(&mut self.units);
-        if self.book.codec.plain() {
-            self.send_pieces(op, page, g, mask, data);
-        } else {
-            self.book.codec.encode(page, stamp, data, &mut units);
-            self.send_pieces(op, page, g, mask, &units);
-        }
-        self.units = units;
+        self.send_pieces(op, page, g, mask, units);
         self.book.ops.insert(
             op,
             Op::Store(Store {
@@ -1095,7 +1170,7 @@ impl RemoteStore {
             self.todo.push(Todo::Repaired);
             self.book.ops.remove(&op);
         }
-        Ok(op)
+        op
     }
 
     /// Start reading `page` from its group: one copy, or K+1 fragments (late binding: the
@@ -1109,7 +1184,11 @@ impl RemoteStore {
                 server: "(none)".into(),
                 what: format!("page {page} has no remote copy to fetch"),
             })?;
-        let w = self.book.codec.redundancy().width();
+        let buf = if self.book.codec.plain() {
+            Vec::new()
+        } else {
+            self.book.take_buf()
+        };
         let op = self.book.op_id();
         self.book.ops.insert(
             op,
@@ -1117,7 +1196,8 @@ impl RemoteStore {
                 page,
                 stamp: self.book.meta.stamp(page),
                 group: g,
-                pieces: vec![None; w],
+                buf,
+                have: 0,
                 asked: 0,
                 answered: 0,
                 bad: 0,
@@ -1139,7 +1219,7 @@ impl RemoteStore {
         };
         let (page, g) = (fe.page, fe.group);
         let members = self.book.groups.members[g as usize].clone();
-        let have = fe.pieces.iter().filter(|p| p.is_some()).count();
+        let have = fe.have.count_ones() as usize;
         let outstanding = (fe.asked & !fe.answered).count_ones() as usize;
         let want = if fe.all {
             usize::MAX
@@ -1242,7 +1322,7 @@ impl RemoteStore {
             .map(|(_, s)| s)
             .collect();
         let others: Vec<u16> = others.into_iter().filter(|&s| s != NONE).collect();
-        let mut chosen = self.choose(page, &others)?;
+        let mut chosen = self.choose(page, &others, false)?;
         chosen.retain(|&s| s != NONE);
         members[piece as usize] = if chosen.len() > others.len() {
             chosen.pop().expect("one more")
@@ -1397,13 +1477,15 @@ impl RemoteStore {
                     unit,
                     refused,
                 } => self.place(op, piece, unit, refused, f)?,
-                Todo::RepairWrite { page, stamp, data } => {
+                Todo::RepairWrite { page, stamp, units } => {
                     let unchanged = self.book.meta.group(page).is_some()
                         && self.book.meta.stamp(page) == stamp
                         && !self.book.busy.contains_key(&page);
                     if unchanged {
-                        self.start_store(page, &data, true)?;
-                    } else {
+                        self.start_repair_store(page, stamp, &units)?;
+                    }
+                    self.book.give_buf(units);
+                    if !unchanged {
                         self.repair.in_flight -= 1;
                         self.repair.queue.push_back(page);
                     }
@@ -1603,7 +1685,7 @@ impl PageStore for RemoteStore {
 
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
         debug_assert_eq!(data.len(), self.book.codec.page_size());
-        let op = self.start_store(page.0, data, false)?;
+        let op = self.start_store(page.0, data)?;
         self.book.busy.insert(page.0, op);
         Ok(())
     }
@@ -1631,7 +1713,8 @@ impl PageStore for RemoteStore {
                 page: page.0,
                 stamp: Stamp::default(),
                 group: pg,
-                pieces: vec![None],
+                buf: Vec::new(),
+                have: 0,
                 asked: 1,
                 answered: 0,
                 bad: 0,
@@ -1857,7 +1940,8 @@ impl PageStore for RemoteStore {
                 busy: HashMap::new(),
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
-                page_buf: vec![0; self.book.codec.page_size()],
+                bufs: Vec::new(),
+                scratch: Vec::new(),
                 counters,
             },
             placement: self.placement,

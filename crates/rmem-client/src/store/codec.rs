@@ -234,16 +234,40 @@ impl Codec {
         xxhash_rust::xxh3::xxh3_128_with_seed(data, seed).to_le_bytes()
     }
 
-    /// The pieces of `page` sealed as `stamp`: `width` units of `unit_len` bytes, one after
-    /// the other, into `out` (replaced).
+    /// Slots of `unit_len` bytes in the buffer a fetch gathers a page's pieces in (see
+    /// [`Codec::decode`]): one per fragment, or one for a copy (every replica stores the same
+    /// unit).
+    pub fn slots(&self) -> usize {
+        match self.redundancy {
+            Redundancy::Ec { k, m } => k as usize + m as usize,
+            _ => 1,
+        }
+    }
+
+    /// The slot piece `piece` goes in.
+    pub fn slot_of(&self, piece: usize) -> usize {
+        match self.redundancy {
+            Redundancy::Ec { .. } => piece,
+            _ => 0,
+        }
+    }
+
+    /// Bytes of a sealed page: the page and its seal.
+    fn sealed_len(&self) -> usize {
+        self.page_size
+            + if matches!(self.seal, Seal::Plain) {
+                0
+            } else {
+                SEAL_LEN
+            }
+    }
+
+    /// `page` sealed as `stamp`, as the servers store it, into `out` (replaced): the `width`
+    /// fragments one after the other (ec), or the one unit every copy is.
     pub fn encode(&self, page: u64, stamp: Stamp, data: &[u8], out: &mut Vec<u8>) {
         assert_eq!(data.len(), self.page_size);
-        let w = self.redundancy.width();
         out.clear();
-        match self.redundancy {
-            Redundancy::Ec { .. } => out.resize(w * self.unit_len, 0),
-            _ => out.resize(self.unit_len, 0),
-        }
+        out.resize(self.slots() * self.unit_len, 0);
         out[..data.len()].copy_from_slice(data);
         let ps = self.page_size;
         match &self.seal {
@@ -259,56 +283,83 @@ impl Codec {
                 out[ps..ps + SEAL_LEN].copy_from_slice(tag.as_ref());
             }
         }
-        match self.redundancy {
-            Redundancy::Ec { .. } => {
-                let rs = self.rs.as_ref().expect("ec has a coder");
-                let mut shards: Vec<&mut [u8]> = out.chunks_mut(self.unit_len).collect();
-                rs.encode(&mut shards).expect("equal shards");
-            }
-            Redundancy::Replicas(n) => {
-                let unit = self.unit_len;
-                for _ in 1..n {
-                    out.extend_from_within(..unit);
-                }
-            }
-            Redundancy::None => {}
+        if let Some(rs) = &self.rs {
+            let mut shards: Vec<&mut [u8]> = out.chunks_mut(self.unit_len).collect();
+            rs.encode(&mut shards).expect("equal shards");
         }
     }
 
-    /// The page sealed as `stamp` from its pieces (`pieces[i]`: piece i, `unit_len` bytes, or
-    /// `None`; at least [`Redundancy::needed`] of them), into `out` (`page_size` bytes).
-    /// `Err` when the seal does not match.
+    /// Fill the slots of `buf` that `have` (a mask of pieces) lacks from the others: the data
+    /// fragments only, or (`all`) the parity ones too. A copy's one slot is there or not.
+    fn reconstruct(&self, buf: &mut [u8], have: u32, all: bool) -> Result<(), Unsealed> {
+        let Some(rs) = &self.rs else {
+            return if have != 0 { Ok(()) } else { Err(Unsealed) };
+        };
+        let (w, k) = (self.slots(), self.redundancy.needed());
+        let lacking = (0..w).any(|i| have & (1 << i) == 0 && (all || i < k));
+        if !lacking {
+            return Ok(());
+        }
+        let mut shards: Vec<(&mut [u8], bool)> = buf[..w * self.unit_len]
+            .chunks_mut(self.unit_len)
+            .enumerate()
+            .map(|(i, s)| (s, have & (1 << i) != 0))
+            .collect();
+        let r = if all {
+            rs.reconstruct(&mut shards)
+        } else {
+            rs.reconstruct_data(&mut shards)
+        };
+        r.map_err(|_| Unsealed)
+    }
+
+    /// The page from the pieces a fetch gathered in `buf` ([`Codec::slots`] slots of
+    /// `unit_len` bytes; piece i in slot [`Codec::slot_of`]`(i)`, for each bit i of `have`,
+    /// at least [`Redundancy::needed`] of them), in place: missing data fragments rebuilt,
+    /// the seal checked and the page decrypted, it is `buf[..page_size]`. `Err` when the seal
+    /// does not match; under encryption the pieces in `buf` are then no longer what came.
     pub fn decode(
         &self,
         page: u64,
         stamp: Stamp,
-        pieces: &mut [Option<Vec<u8>>],
-        out: &mut [u8],
+        buf: &mut [u8],
+        have: u32,
     ) -> Result<(), Unsealed> {
-        assert_eq!(out.len(), self.page_size);
-        let ps = self.page_size;
-        let mut sealed;
-        let whole: &mut [u8] = match self.redundancy {
-            Redundancy::Ec { k, .. } => {
-                let k = k as usize;
-                if pieces[..k].iter().any(Option::is_none) {
-                    let rs = self.rs.as_ref().expect("ec has a coder");
-                    rs.reconstruct_data(pieces).map_err(|_| Unsealed)?;
+        self.reconstruct(buf, have, false)?;
+        let n = self.sealed_len();
+        self.open(page, stamp, &mut buf[..n])
+    }
+
+    /// Every piece of the page rebuilt in `buf` (laid out as for [`Codec::decode`]) as the
+    /// servers store it, sealed, and the seal checked without changing them (under
+    /// encryption on a copy in `scratch`): what a repair writes. `Err` when the seal does not
+    /// match; the pieces that came are unchanged either way.
+    pub fn rebuild(
+        &self,
+        page: u64,
+        stamp: Stamp,
+        buf: &mut [u8],
+        have: u32,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), Unsealed> {
+        self.reconstruct(buf, have, true)?;
+        let sealed = &buf[..self.sealed_len()];
+        match &self.seal {
+            Seal::Plain => Ok(()),
+            Seal::Checksum => {
+                let ps = self.page_size;
+                if Self::checksum(page, stamp.version, &sealed[..ps])[..] == sealed[ps..] {
+                    Ok(())
+                } else {
+                    Err(Unsealed)
                 }
-                sealed = Vec::with_capacity(k * self.unit_len);
-                for p in &pieces[..k] {
-                    sealed.extend_from_slice(p.as_deref().expect("reconstructed"));
-                }
-                &mut sealed
             }
-            _ => pieces
-                .iter_mut()
-                .find_map(Option::as_deref_mut)
-                .ok_or(Unsealed)?,
-        };
-        self.open(page, stamp, whole)?;
-        out.copy_from_slice(&whole[..ps]);
-        Ok(())
+            Seal::Aead(_) => {
+                scratch.clear();
+                scratch.extend_from_slice(sealed);
+                self.open(page, stamp, scratch)
+            }
+        }
     }
 
     /// Check (and decrypt, in place) one sealed page.
@@ -367,11 +418,11 @@ mod tests {
         Stamp { version, key: 0 }
     }
 
-    fn pieces(c: &Codec, units: &[u8]) -> Vec<Option<Vec<u8>>> {
-        units
-            .chunks(c.unit_len())
-            .map(|u| Some(u.to_vec()))
-            .collect()
+    /// Decode a page from every piece of `units` (as `encode` wrote them), and return it.
+    fn decoded(c: &Codec, page: u64, stamp: Stamp, units: &[u8]) -> Result<Vec<u8>, Unsealed> {
+        let mut buf = units.to_vec();
+        c.decode(page, stamp, &mut buf, (1 << c.slots()) - 1)?;
+        Ok(buf[..c.page_size()].to_vec())
     }
 
     #[test]
@@ -401,21 +452,29 @@ mod tests {
                 let data = page(7);
                 let mut units = Vec::new();
                 c.encode(9, v(3), &data, &mut units);
-                let w = c.redundancy().width();
+                let w = c.slots();
                 assert_eq!(units.len(), w * c.unit_len());
                 if encrypt {
                     assert_ne!(&units[..4096], &data[..], "{r}: ciphertext");
                 }
-                let lose = c.redundancy().tolerates();
+                let lose = if w > 1 { c.redundancy().tolerates() } else { 0 };
                 for first in 0..w {
-                    let mut p = pieces(&c, &units);
+                    // The pieces lost hold garbage: neither call may read them.
+                    let mut have = (1u32 << w) - 1;
+                    let mut buf = units.clone();
                     for i in 0..lose {
-                        p[(first + i) % w] = None;
+                        let s = (first + i) % w;
+                        have &= !(1 << s);
+                        buf[s * c.unit_len()..(s + 1) * c.unit_len()].fill(0xA5);
                     }
-                    let mut out = vec![0u8; 4096];
-                    c.decode(9, v(3), &mut p, &mut out).unwrap();
+                    let mut rebuilt = buf.clone();
+                    c.rebuild(9, v(3), &mut rebuilt, have, &mut Vec::new())
+                        .unwrap();
+                    assert_eq!(rebuilt, units, "{r} encrypt={encrypt} rebuilt from {first}");
+                    c.decode(9, v(3), &mut buf, have).unwrap();
                     assert_eq!(
-                        out, data,
+                        &buf[..4096],
+                        &data[..],
                         "{r} encrypt={encrypt} without {lose} from {first}"
                     );
                 }
@@ -434,23 +493,23 @@ mod tests {
             let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
             let mut units = Vec::new();
             c.encode(9, v(3), &page(1), &mut units);
-            let mut out = vec![0u8; 4096];
-            assert_eq!(
-                c.decode(10, v(3), &mut pieces(&c, &units), &mut out),
-                Err(Unsealed),
-                "{r}"
-            );
-            assert_eq!(
-                c.decode(9, v(2), &mut pieces(&c, &units), &mut out),
-                Err(Unsealed),
-                "{r}"
-            );
+            let all = (1u32 << c.slots()) - 1;
+            assert_eq!(decoded(&c, 10, v(3), &units), Err(Unsealed), "{r}");
+            assert_eq!(decoded(&c, 9, v(2), &units), Err(Unsealed), "{r}");
             let mut bad = units.clone();
             bad[100] ^= 1;
+            assert_eq!(decoded(&c, 9, v(3), &bad), Err(Unsealed), "{r}");
+            // A repair checks the seal too, and leaves what came as it was.
+            let mut buf = bad.clone();
+            let mut scratch = Vec::new();
             assert_eq!(
-                c.decode(9, v(3), &mut pieces(&c, &bad), &mut out),
-                Err(Unsealed),
-                "{r}"
+                c.rebuild(9, v(3), &mut buf, all, &mut scratch),
+                Err(Unsealed)
+            );
+            assert_eq!(buf, bad, "{r}");
+            assert_eq!(
+                c.rebuild(10, v(3), &mut buf, all, &mut scratch),
+                Err(Unsealed)
             );
         }
     }
@@ -461,11 +520,11 @@ mod tests {
         let child = parent.forked(&new_key().unwrap()).unwrap();
         let mut old = Vec::new();
         parent.encode(9, v(3), &page(1), &mut old);
-        let mut out = vec![0u8; 4096];
-        child
-            .decode(9, v(3), &mut pieces(&child, &old), &mut out)
-            .unwrap();
-        assert_eq!(out, page(1), "the parent's page, opened by the child");
+        assert_eq!(
+            decoded(&child, 9, v(3), &old).unwrap(),
+            page(1),
+            "the parent's page, opened by the child"
+        );
         // Both go on to version 4 of page 9 with different contents.
         let (ps, cs) = (
             parent.next_stamp(v(3)).unwrap(),
@@ -480,14 +539,11 @@ mod tests {
         let xor = |x: &[u8], y: &[u8]| x.iter().zip(y).map(|(p, q)| p ^ q).collect::<Vec<_>>();
         assert_ne!(xor(&a[..4096], &b[..4096]), xor(&page(2), &page(3)));
         assert_eq!(
-            parent.decode(9, cs, &mut pieces(&parent, &b), &mut out),
+            decoded(&parent, 9, cs, &b),
             Err(Unsealed),
             "the parent has no key of its child's"
         );
-        child
-            .decode(9, cs, &mut pieces(&child, &b), &mut out)
-            .unwrap();
-        assert_eq!(out, page(3));
+        assert_eq!(decoded(&child, 9, cs, &b).unwrap(), page(3));
         let mut deep = child;
         for _ in 2..KEYS_MAX {
             deep = deep.forked(&[7; 32]).unwrap();
