@@ -230,7 +230,7 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
         };
         let st = state.status();
         let mut flags = 0;
-        if LEAVING.load(Ordering::Relaxed) {
+        if LEAVING.load(Ordering::Relaxed) || DRAIN_ASKED.load(Ordering::Relaxed) {
             flags |= rmem_proto::pool::SERVER_DRAINING;
         }
         if RECLAIMING.load(Ordering::Relaxed) {
@@ -290,6 +290,11 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
         // Drained: nothing left on it for two beats in a row (clients see it leave in
         // between, so none is surprised by the closed links), then it goes.
         if flags & rmem_proto::pool::ACK_DRAIN != 0 {
+            // From now on its own beats say it is leaving: a manager restarted before the
+            // drain is done learns it from them, as for a SIGTERM.
+            if !DRAIN_ASKED.swap(true, Ordering::Relaxed) {
+                log::info!("{listen}: asked to drain: leaving once nothing is left on it");
+            }
             empty_beats = if drained.used_bytes() == 0 {
                 empty_beats + 1
             } else {
@@ -318,6 +323,10 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
 
 /// Set by the first SIGTERM to a server in a pool: its beats say it is draining.
 static LEAVING: AtomicBool = AtomicBool::new(false);
+/// Set by the manager's first ack that asks for a drain (`rmem pool drain`): its beats say it
+/// is draining too, so that the drain outlives the manager. (Not `LEAVING`: a SIGTERM after it
+/// starts a leave, it does not end the server at once.)
+static DRAIN_ASKED: AtomicBool = AtomicBool::new(false);
 /// Set while the node is short of memory (`--reclaim-below`): its beats say it is reclaiming.
 static RECLAIMING: AtomicBool = AtomicBool::new(false);
 /// What `--reclaim-below` lets the server lend now (`u64::MAX`: no limit of its own).

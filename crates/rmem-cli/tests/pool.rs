@@ -3,7 +3,8 @@
 //! runs (one as `nobody` when run as root); a server that joins mid-run and receives pages
 //! while the 8-thread verifying stress runs; the manager killed and restarted mid-run (the
 //! programs finish, `rmem pool status` is right again within a few heartbeats) and one client
-//! killed without touching the other's pages; a server drained mid-run (`rmem pool drain`)
+//! killed without touching the other's pages; a drain that could not finish, asked before the
+//! manager restarted, finished after it; a server drained mid-run (`rmem pool drain`)
 //! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
 //! exits; a disk-backed server (`--store file:`) that takes pages only once the RAM server is
 //! full, and a persisted one killed and restarted mid-run without a wrong or lost page; a
@@ -179,6 +180,49 @@ fn stress_holding_on(manager: &str, server: &str) -> Child {
     })
     .unwrap();
     run
+}
+
+/// A drain asked by `rmem pool drain` outlives the manager: the server, told by an ack, says
+/// it is leaving in its own beats, and a restarted manager goes on with it. The drain cannot
+/// finish at first (no other server); the manager is killed and restarted; a second server
+/// joins; the first moves its pages there (or its program frees them) and exits drained.
+#[test]
+fn a_drain_asked_before_the_manager_restarts_goes_on_after_it() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let addr = m.addr.clone();
+    let mut first = servers(&addr, 1, "256M");
+    await_status(&addr, Duration::from_secs(10), |st| live_servers(st) == 1).unwrap();
+    let run = stress_holding_on(&addr, &first[0].addr);
+    let drain = run_bounded(
+        Command::new(rmem())
+            .args(["pool", "drain", &first[0].addr, "--manager", &addr])
+            .args(["--wait", "1"])
+            .env("RMEM_TOKEN", TOKEN),
+        Duration::from_secs(30),
+    );
+    assert!(!drain.status.success(), "nowhere to go: {}", shown(&drain));
+    assert!(drain.stderr.contains("no room"), "{}", shown(&drain));
+    let t = Instant::now();
+    while !first[0].log().contains("asked to drain") && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        first[0].log().contains("asked to drain"),
+        "{}",
+        first[0].log()
+    );
+    drop(m); // SIGKILL
+    let m = ManagerProcess::start(&addr, &[]);
+    await_status(&addr, Duration::from_secs(10), |st| {
+        server_row(st, &first[0].addr)["health"] == "draining"
+    })
+    .unwrap();
+    let _second = servers(&addr, 1, "256M");
+    assert_exits_drained(&mut first[0], Duration::from_secs(60));
+    let out = wait_bounded(run, Duration::from_secs(240), "stress under a drain");
+    assert_stress_ok(&out);
+    assert!(m.log().contains("draining (it is leaving)"), "{}", m.log());
 }
 
 #[test]
