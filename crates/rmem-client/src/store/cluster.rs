@@ -465,6 +465,7 @@ impl Book {
             // Without each piece in turn, on a copy, then the bad one is known.
             let mut found = false;
             let mut copy = std::mem::take(&mut self.scratch);
+            let mut spare = Vec::new();
             for leave in (0..32).filter(|&i| fe.have & bit(i) != 0) {
                 let have = fe.have & !bit(leave);
                 if (have.count_ones() as usize) < needed {
@@ -472,7 +473,6 @@ impl Book {
                 }
                 copy.clear();
                 copy.extend_from_slice(&fe.buf);
-                let mut spare = Vec::new();
                 let r = if fe.repair {
                     codec.rebuild(page, stamp, &mut copy, have, &mut spare)
                 } else {
@@ -1166,6 +1166,9 @@ impl RemoteStore {
             }),
         );
         if mask == 0 {
+            // Only a repair has nothing to send (a write healed the page meanwhile); a
+            // write-back always has servers (`target` gives at least `needed`).
+            assert!(repair, "page {page}: a write-back with no server to go to");
             // Nothing moved (a repair raced with a write that healed the page).
             self.todo.push(Todo::Repaired);
             self.book.ops.remove(&op);
