@@ -598,6 +598,9 @@ fn a_persisted_disk_server_killed_and_restarted_mid_run_loses_no_page() {
     let addr = disk.addr.clone();
     drop(disk); // SIGKILL: nothing flushed or said on the way out
     assert!(file.exists(), "a persisted store stays");
+    // The client's next reconnect finds nothing listening (it gave up at once on a refused
+    // reconnect before the server said it persists: a CI run restarted it too late).
+    std::thread::sleep(Duration::from_secs(1));
     let back = disk_server(&m.addr, &store, &["--listen", &addr]);
     assert_eq!(back.addr, addr);
     let restored = back.wait_for("restored", Duration::from_secs(30));

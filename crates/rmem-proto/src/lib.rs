@@ -109,6 +109,10 @@ pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE | ATTACH_SNAPSHOT;
 pub const SNAPSHOT_WAIT_MS: u64 = 5000;
 /// `Attached` flag: the session existed (its pages are there); clear for a new session.
 pub const ATTACHED_EXISTED: u32 = 1;
+/// `Attached` flag: the server keeps its sessions across its own restart (a persisted disk
+/// store, `--store file:PATH,persist`). A client that finds nothing listening on its port
+/// goes on trying within its reconnection window rather than taking the session as gone.
+pub const ATTACHED_PERSISTS: u32 = 2;
 
 /// Frame operation codes. Requests have the high bit clear, responses set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -929,6 +929,10 @@ impl Connection<'_> {
                 rmem_proto::ATTACHED_EXISTED
             } else {
                 0
+            } | if attached.persists {
+                rmem_proto::ATTACHED_PERSISTS
+            } else {
+                0
             },
             session_bytes: attached.session_bytes,
         }

@@ -225,6 +225,8 @@ impl Attachment {
 pub struct Attached {
     pub attachment: Attachment,
     pub existed: bool,
+    /// The session outlives this server process (a persisted disk store).
+    pub persists: bool,
     pub lease: Duration,
     pub session_bytes: u64,
 }
@@ -409,6 +411,7 @@ impl Sessions {
         Ok(Attached {
             attachment: Attachment { session, epoch },
             existed,
+            persists: self.disk.as_ref().is_some_and(|d| d.persist()),
             lease,
             session_bytes,
         })

@@ -289,6 +289,9 @@ pub(crate) struct Conn {
     frame_len_max: u32,
     /// The lease the server granted.
     lease: Duration,
+    /// The server said its sessions outlive its process: a refused reconnect is a restart
+    /// under way, waited out like any lost link, not the end of the session.
+    persists: bool,
     lost: Option<Lost>,
     /// An outage whose new link has not been answered on yet: kept so that losing the link
     /// again continues it (and its deadline) rather than starting a new one.
@@ -347,6 +350,8 @@ struct Link {
     welcome: Welcome,
     lease: Duration,
     existed: bool,
+    /// The server keeps the session across its own restart ([`rmem_proto::ATTACHED_PERSISTS`]).
+    persists: bool,
 }
 
 /// Connect to `server`, authenticate and attach `session` (blocking, each step bounded by
@@ -406,13 +411,10 @@ fn open(
         SETUP_FRAME_MAX,
         deadline,
     )?;
-    let (lease, existed) = match Response::decode(h.op, &frame).map_err(|e| proto(e.to_string()))? {
+    let (lease, flags) = match Response::decode(h.op, &frame).map_err(|e| proto(e.to_string()))? {
         Response::Attached {
             lease_ms, flags, ..
-        } => (
-            Duration::from_millis(lease_ms.max(1).into()),
-            flags & rmem_proto::ATTACHED_EXISTED != 0,
-        ),
+        } => (Duration::from_millis(lease_ms.max(1).into()), flags),
         Response::Error { code, message } => {
             return Err(StoreError::Refused {
                 server: server.into(),
@@ -428,7 +430,8 @@ fn open(
         sock,
         welcome,
         lease,
-        existed,
+        existed: flags & rmem_proto::ATTACHED_EXISTED != 0,
+        persists: flags & rmem_proto::ATTACHED_PERSISTS != 0,
     })
 }
 
@@ -547,6 +550,7 @@ impl Conn {
             last_activity: Instant::now(),
             frame_len_max: limits.frame_len_max,
             lease: limits.lease,
+            persists: false,
             lost: None,
             relinked: None,
             reconnects: 0,
@@ -573,6 +577,7 @@ impl Conn {
         Conn {
             used_bytes: self.used_bytes,
             full: self.full,
+            persists: self.persists,
             snapshot: true,
             ..Conn::unlinked(
                 &self.name,
@@ -618,6 +623,7 @@ impl Conn {
         }
         self.sock = Some(link.sock);
         self.lease = link.lease;
+        self.persists = link.persists;
         self.frame_len_max = link.welcome.frame_len_max;
         self.in_start = 0;
         self.in_end = 0;
@@ -758,9 +764,10 @@ impl Conn {
                 self.flush(now)
             }
             // Nothing listens there any more: the server process is gone, and with it the
-            // session; waiting out the window would only stall the program.
+            // session (unless the server said it persists its sessions: then it may be
+            // restarting); waiting out the window would only stall the program.
             Err(StoreError::Connect { source, .. })
-                if source.kind() == io::ErrorKind::ConnectionRefused =>
+                if source.kind() == io::ErrorKind::ConnectionRefused && !self.persists =>
             {
                 let secs = spent.as_secs_f64();
                 let gone = StoreError::Closed {
