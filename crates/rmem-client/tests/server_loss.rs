@@ -305,3 +305,93 @@ fn replicas_2_on_two_servers_completes_write_backs_of_a_server_buried_by_flush()
 fn replicas_2_on_three_servers_moves_write_backs_of_a_buried_server() {
     write_backs_complete_after_a_loss("replicas:2", 3, 32, BuriedBy::Tick);
 }
+
+/// Two copies, each server behind a proxy. The first stalls: its reads time out and fail over
+/// to the second, which stalls before answering them and is then killed. The only copy left
+/// is on the stalled server, still within its reconnection window: the fetches wait for it
+/// and complete, right, once it answers again. (They were taken as lost, "too few of its
+/// pieces could be read back", stopping the program without naming the stalled server: a
+/// full suite run saw it when two servers were killed at once.)
+#[test]
+fn a_read_failed_over_to_a_server_that_dies_waits_for_the_stalled_copy() {
+    let (a, b) = (Proxy::start(server()), Proxy::start(server()));
+    let servers = vec![a.addr.clone(), b.addr.clone()];
+    let timing = Timing {
+        connect: Duration::from_millis(200),
+        request: REQUEST_TIMEOUT,
+        heartbeat: Duration::from_secs(5),
+        reconnect: Duration::from_secs(10),
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse("replicas:2").unwrap(),
+        encrypt: false,
+    };
+    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let pages = 16u64;
+    for p in 0..pages {
+        s.store(PageIndex(p), &page(p, 0)).unwrap();
+    }
+    s.flush().unwrap();
+    let mut done = Done::default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done.stored.len() < pages as usize {
+        assert!(Instant::now() < deadline, "first writes not stored");
+        done.poll(&mut s);
+        s.tick(Instant::now()).unwrap();
+    }
+
+    // Reads spread over both copies; the first server's wait.
+    a.stall();
+    let mut done = Done::default();
+    for p in 0..pages {
+        s.fetch(PageIndex(p)).unwrap();
+    }
+    s.flush().unwrap();
+    let stalled = Instant::now();
+    while stalled.elapsed() < REQUEST_TIMEOUT * 2 {
+        done.poll(&mut s);
+        s.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let from_b = done.fetched.len();
+    assert!(
+        from_b > 0 && from_b < pages as usize,
+        "{from_b} of {pages} read before the first server's timeout"
+    );
+    // The second stalls; a tick finds the first's reads timed out and sends them to it.
+    b.stall();
+    s.tick(Instant::now()).unwrap();
+    s.flush().unwrap();
+    let failovers = s.counters().unwrap().failovers.load(Relaxed);
+    assert!(failovers > 0, "no read failed over");
+    // Gone before it answers them.
+    b.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.counters().unwrap().servers_lost.load(Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the killed server was never buried");
+        done.poll(&mut s);
+        s.flush().unwrap();
+        s.tick(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The first wakes: every fetch completes from it.
+    std::thread::sleep(Duration::from_millis(50));
+    a.stalled.store(false, Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done.fetched.len() < pages as usize {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {pages} fetches done after the first server woke",
+            done.fetched.len()
+        );
+        done.poll(&mut s);
+        s.flush().unwrap();
+        s.tick(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for p in 0..pages {
+        assert!(done.fetched[&p] == page(p, 0), "page {p} wrong");
+    }
+    assert_eq!(s.counters().unwrap().servers_lost.load(Relaxed), 1);
+}

@@ -1254,6 +1254,25 @@ impl RemoteStore {
             asked.push(i);
         }
         if asked.is_empty() && outstanding == 0 {
+            // A read failed over from a server in an outage is still pending there: with
+            // nothing else left, wait for it. The server answers once relinked, or is given
+            // up on (then this is asked again, and the page lost naming it too).
+            let waiting = (0..members.len())
+                .filter(|&i| {
+                    let s = members[i];
+                    fe.asked & fe.answered & bit(i) != 0
+                        && (fe.have | fe.bad) & bit(i) == 0
+                        && self.book.alive(s)
+                        && self.conns[s as usize].in_outage()
+                })
+                .fold(0, |m, i| m | bit(i));
+            if waiting != 0 {
+                let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) else {
+                    unreachable!()
+                };
+                fe.answered &= !waiting;
+                return Ok(());
+            }
             return Err(StoreError::Lost {
                 servers: self.dead_list(),
                 detail: format!(
