@@ -528,9 +528,11 @@ impl BlockCache {
     /// One line on what the cache and the store hold and wait for, for stall reports.
     pub fn describe_in_flight(&self) -> String {
         format!(
-            "cache: {}, free buffers {}; {}",
+            "cache: {}, free buffers {}, barriers waiting {} on {} pages; {}",
             self.c.states.describe(),
             self.c.free.len(),
+            self.c.barriers.len(),
+            self.c.waiters.len(),
             self.store.describe_in_flight()
         )
     }

@@ -510,13 +510,15 @@ impl<'a> Server<'a> {
                 self.runnable.extend(self.blocked.drain(..));
             }
             let now = Instant::now();
-            if !self.blocked.is_empty()
+            if !(self.blocked.is_empty() && self.by_barrier.is_empty())
                 && now.duration_since(self.answered_at.max(reported_at)) > STALL_REPORT
             {
                 reported_at = now;
                 log::warn!(
-                    "{} requests wait for the store and none was answered for {:?}: {}",
+                    "{} requests wait for pages and {} for write-backs to land (FLUSH, FUA), \
+                     and none was answered for {:?}: {}",
                     self.blocked.len(),
+                    self.by_barrier.len(),
                     now.duration_since(self.answered_at),
                     self.cache.describe_in_flight()
                 );
