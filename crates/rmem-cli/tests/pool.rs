@@ -6,7 +6,8 @@
 //! killed without touching the other's pages; a drain that could not finish, asked before the
 //! manager restarted, finished after it; a server drained mid-run (`rmem pool drain`)
 //! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
-//! exits; a disk-backed server (`--store file:`) that takes pages only once the RAM server is
+//! exits; a drain under `ec:2+1` that moves fragments as they are, none found bad; a
+//! disk-backed server (`--store file:`) that takes pages only once the RAM server is
 //! full, and a persisted one killed and restarted mid-run without a wrong or lost page; a
 //! server whose node runs short of memory (a real hog in its memory cgroup) sheds its pages
 //! while the stress runs and lends again once the hog is gone (root: it makes the cgroup);
@@ -254,6 +255,50 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     let st = servers[0].child.try_wait().unwrap();
     assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", servers[0].log());
     assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+}
+
+/// Under erasure coding (a pool's default from three servers) a drained server's fragments are
+/// moved as they are, read from it alone rather than rebuilt from K+1 others; every fragment
+/// that moved is checked when its page is next read, so none may be found bad.
+#[test]
+fn an_erasure_coded_drain_moves_each_fragment_as_it_is() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let stats = scratch("pool-ec-drain").join("stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let opts = [&["--manager", m.addr.as_str()][..], &stress_opts("ec:2+1")].concat();
+    let prog = stress_program();
+    let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
+    let run = rmem_run(&opts, &stats, &prog, false)
+        .env("RMEM_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let victim = servers[0].addr.clone();
+    await_status(&m.addr, Duration::from_secs(30), |st| {
+        used_on(st, &victim) > 1 << 20
+    })
+    .unwrap();
+    let out = drain_under_stress(&m.addr, &victim, run);
+    assert_exits_drained(&mut servers[0], Duration::from_secs(10));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let moved = v["pieces_moved"].as_u64().unwrap();
+    assert!(
+        moved > 0,
+        "no fragment was moved as it was: {v}\n{}",
+        shown(&out)
+    );
+    assert_eq!(v["pieces_bad"].as_u64(), Some(0), "{v}\n{}", shown(&out));
+    assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{}", shown(&out));
+    eprintln!(
+        "{moved} fragments moved as they were, {} pages moved",
+        v["pages_repaired"]
+    );
 }
 
 #[test]

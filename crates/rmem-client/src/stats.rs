@@ -133,6 +133,7 @@ impl Stats {
             layout,
             servers_lost: store(|c| &c.servers_lost),
             pages_repaired: store(|c| &c.pages_repaired),
+            pieces_moved: store(|c| &c.pieces_moved),
             repair_s: store(|c| &c.repair_us) as f64 / 1e6,
             pieces_bad: store(|c| &c.pieces_bad),
             failovers: store(|c| &c.failovers),
@@ -190,6 +191,8 @@ pub struct StatsSnapshot {
     /// pieces that came back wrong, reads sent to another server after one failed.
     pub servers_lost: u64,
     pub pages_repaired: u64,
+    /// Of the pieces that moved, those read off their draining server as they were.
+    pub pieces_moved: u64,
     pub repair_s: f64,
     pub pieces_bad: u64,
     pub failovers: u64,
@@ -216,6 +219,7 @@ impl StatsSnapshot {
             ("pieces_replaced", self.pieces_replaced),
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
+            ("pieces_moved", self.pieces_moved),
             ("pieces_bad", self.pieces_bad),
             ("failovers", self.failovers),
         ];

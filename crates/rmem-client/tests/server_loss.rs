@@ -369,7 +369,10 @@ fn a_read_failed_over_to_a_server_that_dies_waits_for_the_stalled_copy() {
     b.kill();
     let deadline = Instant::now() + Duration::from_secs(10);
     while s.counters().unwrap().servers_lost.load(Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "the killed server was never buried");
+        assert!(
+            Instant::now() < deadline,
+            "the killed server was never buried"
+        );
         done.poll(&mut s);
         s.flush().unwrap();
         s.tick(Instant::now()).unwrap();

@@ -193,22 +193,31 @@ pub fn stress_unreplicated(manager: &str, env: &[(&str, &str)]) -> Child {
 
 /// [`stress_unreplicated`] run through `prefix` (e.g. `ip netns exec NS`).
 pub fn stress_unreplicated_on(prefix: &[&str], manager: &str, env: &[(&str, &str)]) -> Child {
+    let prog = stress_program();
+    let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
+    run_in_pool_on(prefix, manager, &stress_opts("none"), &prog, env)
+}
+
+/// The `rmem run` options of the pool tests' stress: 4 KiB pages, 8 MiB local, `redundancy`.
+pub fn stress_opts(redundancy: &str) -> [&str; 7] {
+    [
+        "--api",
+        "--page-size",
+        "4K",
+        "--local",
+        "8M",
+        "--redundancy",
+        redundancy,
+    ]
+}
+
+/// The pool tests' stress program and its arguments: 8 threads over 32 MiB, 60,000 operations
+/// each.
+pub fn stress_program() -> Vec<String> {
     let prog = build_c("tests/c/stress.c");
-    run_in_pool_on(
-        prefix,
-        manager,
-        &[
-            "--api",
-            "--page-size",
-            "4K",
-            "--local",
-            "8M",
-            "--redundancy",
-            "none",
-        ],
-        &[prog.to_str().unwrap(), "8", "32", "60000"],
-        env,
-    )
+    [prog.to_str().unwrap(), "8", "32", "60000"]
+        .map(String::from)
+        .to_vec()
 }
 
 /// Bytes `server` holds according to the pool's status.

@@ -177,6 +177,21 @@ struct Fetch {
     /// A seal failed with enough pieces in: ask every piece, try without each.
     all: bool,
     repair: bool,
+    /// A move off draining servers that still answer (erasure coding): only these pieces
+    /// are read, from their own servers, and written elsewhere as they are. A piece that
+    /// cannot be read turns it into a repair (0): rebuilt from any pieces.
+    moving: u32,
+}
+
+/// What a fetch is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// The pager's: the page decoded and handed on.
+    Page,
+    /// A repair: every piece rebuilt sealed, those that moved written where they go.
+    Repair,
+    /// A move of the pieces in the mask, as they are (see [`Fetch::moving`]).
+    Move(u32),
 }
 
 struct Store {
@@ -212,12 +227,13 @@ enum Todo {
         unit: Vec<u8>,
         refused: Option<usize>,
     },
-    /// A repair's read checked: write the pieces that moved, from `units` (every piece, as
-    /// the servers store them).
+    /// A repair's read checked: write the pieces that moved, from `units` (each piece in
+    /// `have` in its slot, as the servers store it: every piece after a rebuild).
     RepairWrite {
         page: u64,
         stamp: Stamp,
         units: Vec<u8>,
+        have: u32,
     },
     /// A repair's writes are all acknowledged.
     Repaired,
@@ -340,7 +356,12 @@ impl Book {
                     self.ops.remove(&op);
                     let mut units = self.take_buf();
                     units.copy_from_slice(data);
-                    todo.push(Todo::RepairWrite { page, stamp, units });
+                    todo.push(Todo::RepairWrite {
+                        page,
+                        stamp,
+                        units,
+                        have: 1,
+                    });
                     return;
                 }
                 if self.codec.plain() {
@@ -435,6 +456,24 @@ impl Book {
         let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
             return;
         };
+        if fe.moving != 0 {
+            // A move: its pieces go as they came (a later fetch checks their seal).
+            if fe.have & fe.moving == fe.moving {
+                self.counters
+                    .pieces_moved
+                    .fetch_add(u64::from(fe.moving.count_ones()), Relaxed);
+                let Some(Op::Fetch(fe)) = self.ops.remove(&op) else {
+                    unreachable!()
+                };
+                todo.push(Todo::RepairWrite {
+                    page: fe.page,
+                    stamp: fe.stamp,
+                    units: fe.buf,
+                    have: fe.have,
+                });
+            }
+            return;
+        }
         if (fe.have.count_ones() as usize) < needed {
             return;
         }
@@ -499,6 +538,7 @@ impl Book {
                     page,
                     stamp,
                     units: fe.buf,
+                    have: (1u32 << self.codec.redundancy().width()) - 1,
                 });
             } else {
                 self.unbusy(page, op);
@@ -1178,7 +1218,7 @@ impl RemoteStore {
 
     /// Start reading `page` from its group: one copy, or K+1 fragments (late binding: the
     /// first K decode it).
-    fn start_fetch(&mut self, page: u64, repair: bool) -> Result<u64, StoreError> {
+    fn start_fetch(&mut self, page: u64, purpose: Purpose) -> Result<u64, StoreError> {
         let g = self
             .book
             .meta
@@ -1205,7 +1245,11 @@ impl RemoteStore {
                 answered: 0,
                 bad: 0,
                 all: false,
-                repair,
+                repair: purpose != Purpose::Page,
+                moving: match purpose {
+                    Purpose::Move(m) => m,
+                    _ => 0,
+                },
             }),
         );
         self.ask(op)?;
@@ -1222,6 +1266,28 @@ impl RemoteStore {
         };
         let (page, g) = (fe.page, fe.group);
         let members = self.book.groups.members[g as usize].clone();
+        if fe.moving != 0 {
+            let (moving, asked) = (fe.moving, fe.asked);
+            let failed = moving & fe.answered & !fe.have != 0;
+            let gone =
+                (0..members.len()).any(|i| moving & bit(i) != 0 && !self.book.alive(members[i]));
+            let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) else {
+                unreachable!()
+            };
+            if !failed && !gone {
+                let new = moving & !asked;
+                fe.asked |= new;
+                for i in (0..members.len()).filter(|&i| new & bit(i) != 0) {
+                    self.read_piece(members[i], op, i, page);
+                }
+                return Ok(());
+            }
+            // A source lost or without its piece: rebuild from any pieces instead.
+            fe.moving = 0;
+        }
+        let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
+            unreachable!()
+        };
         let have = fe.have.count_ones() as usize;
         let outstanding = (fe.asked & !fe.answered).count_ones() as usize;
         let want = if fe.all {
@@ -1292,19 +1358,24 @@ impl RemoteStore {
             fe.asked |= bit(i);
         }
         for i in asked {
-            self.conns[members[i] as usize].submit(
-                Request::Read {
-                    key: PageKey(page),
-                    count: 1,
-                },
-                Kind::Read {
-                    op,
-                    piece: i as u8,
-                    key: page,
-                },
-            );
+            self.read_piece(members[i], op, i, page);
         }
         Ok(())
+    }
+
+    /// Ask server `s` for piece `piece` of `page`, for fetch `op`.
+    fn read_piece(&mut self, s: u16, op: u64, piece: usize, page: u64) {
+        self.conns[s as usize].submit(
+            Request::Read {
+                key: PageKey(page),
+                count: 1,
+            },
+            Kind::Read {
+                op,
+                piece: piece as u8,
+                key: page,
+            },
+        );
     }
 
     /// Put piece `piece` of store `op` on another server: its server refused it (`Full`) or
@@ -1499,8 +1570,19 @@ impl RemoteStore {
                     unit,
                     refused,
                 } => self.place(op, piece, unit, refused, f)?,
-                Todo::RepairWrite { page, stamp, units } => {
-                    let unchanged = self.book.meta.group(page).is_some()
+                Todo::RepairWrite {
+                    page,
+                    stamp,
+                    units,
+                    have,
+                } => {
+                    // The pieces that will move must be among those in hand (a move's: another
+                    // server may have started draining since it was read).
+                    let covered = self.book.meta.group(page).is_some_and(|g| {
+                        let m = &self.book.groups.members[g as usize];
+                        (0..m.len()).all(|i| have & bit(i) != 0 || self.book.placeable(m[i]))
+                    });
+                    let unchanged = covered
                         && self.book.meta.stamp(page) == stamp
                         && !self.book.busy.contains_key(&page);
                     if unchanged {
@@ -1563,7 +1645,11 @@ impl RemoteStore {
                 continue;
             }
             self.repair.in_flight += 1;
-            self.start_fetch(page, true)?;
+            let purpose = match self.movable(m) {
+                0 => Purpose::Repair,
+                moving => Purpose::Move(moving),
+            };
+            self.start_fetch(page, purpose)?;
         }
         self.repair.queue.extend(later.drain(..));
         self.repair.waiting = later;
@@ -1591,6 +1677,27 @@ impl RemoteStore {
             self.repair.degraded = 0;
         }
         Ok(())
+    }
+
+    /// The pieces of a group that need only move, as they are: those on draining servers
+    /// that still answer, when every other member stays. Erasure coding only (a copy is one
+    /// read anyway): a drain reads one fragment per fragment moved instead of K+1 and
+    /// rebuilds nothing. 0: rebuild (a member is lost, or none moves).
+    fn movable(&self, m: &[u16]) -> u32 {
+        if self.book.codec.slots() < 2 {
+            return 0;
+        }
+        let mut moving = 0;
+        for (i, &s) in m.iter().enumerate() {
+            if self.book.placeable(s) {
+                continue;
+            }
+            if !self.book.alive(s) || self.conns[s as usize].in_outage() {
+                return 0;
+            }
+            moving |= bit(i);
+        }
+        moving
     }
 
     /// Whether a server was given up (not one that left after a drain).
@@ -1700,7 +1807,7 @@ impl PageStore for RemoteStore {
     }
 
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
-        let op = self.start_fetch(page.0, false)?;
+        let op = self.start_fetch(page.0, Purpose::Page)?;
         self.book.busy.insert(page.0, op);
         self.flush()
     }
@@ -1742,6 +1849,7 @@ impl PageStore for RemoteStore {
                 bad: 0,
                 all: false,
                 repair: false,
+                moving: 0,
             }),
         );
         self.book.busy.insert(victim.0, wop);

@@ -105,6 +105,9 @@ pub struct StoreCounters {
     pub servers_lost: AtomicU64,
     /// Pages whose lost pieces were rebuilt on other servers.
     pub pages_repaired: AtomicU64,
+    /// Pieces moved as they are off draining servers that still answered (erasure coding:
+    /// one fragment read per fragment moved, nothing rebuilt); also in `pages_repaired`.
+    pub pieces_moved: AtomicU64,
     /// Time spent with a repair running, in microseconds.
     pub repair_us: AtomicU64,
     /// Pieces that came back altered, stale, another page's, or not at all.
