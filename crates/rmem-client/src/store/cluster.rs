@@ -1884,7 +1884,16 @@ impl PageStore for RemoteStore {
     }
 
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError> {
-        let mut n = self.finished.len();
+        // What is delivered is counted, wherever it comes from: an answer, or the work that
+        // answers and burials leave (a write stored degraded at once when its server was
+        // buried here), which no answer counts. Counting answers instead once left `rmem
+        // nbd` with requests waiting for buffers that such a write-back had freed, and no
+        // further event to retry them on.
+        let mut n = 0;
+        let mut f = |c: Completion<'_>| {
+            n += 1;
+            f(c)
+        };
         for page in std::mem::take(&mut self.finished) {
             f(Completion::Stored {
                 page: PageIndex(page),
@@ -1903,17 +1912,16 @@ impl PageStore for RemoteStore {
                             refusals.remove(&st.page);
                         }
                     }
-                    book.answer(s, a, f, todo)
+                    book.answer(s, a, &mut f, todo)
                 },
                 now,
             );
-            match r {
-                Ok(k) => n += k,
-                Err(e) => self.bury(s, e)?,
+            if let Err(e) = r {
+                self.bury(s, e)?;
             }
         }
         self.fail_over_reads();
-        self.work(f)?;
+        self.work(&mut f)?;
         Ok(n)
     }
 

@@ -915,9 +915,8 @@ impl Conn {
         &mut self,
         f: &mut dyn FnMut(Answer<'_>),
         now: Instant,
-    ) -> Result<usize, StoreError> {
-        let mut done = 0;
-        let r = self.receive(f, &mut done);
+    ) -> Result<(), StoreError> {
+        let r = self.receive(f);
         for kind in std::mem::take(&mut self.resend) {
             if let Kind::Read { key, .. } = kind {
                 self.submit(
@@ -930,16 +929,12 @@ impl Conn {
             }
         }
         match r {
-            Ok(()) => Ok(done),
-            Err(e) => self.lose(e, now).map(|()| done),
+            Ok(()) => Ok(()),
+            Err(e) => self.lose(e, now),
         }
     }
 
-    fn receive(
-        &mut self,
-        f: &mut dyn FnMut(Answer<'_>),
-        done: &mut usize,
-    ) -> Result<(), StoreError> {
+    fn receive(&mut self, f: &mut dyn FnMut(Answer<'_>)) -> Result<(), StoreError> {
         let unit = self.page_size;
         let Some(mut sock) = self.sock.as_ref() else {
             return Ok(());
@@ -993,18 +988,6 @@ impl Conn {
                 }
                 let body = &self.inbuf[body_start..body_start + h.len as usize];
                 let resp = Response::decode(h.op, body).map_err(|e| proto(e.to_string()))?;
-                // Only a page's answer counts: it is what the pager's loop waits for (an
-                // answer to a ping, a free or a snapshot made a fork child's pager spin).
-                if matches!(
-                    pending.kind,
-                    Kind::Read { .. }
-                        | Kind::Write { .. }
-                        | Kind::Swap { .. }
-                        | Kind::ReadRange { .. }
-                        | Kind::WriteRange { .. }
-                ) {
-                    *done += 1;
-                }
                 match (pending.kind, resp) {
                     (
                         Kind::Read { op, piece, key },
