@@ -6,7 +6,8 @@
 //! killed without touching the other's pages; a drain that could not finish, asked before the
 //! manager restarted, finished after it; a server drained mid-run (`rmem pool drain`)
 //! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
-//! exits; a drain under `ec:2+1` that moves fragments as they are, none found bad; a
+//! exits; a drain under `ec:2+1` that moves fragments as they are, none found bad, and one
+//! whose server is killed at a random moment of it; a
 //! disk-backed server (`--store file:`) that takes pages only once the RAM server is
 //! full, and a persisted one killed and restarted mid-run without a wrong or lost page; a
 //! server whose node runs short of memory (a real hog in its memory cgroup) sheds its pages
@@ -298,6 +299,58 @@ fn an_erasure_coded_drain_moves_each_fragment_as_it_is() {
     eprintln!(
         "{moved} fragments moved as they were, {} pages moved",
         v["pages_repaired"]
+    );
+}
+
+/// A server killed (SIGKILL) at a random moment of its drain under `ec:2+1`: before its
+/// pages move, while they move (a fragment it can no longer give turns its page's move into a
+/// rebuild), or after. The program never notices: zero mismatches, nothing found bad.
+#[test]
+fn an_erasure_coded_server_killed_during_its_drain_loses_nothing() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 5, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 5).unwrap();
+    let stats = scratch("pool-ec-drain-kill").join("stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let opts = [&["--manager", m.addr.as_str()][..], &stress_opts("ec:2+1")].concat();
+    let prog = stress_program();
+    let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
+    let run = rmem_run(&opts, &stats, &prog, false)
+        .env("RMEM_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let victim = servers[0].addr.clone();
+    await_status(&m.addr, Duration::from_secs(30), |st| {
+        used_on(st, &victim) > 1 << 20
+    })
+    .unwrap();
+    let drain = {
+        let (m, v) = (m.addr.clone(), victim.clone());
+        std::thread::spawn(move || pool_drain(&m, &v))
+    };
+    let at = random_ms(0, 1500);
+    std::thread::sleep(at);
+    let _ = servers[0].child.kill();
+    let out = wait_bounded(
+        run,
+        Duration::from_secs(240),
+        "stress, its drained server killed",
+    );
+    let what = format!("killed {at:?} into the drain: {}", shown(&out));
+    assert_stress_ok(&out);
+    // The drain itself may end either way (done, or its server gone): bounded, not judged.
+    let _ = drain.join();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(v["pieces_bad"].as_u64(), Some(0), "{v}\n{what}");
+    assert!(v["servers_lost"].as_u64().unwrap() <= 1, "{v}\n{what}");
+    eprintln!(
+        "killed {at:?} into the drain: {} servers lost, {} fragments moved, {} pages moved or rebuilt",
+        v["servers_lost"], v["pieces_moved"], v["pages_repaired"]
     );
 }
 

@@ -19,16 +19,6 @@ struct Run {
     dir: std::path::PathBuf,
 }
 
-/// A pseudo-random delay in [lo, hi) ms: a different moment each run.
-fn random_ms(lo: u64, hi: u64) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64;
-    let x = nanos.wrapping_mul(6364136223846793005).rotate_left(17);
-    Duration::from_millis(lo + x % (hi - lo))
-}
-
 /// The stress (8 threads, 32 MiB, `ops` each) at 8 MiB local over `n` servers.
 fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> Run {
     start_with(name, n, redundancy, ops, as_nobody, &[])

@@ -166,6 +166,16 @@ pub fn rmem_run(opts: &[&str], stats: &Path, program: &[&str], as_nobody: bool) 
     c
 }
 
+/// A pseudo-random delay in [lo, hi) ms: a different moment each run.
+pub fn random_ms(lo: u64, hi: u64) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    let x = nanos.wrapping_mul(6364136223846793005).rotate_left(17);
+    Duration::from_millis(lo + x % (hi - lo))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
