@@ -605,7 +605,8 @@ fn swap_on_the_device_serves_a_program_under_a_cgroup_memory_limit() {
 /// The fio tests, one at a time: each keeps both cores busy. (Their overruns of the 300 s
 /// bound in full suites, once put down to load, were rmem nbd hung: the cluster layer's poll
 /// did not count write-backs stored degraded after a burial, so requests blocked on the
-/// buffers they freed were never retried. Fixed; each now takes a few seconds.)
+/// buffers they freed were never retried. Fixed; each now takes seconds,
+/// with fio's 8 loops again.)
 static FIO: Mutex<()> = Mutex::new(());
 
 /// fio with verification over 4 jobs while one of `n` memory servers is killed.
@@ -654,7 +655,7 @@ fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
             "--iodepth=16",
             "--verify=crc32c",
             "--verify_fatal=1",
-            "--loops=3",
+            "--loops=8",
             "--group_reporting",
             "--verify_state_save=0",
         ])

@@ -258,18 +258,19 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
 }
 
-/// Under erasure coding (a pool's default from three servers) a drained server's fragments are
-/// moved as they are, read from it alone rather than rebuilt from K+1 others; every fragment
-/// that moved is checked when its page is next read, so none may be found bad.
-#[test]
-fn an_erasure_coded_drain_moves_each_fragment_as_it_is() {
-    let _one = serial();
-    let m = ManagerProcess::start("127.0.0.1:0", &[]);
-    let mut servers = servers(&m.addr, 4, "256M");
-    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
-    let stats = scratch("pool-ec-drain").join("stats.json");
+/// The stress under `ec:2+1` in the pool of `manager`, its statistics to a file under a scratch
+/// directory named `tag`, once every one of `servers` is live and the first holds over 1 MiB
+/// of it. The running program and the path of its statistics.
+fn ec_stress_on_the_first(
+    manager: &str,
+    servers: &[ServerProcess],
+    tag: &str,
+) -> (Child, std::path::PathBuf) {
+    let n = servers.len();
+    await_status(manager, Duration::from_secs(10), |st| live_servers(st) == n).unwrap();
+    let stats = scratch(tag).join("stats.json");
     let _ = std::fs::remove_file(&stats);
-    let opts = [&["--manager", m.addr.as_str()][..], &stress_opts("ec:2+1")].concat();
+    let opts = [&["--manager", manager][..], &stress_opts("ec:2+1")].concat();
     let prog = stress_program();
     let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
     let run = rmem_run(&opts, &stats, &prog, false)
@@ -279,15 +280,26 @@ fn an_erasure_coded_drain_moves_each_fragment_as_it_is() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let victim = servers[0].addr.clone();
-    await_status(&m.addr, Duration::from_secs(30), |st| {
-        used_on(st, &victim) > 1 << 20
+    await_status(manager, Duration::from_secs(30), |st| {
+        used_on(st, &servers[0].addr) > 1 << 20
     })
     .unwrap();
+    (run, stats)
+}
+
+/// Under erasure coding (a pool's default from three servers) a drained server's fragments are
+/// moved as they are, read from it alone rather than rebuilt from K+1 others; every fragment
+/// that moved is checked when its page is next read, so none may be found bad.
+#[test]
+fn an_erasure_coded_drain_moves_each_fragment_as_it_is() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 4, "256M");
+    let (run, stats) = ec_stress_on_the_first(&m.addr, &servers, "pool-ec-drain");
+    let victim = servers[0].addr.clone();
     let out = drain_under_stress(&m.addr, &victim, run);
     assert_exits_drained(&mut servers[0], Duration::from_secs(10));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let v = read_json(&stats);
     let moved = v["pieces_moved"].as_u64().unwrap();
     assert!(
         moved > 0,
@@ -310,24 +322,8 @@ fn an_erasure_coded_server_killed_during_its_drain_loses_nothing() {
     let _one = serial();
     let m = ManagerProcess::start("127.0.0.1:0", &[]);
     let mut servers = servers(&m.addr, 5, "256M");
-    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 5).unwrap();
-    let stats = scratch("pool-ec-drain-kill").join("stats.json");
-    let _ = std::fs::remove_file(&stats);
-    let opts = [&["--manager", m.addr.as_str()][..], &stress_opts("ec:2+1")].concat();
-    let prog = stress_program();
-    let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
-    let run = rmem_run(&opts, &stats, &prog, false)
-        .env("RMEM_TOKEN", TOKEN)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (run, stats) = ec_stress_on_the_first(&m.addr, &servers, "pool-ec-drain-kill");
     let victim = servers[0].addr.clone();
-    await_status(&m.addr, Duration::from_secs(30), |st| {
-        used_on(st, &victim) > 1 << 20
-    })
-    .unwrap();
     let drain = {
         let (m, v) = (m.addr.clone(), victim.clone());
         std::thread::spawn(move || pool_drain(&m, &v))
@@ -344,8 +340,7 @@ fn an_erasure_coded_server_killed_during_its_drain_loses_nothing() {
     assert_stress_ok(&out);
     // The drain itself may end either way (done, or its server gone): bounded, not judged.
     let _ = drain.join();
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let v = read_json(&stats);
     assert_eq!(v["pieces_bad"].as_u64(), Some(0), "{v}\n{what}");
     assert!(v["servers_lost"].as_u64().unwrap() <= 1, "{v}\n{what}");
     eprintln!(

@@ -79,6 +79,10 @@ impl Proxy {
         self.stalled.store(true, Relaxed);
     }
 
+    fn resume(&self) {
+        self.stalled.store(false, Relaxed);
+    }
+
     /// Gone: the listener closes within a few ms, the links at once.
     fn kill(&self) {
         self.killed.store(true, Relaxed);
@@ -110,7 +114,12 @@ fn pump(
             match from.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    if to.write_all(&buf[..n]).is_err() {
+                    // Stalled while this was read: held until resumed, so that a stall takes
+                    // effect at once for every byte not yet passed on.
+                    while stalled.load(Relaxed) && !killed.load(Relaxed) {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    if killed.load(Relaxed) || to.write_all(&buf[..n]).is_err() {
                         break;
                     }
                 }
@@ -173,6 +182,68 @@ impl Done {
     }
 }
 
+impl Done {
+    /// Poll, flush and tick until `until` holds; `what` names the wait if it takes over 10 s.
+    fn drive_until(
+        &mut self,
+        s: &mut RemoteStore,
+        what: &str,
+        mut until: impl FnMut(&Done, &RemoteStore) -> bool,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !until(self, s) {
+            assert!(Instant::now() < deadline, "{what}");
+            self.poll(s);
+            s.flush().unwrap();
+            s.tick(Instant::now()).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Poll and flush for `d`, with no tick: no request times out meanwhile.
+    fn poll_for(&mut self, s: &mut RemoteStore, d: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < d {
+            self.poll(s);
+            s.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// A store over `servers` under `redundancy`, placing by priority; requests time out after
+/// [`REQUEST_TIMEOUT`], connecting gives up after `connect`, reconnecting after `reconnect`.
+fn store_over(
+    servers: &[String],
+    redundancy: &str,
+    connect: Duration,
+    reconnect: Duration,
+) -> RemoteStore {
+    let timing = Timing {
+        connect,
+        request: REQUEST_TIMEOUT,
+        heartbeat: Duration::from_secs(5),
+        reconnect,
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse(redundancy).unwrap(),
+        encrypt: false,
+    };
+    RemoteStore::connect_with(servers, TOKEN, PS, layout, timing).unwrap()
+}
+
+/// Pages `0..n` written as round 0, every write-back acknowledged.
+fn write_round_0(s: &mut RemoteStore, n: u64, what: &str) {
+    for p in 0..n {
+        s.store(PageIndex(p), &page(p, 0)).unwrap();
+    }
+    s.flush().unwrap();
+    Done::default().drive_until(s, &format!("{what}: first writes not stored"), |d, _| {
+        d.stored.len() == n as usize
+    });
+}
+
 /// `n` servers, the last behind a proxy; pages written, then written again and `read` other
 /// pages fetched while the proxy stalls; it is killed, a tick finds the requests timed out,
 /// and `by` buries it. Every write-back and fetch completes once, the store never says nothing
@@ -181,32 +252,16 @@ fn write_backs_complete_after_a_loss(redundancy: &str, n: usize, read: u64, by: 
     let proxy = Proxy::start(server());
     let mut servers: Vec<String> = (1..n).map(|_| server()).collect();
     servers.push(proxy.addr.clone());
-    let timing = Timing {
-        connect: Duration::from_secs(1),
-        request: REQUEST_TIMEOUT,
-        heartbeat: Duration::from_secs(5),
-        reconnect: Duration::from_secs(5),
-    };
-    let layout = Layout {
-        placement: Placement::Priority,
-        redundancy: Redundancy::parse(redundancy).unwrap(),
-        encrypt: false,
-    };
     let what = format!("{redundancy} on {n} servers, {read} reads, buried by {by:?}");
-    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let mut s = store_over(
+        &servers,
+        redundancy,
+        Duration::from_secs(1),
+        Duration::from_secs(5),
+    );
     let written = 64u64;
     let all = written + read;
-    for p in 0..all {
-        s.store(PageIndex(p), &page(p, 0)).unwrap();
-    }
-    s.flush().unwrap();
-    let mut done = Done::default();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while done.stored.len() < all as usize {
-        assert!(Instant::now() < deadline, "{what}: first writes not stored");
-        done.poll(&mut s);
-        s.tick(Instant::now()).unwrap();
-    }
+    write_round_0(&mut s, all, &what);
 
     proxy.stall();
     let mut done = Done::default();
@@ -219,12 +274,7 @@ fn write_backs_complete_after_a_loss(redundancy: &str, n: usize, read: u64, by: 
     s.flush().unwrap();
     // Past the request timeout: the live servers' answers are taken, so each write-back
     // waits on the stalled server's piece alone.
-    let stalled = Instant::now();
-    while stalled.elapsed() < REQUEST_TIMEOUT * 2 {
-        done.poll(&mut s);
-        s.flush().unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    done.poll_for(&mut s, REQUEST_TIMEOUT * 2);
     // Gone before its silence is noticed, as when the process was killed meanwhile: the
     // first tick finds the timeout (an outage: reads fail over), the next call's reconnect is
     // refused and buries it.
@@ -270,12 +320,9 @@ fn write_backs_complete_after_a_loss(redundancy: &str, n: usize, read: u64, by: 
     }
     s.flush().unwrap();
     let mut back = Done::default();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while back.fetched.len() < all as usize {
-        assert!(Instant::now() < deadline, "{what}: pages not read back");
-        back.poll(&mut s);
-        s.tick(Instant::now()).unwrap();
-    }
+    back.drive_until(&mut s, &format!("{what}: pages not read back"), |d, _| {
+        d.fetched.len() == all as usize
+    });
     for p in 0..all {
         let round = u64::from(p < written);
         assert!(
@@ -328,30 +375,14 @@ fn replicas_2_on_three_servers_moves_write_backs_of_a_buried_server() {
 fn a_read_failed_over_to_a_server_that_dies_waits_for_the_stalled_copy() {
     let (a, b) = (Proxy::start(server()), Proxy::start(server()));
     let servers = vec![a.addr.clone(), b.addr.clone()];
-    let timing = Timing {
-        connect: Duration::from_millis(200),
-        request: REQUEST_TIMEOUT,
-        heartbeat: Duration::from_secs(5),
-        reconnect: Duration::from_secs(10),
-    };
-    let layout = Layout {
-        placement: Placement::Priority,
-        redundancy: Redundancy::parse("replicas:2").unwrap(),
-        encrypt: false,
-    };
-    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let mut s = store_over(
+        &servers,
+        "replicas:2",
+        Duration::from_millis(200),
+        Duration::from_secs(10),
+    );
     let pages = 16u64;
-    for p in 0..pages {
-        s.store(PageIndex(p), &page(p, 0)).unwrap();
-    }
-    s.flush().unwrap();
-    let mut done = Done::default();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while done.stored.len() < pages as usize {
-        assert!(Instant::now() < deadline, "first writes not stored");
-        done.poll(&mut s);
-        s.tick(Instant::now()).unwrap();
-    }
+    write_round_0(&mut s, pages, "replicas:2 behind proxies");
 
     // Reads spread over both copies; the first server's wait.
     a.stall();
@@ -360,12 +391,7 @@ fn a_read_failed_over_to_a_server_that_dies_waits_for_the_stalled_copy() {
         s.fetch(PageIndex(p)).unwrap();
     }
     s.flush().unwrap();
-    let stalled = Instant::now();
-    while stalled.elapsed() < REQUEST_TIMEOUT * 2 {
-        done.poll(&mut s);
-        s.flush().unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    done.poll_for(&mut s, REQUEST_TIMEOUT * 2);
     let from_b = done.fetched.len();
     assert!(
         from_b > 0 && from_b < pages as usize,
@@ -379,32 +405,17 @@ fn a_read_failed_over_to_a_server_that_dies_waits_for_the_stalled_copy() {
     assert!(failovers > 0, "no read failed over");
     // Gone before it answers them.
     b.kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while s.counters().unwrap().servers_lost.load(Relaxed) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the killed server was never buried"
-        );
-        done.poll(&mut s);
-        s.flush().unwrap();
-        s.tick(Instant::now()).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    done.drive_until(&mut s, "the killed server was never buried", |_, s| {
+        s.counters().unwrap().servers_lost.load(Relaxed) > 0
+    });
     // The first wakes: every fetch completes from it.
     std::thread::sleep(Duration::from_millis(50));
-    a.stalled.store(false, Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while done.fetched.len() < pages as usize {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {pages} fetches done after the first server woke",
-            done.fetched.len()
-        );
-        done.poll(&mut s);
-        s.flush().unwrap();
-        s.tick(Instant::now()).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    a.resume();
+    done.drive_until(
+        &mut s,
+        "the fetches did not all complete after the first server woke",
+        |d, _| d.fetched.len() == pages as usize,
+    );
     for p in 0..pages {
         assert!(done.fetched[&p] == page(p, 0), "page {p} wrong");
     }

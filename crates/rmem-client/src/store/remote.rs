@@ -928,10 +928,7 @@ impl Conn {
                 );
             }
         }
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) => self.lose(e, now),
-        }
+        r.or_else(|e| self.lose(e, now))
     }
 
     fn receive(&mut self, f: &mut dyn FnMut(Answer<'_>)) -> Result<(), StoreError> {
