@@ -104,7 +104,7 @@ impl Cache {
                 match self.states.fetched(page) {
                     Landed::Map { .. } => {
                         let b = self.buffer_of[&page];
-                        self.buf_mut(b).copy_from_slice(data);
+                        rmem_copy::copy(self.buf_mut(b), data);
                         Stats::add(&self.stats.swap_ins, 1);
                         Stats::add(&self.stats.bytes_fetched, self.page_size as u64);
                         Stats::add(&self.stats.faults, 1);
@@ -218,7 +218,7 @@ impl BlockCache {
                     self.c.states.hit(page);
                 }
                 let b = self.c.buffer_of[&page];
-                out.copy_from_slice(&self.c.buf(b)[off..off + out.len()]);
+                rmem_copy::copy(out, &self.c.buf(b)[off..off + out.len()]);
             }
         }
         Ok(Step::Done)
@@ -284,7 +284,7 @@ impl BlockCache {
                 unreachable!("page {} forked: the block cache never forks", page.0)
             }
         };
-        self.c.buf_mut(b)[off..off + data.len()].copy_from_slice(data);
+        rmem_copy::copy(&mut self.c.buf_mut(b)[off..off + data.len()], data);
         Ok(Step::Done)
     }
 

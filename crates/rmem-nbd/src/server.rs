@@ -197,7 +197,7 @@ impl Conn {
     /// Queue a read's data after what is in `wbuf`: copied if small, moved if large.
     fn push_data(&mut self, data: Vec<u8>) {
         if data.len() < OWN_CHUNK_MIN {
-            self.wbuf.extend_from_slice(&data);
+            rmem_copy::extend(&mut self.wbuf, &data);
             return;
         }
         if !self.wbuf.is_empty() {

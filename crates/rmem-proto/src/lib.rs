@@ -503,7 +503,7 @@ impl Request<'_> {
             Request::Write { key, count, data } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
             }
             Request::Swap {
                 write_key,
@@ -512,7 +512,7 @@ impl Request<'_> {
             } => {
                 out.extend_from_slice(&write_key.0.to_le_bytes());
                 out.extend_from_slice(&read_key.0.to_le_bytes());
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
             }
             Request::Free { keys } => {
                 out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
@@ -532,7 +532,7 @@ impl Request<'_> {
             Request::WriteRange { key, offset, data } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&offset.to_le_bytes());
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
             }
         }
         patch_len(out, start);
@@ -817,7 +817,7 @@ impl Response<'_> {
             Response::ReadOk { key, count, data } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&count.to_le_bytes());
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
             }
             Response::WriteOk { key, count } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
@@ -825,7 +825,7 @@ impl Response<'_> {
             }
             Response::SwapOk { read_key, data } => {
                 out.extend_from_slice(&read_key.0.to_le_bytes());
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
             }
             Response::FreeOk { count } => out.extend_from_slice(&count.to_le_bytes()),
             Response::Pong {
@@ -838,7 +838,7 @@ impl Response<'_> {
             Response::ReadRangeOk { key, offset, data } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&offset.to_le_bytes());
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
             }
             Response::WriteRangeOk { key, offset, len } => {
                 out.extend_from_slice(&key.0.to_le_bytes());

@@ -212,7 +212,7 @@ impl Cache {
         match self.units.get_mut(&at) {
             Some((data, referenced)) => {
                 *referenced = true;
-                out.extend_from_slice(data);
+                rmem_copy::extend(out, data);
                 true
             }
             None => false,
@@ -226,7 +226,7 @@ impl Cache {
         }
         if let Some((old, referenced)) = self.units.get_mut(&at) {
             old.clear();
-            old.extend_from_slice(data);
+            rmem_copy::extend(old, data);
             *referenced = true;
             return;
         }
@@ -481,7 +481,7 @@ impl DiskStore {
             data_sum: xxh3_64(data),
         }
         .encode(&mut buf[..SLOT_HEADER_BYTES as usize]);
-        buf[SLOT_HEADER_BYTES as usize..].copy_from_slice(data);
+        rmem_copy::copy(&mut buf[SLOT_HEADER_BYTES as usize..], data);
         self.file.write_all_at(&buf, at.0)?;
         lock(&self.inner).cache.put(at, data);
         Ok(())

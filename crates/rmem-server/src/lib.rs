@@ -30,7 +30,7 @@ use rmem_proto::{
     HEADER_LEN,
 };
 use session::{AttachMode, Attachment, SessionInfo, Sessions, StoreRefusal};
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -409,7 +409,7 @@ impl Read for Deadlined {
 }
 
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
-fn read_frame<R: Read>(
+fn read_frame<R: BufRead>(
     r: &mut R,
     max: u32,
     body: &mut Vec<u8>,
@@ -431,13 +431,25 @@ fn read_frame<R: Read>(
     }
     let h = parse_header(&hdr, max)?.expect("full header");
     body.resize(h.len as usize, 0);
-    r.read_exact(body).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => Close::Bad(format!(
-            "truncated {:?} frame (body of {} bytes)",
-            h.op, h.len
-        )),
-        _ => Close::Io(e),
-    })?;
+    // Out of the reader's buffer with rmem_copy (a page's offset there is the stream's).
+    let mut got = 0;
+    while got < body.len() {
+        let buffered = match r.fill_buf() {
+            Ok([]) => {
+                return Err(Close::Bad(format!(
+                    "truncated {:?} frame (body of {} bytes)",
+                    h.op, h.len
+                )))
+            }
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let n = buffered.len().min(body.len() - got);
+        rmem_copy::copy(&mut body[got..got + n], &buffered[..n]);
+        r.consume(n);
+        got += n;
+    }
     Ok(Some(h))
 }
 
@@ -454,7 +466,7 @@ struct Welcomed {
 /// client's protocol version and unit size (or says why it refuses them, which the client is
 /// told); `welcome` fills in the answer. The unit size on success; `None` if the peer closed
 /// before saying anything.
-fn accept<R: Read>(
+fn accept<R: BufRead>(
     reader: &mut R,
     writer: &mut BufWriter<TcpStream>,
     token: &[u8],
@@ -569,24 +581,28 @@ impl Connection<'_> {
         self.page_size = page_size as usize;
         reader.get_mut().deadline = None;
         sock.set_read_timeout(None)?;
-        // Requests, answered in order; flush only when no further request is buffered.
+        // Requests, answered in order. The answers gather in `out`, which goes to the socket
+        // as it is (no copy into a BufWriter: pages are most of it) once no further request
+        // is buffered or it holds IO_BUFFER bytes.
+        writer.flush()?;
+        let mut sock = &sock;
+        out.clear();
         loop {
             let Some(h) = read_frame(&mut reader, self.config.frame_len_max, &mut body)? else {
                 return Ok(());
             };
             let req = Request::decode(h.op, &body)?;
             let started = Instant::now();
-            out.clear();
             let answered = self.answer(req, h.tag, &mut out);
             if let Err(Close::Session(_) | Close::Refused(_)) = answered {
                 // Tell the client why before closing (best effort).
-                let _ = writer.write_all(&out).and_then(|_| writer.flush());
+                let _ = sock.write_all(&out);
             }
             answered?;
             self.state.metrics.record(h.op, started.elapsed());
-            writer.write_all(&out)?;
-            if reader.buffer().is_empty() {
-                writer.flush()?;
+            if reader.buffer().is_empty() || out.len() >= IO_BUFFER {
+                sock.write_all(&out)?;
+                out.clear();
             }
         }
     }

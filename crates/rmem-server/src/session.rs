@@ -673,7 +673,7 @@ impl Pages<'_> {
         if !self.read(key, &mut page).map_err(StoreRefusal::Disk)? {
             page.resize(ps, 0);
         }
-        page[offset..offset + data.len()].copy_from_slice(data);
+        rmem_copy::copy(&mut page[offset..offset + data.len()], data);
         self.store(sessions, capacity, key, &page)
     }
 

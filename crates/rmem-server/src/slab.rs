@@ -162,7 +162,7 @@ impl Arena {
             Backing::Ram { slabs, .. } => {
                 let (slab, at) = self.place(slot);
                 let slab = slabs[slab].as_ref().expect("a used slot's slab");
-                out.extend_from_slice(&slab[at..at + self.page_size]);
+                rmem_copy::extend(out, &slab[at..at + self.page_size]);
                 Ok(())
             }
             Backing::Disk { store, at } => {
@@ -212,7 +212,7 @@ impl Arena {
             unreachable!("a RAM arena");
         };
         let slab = slabs[slab].as_mut().expect("a used slot's slab");
-        slab[at..at + self.page_size].copy_from_slice(data);
+        rmem_copy::copy(&mut slab[at..at + self.page_size], data);
     }
 
     /// A slot with one reference for the page a reopened store found at `place`.
@@ -248,13 +248,13 @@ impl Arena {
                     unreachable!("a RAM arena");
                 };
                 let slab = slabs[slab].as_mut().expect("a used slot's slab");
-                slab[at + offset..at + offset + data.len()].copy_from_slice(data);
+                rmem_copy::copy(&mut slab[at + offset..at + offset + data.len()], data);
                 Ok(())
             }
             Backing::Disk { .. } => {
                 let mut page = Vec::with_capacity(self.page_size);
                 self.read(slot, &mut page)?;
-                page[offset..offset + data.len()].copy_from_slice(data);
+                rmem_copy::copy(&mut page[offset..offset + data.len()], data);
                 self.write(slot, &page, owner)
             }
         }

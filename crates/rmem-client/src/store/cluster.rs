@@ -355,7 +355,7 @@ impl Book {
                     let (page, stamp) = (fe.page, fe.stamp);
                     self.ops.remove(&op);
                     let mut units = self.take_buf();
-                    units.copy_from_slice(data);
+                    rmem_copy::copy(&mut units, data);
                     todo.push(Todo::RepairWrite {
                         page,
                         stamp,
@@ -378,7 +378,7 @@ impl Book {
                 if fe.have & !bit(p) != 0 && self.codec.slots() == 1 {
                     return; // a second copy: the first is being decoded
                 }
-                fe.buf[slot * unit..(slot + 1) * unit].copy_from_slice(data);
+                rmem_copy::copy(&mut fe.buf[slot * unit..(slot + 1) * unit], data);
                 fe.have |= bit(p);
                 self.try_decode(op, f, todo);
             }
@@ -511,7 +511,7 @@ impl Book {
                     continue;
                 }
                 copy.clear();
-                copy.extend_from_slice(&fe.buf);
+                rmem_copy::extend(&mut copy, &fe.buf);
                 let r = if fe.repair {
                     codec.rebuild(page, stamp, &mut copy, have, &mut spare)
                 } else {

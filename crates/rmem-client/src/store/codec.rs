@@ -253,7 +253,7 @@ impl Codec {
         assert_eq!(data.len(), self.page_size);
         out.clear();
         out.resize(self.slots() * self.unit_len, 0);
-        out[..data.len()].copy_from_slice(data);
+        rmem_copy::copy(&mut out[..data.len()], data);
         let ps = self.page_size;
         match &self.seal {
             Seal::Plain => {}
@@ -332,7 +332,7 @@ impl Codec {
         if let Seal::Aead(_) = self.seal {
             // Opening decrypts in place.
             scratch.clear();
-            scratch.extend_from_slice(sealed);
+            rmem_copy::extend(scratch, sealed);
             self.open(page, stamp, scratch)
         } else {
             // Checking a checksum leaves the page as it is.

@@ -84,7 +84,7 @@ impl PageStore for MemStore {
                         code: rmem_proto::ErrorCode::NotFound,
                         message: format!("page {} was never stored", page.0),
                     })?;
-                    self.buf.copy_from_slice(data);
+                    rmem_copy::copy(&mut self.buf, data);
                     drop(pages);
                     f(Completion::Fetched {
                         page,
