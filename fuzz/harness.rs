@@ -294,8 +294,8 @@ fn fake_handshake(sock: &mut TcpStream, stage: u8) -> bool {
 
 /// The client against a server that is honest up to a point and then sends the input:
 /// `data[0] % 4` picks what the input stands in for (0: the challenge, 1: the welcome, 2: the
-/// attach answer, 3: the answers to two writes (tags 1, 2), a read of page 0 (tag 3) and a
-/// swap writing page 2 and reading page 1 (tag 4)). The client may fail, never panic, hang,
+/// attach answer, 3: the answers to two writes (tags 1, 2), a read of page 0 (tag 3), and
+/// the write of page 2 and read of page 1 of a swap (tags 4, 5)). The client may fail, never panic, hang,
 /// or hand the pager a page it did not ask for or of the wrong size.
 pub fn client_session(data: &[u8]) {
     let Some((&stage, rest)) = data.split_first() else {
@@ -506,7 +506,8 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             .encode(13, o)
         }),
     ];
-    // What client_session's honest server would answer to its four requests.
+    // What client_session's honest server would answer to its five requests (then other
+    // answers, for proto_response).
     let answers = [
         frame(&|o| {
             Response::WriteOk {
@@ -531,20 +532,35 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             .encode(3, o)
         }),
         frame(&|o| {
+            Response::WriteOk {
+                key: PageKey(2),
+                count: 1,
+            }
+            .encode(4, o)
+        }),
+        frame(&|o| {
+            Response::ReadOk {
+                key: PageKey(1),
+                count: 1,
+                data: &page,
+            }
+            .encode(5, o)
+        }),
+        frame(&|o| {
             Response::SwapOk {
                 read_key: PageKey(1),
                 data: &page,
             }
-            .encode(4, o)
+            .encode(6, o)
         }),
         frame(&|o| {
             Response::Pong {
                 used_bytes: 0,
                 capacity_bytes: 1,
             }
-            .encode(5, o)
+            .encode(7, o)
         }),
-        frame(&|o| Response::FreeOk { count: 2 }.encode(6, o)),
+        frame(&|o| Response::FreeOk { count: 2 }.encode(8, o)),
     ];
     let staged = |stage: u8, frames: &[Vec<u8>]| {
         let mut d = vec![stage];
@@ -562,7 +578,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("client_session", staged(0, &responses[..1])),
         ("client_session", staged(1, &responses[1..2])),
         ("client_session", staged(2, &responses[2..3])),
-        ("client_session", staged(3, &answers[..4])),
+        ("client_session", staged(3, &answers[..5])),
         ("client_session", staged(3, &responses[5..6])),
         (
             "metrics_http",

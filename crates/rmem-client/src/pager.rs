@@ -910,8 +910,8 @@ impl Core {
         Ok(())
     }
 
-    /// A page only a server holds: fetch it, evicting a victim first if the budget is full
-    /// (a dirty victim travels in the same round trip as the fetch).
+    /// A page only a server holds: fetch it and, if the budget is full, evict a victim while
+    /// the fetch travels.
     fn fault_remote(
         &mut self,
         store: &mut dyn PageStore,
@@ -941,25 +941,40 @@ impl Core {
             prefetched: false,
         };
         self.pages.begin_fill(page, fill);
-        let staged = match victim {
-            Some(v) if self.pages.get(v).may_be_dirty() => self.move_out(v)?.map(|s| (v, s)),
+        // Where the store sends a fetch as cheaply alone as with the victim's write-back, it
+        // goes out first and the victim is dealt with while it travels: a dirty one moved out
+        // of the program's view (a TLB flush), sealed and queued, a clean one dropped with a
+        // few more, so the next faults need not evict.
+        let ahead = store.fetch_ahead();
+        if ahead {
+            store.fetch(page)?;
+        }
+        let slot = match victim {
+            Some(v) if self.pages.get(v).may_be_dirty() => self.move_out(v)?,
             _ => None,
         };
-        match (victim, staged) {
-            (_, Some((v, slot))) => {
+        match (victim, slot) {
+            (Some(v), Some(slot)) => {
                 // SAFETY: the slot was just filled by move_out and is released only when the
                 // write-back completes.
                 let data = unsafe { self.staging.bytes(slot) };
-                store.swap(v, data, page)?;
+                if ahead {
+                    store.store(v, data)?;
+                    store.flush()?;
+                } else {
+                    store.swap(v, data, page)?;
+                }
             }
-            (Some(v), None) => {
-                // Send the fetch first and evict while it travels: this clean victim and a
-                // few more, so the next faults need not evict.
-                store.fetch(page)?;
-                self.drops.push(v);
-                self.evict_down_to(self.resident_max.saturating_sub(self.evict_ahead), store)?;
+            (victim, _) => {
+                if !ahead {
+                    store.fetch(page)?;
+                }
+                if let Some(v) = victim {
+                    self.drops.push(v);
+                    let down_to = self.resident_max.saturating_sub(self.evict_ahead);
+                    self.evict_down_to(down_to, store)?;
+                }
             }
-            (None, None) => store.fetch(page)?,
         }
         self.update_local_bytes();
         self.prefetch_after(page, store, t0)

@@ -201,18 +201,6 @@ struct Store {
     repair: bool,
 }
 
-impl Store {
-    /// A write-back of one unsealed page (no redundancy, no encryption: one piece).
-    fn plain(page: u64) -> Store {
-        Store {
-            page,
-            stamp: Stamp::default(),
-            waiting: 1,
-            repair: false,
-        }
-    }
-}
-
 enum Op {
     Fetch(Fetch),
     Store(Store),
@@ -1501,15 +1489,6 @@ impl RemoteStore {
                     unit: unit.expect("a write's piece"),
                     refused: None,
                 }),
-                Kind::Swap { wop, rop, .. } => {
-                    self.todo.push(Todo::Place {
-                        op: wop,
-                        piece: 0,
-                        unit: unit.expect("a swap's piece"),
-                        refused: None,
-                    });
-                    self.lost_read(rop, 0);
-                }
                 Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
                 Kind::ReadRange { .. } | Kind::WriteRange { .. } => {
                     unreachable!("the cluster layer sends no byte ranges")
@@ -1819,57 +1798,13 @@ impl PageStore for RemoteStore {
         Ok(())
     }
 
-    fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
-        let one = self.book.codec.plain();
-        let (Some(pg), true) = (self.book.meta.group(page.0), one) else {
-            self.store(victim, data)?;
-            return self.fetch(page);
-        };
-        let (vg, _) = self.target(victim.0)?;
-        if vg != pg {
-            // Two servers: the write goes as a write, not in the fetch's frame.
-            let wop = self.book.op_id();
-            self.send_pieces(wop, victim.0, vg, 1, data);
-            self.book.ops.insert(wop, Op::Store(Store::plain(victim.0)));
-            self.book.busy.insert(victim.0, wop);
-            return self.fetch(page);
-        }
-        let (wop, rop) = (self.book.op_id(), self.book.op_id());
-        self.book.ops.insert(wop, Op::Store(Store::plain(victim.0)));
-        self.book.ops.insert(
-            rop,
-            Op::Fetch(Fetch {
-                page: page.0,
-                stamp: Stamp::default(),
-                group: pg,
-                buf: Vec::new(),
-                have: 0,
-                asked: 1,
-                answered: 0,
-                bad: 0,
-                all: false,
-                repair: false,
-                moving: 0,
-            }),
-        );
-        self.book.busy.insert(victim.0, wop);
-        self.book.busy.insert(page.0, rop);
-        let s = self.book.groups.members[pg as usize][0] as usize;
-        let req = Request::Swap {
-            write_key: PageKey(victim.0),
-            read_key: PageKey(page.0),
-            data,
-        };
-        self.conns[s].submit(
-            req,
-            Kind::Swap {
-                wop,
-                wkey: victim.0,
-                rop,
-                rkey: page.0,
-            },
-        );
-        self.flush()
+    /// A fetch of one copy (`none`, `replicas:N`) is one small frame to one server. A fetch of
+    /// fragments asks K+1 servers, and sent ahead it wakes each of them twice (for the fetch,
+    /// then for the write-back) where `swap` sends both in one write per link: measured on
+    /// ec:4+1, that cost more than the overlap saved (docs/benchmarks.md, "A fault's fetch
+    /// ahead of its victim").
+    fn fetch_ahead(&self) -> bool {
+        self.book.codec.redundancy().needed() == 1
     }
 
     fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {

@@ -124,7 +124,13 @@ pub trait PageStore: Send {
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError>;
     /// Start storing `data` as `page`'s contents; completes with [`Completion::Stored`].
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError>;
-    /// Store `victim` and fetch `page`, in one round trip where the store can.
+    /// Whether a fault's fetch should go out before the write-back of the victim it replaces
+    /// (`fetch`, then `store`) rather than with it (`swap`): true where sending it alone
+    /// costs no more, so the victim's move, seal and write overlap the fetch's round trip.
+    fn fetch_ahead(&self) -> bool {
+        true
+    }
+    /// Store `victim` and fetch `page`, sent together (`fetch` flushes both).
     fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
         self.store(victim, data)?;
         self.fetch(page)

@@ -70,13 +70,6 @@ pub(crate) enum Kind {
         piece: u8,
         key: u64,
     },
-    /// Write `wkey` (piece 0 of `wop`) and read `rkey` (piece 0 of `rop`) in one round trip.
-    Swap {
-        wop: u64,
-        wkey: u64,
-        rop: u64,
-        rkey: u64,
-    },
     /// A byte range of one page (a direct region's, [`crate::direct`]): read `len` bytes at
     /// `offset`, or write there.
     ReadRange {
@@ -310,8 +303,6 @@ pub(crate) struct Conn {
     /// The pool's manager says it keeps pages on disk (`SERVER_DISK`): the slower tier,
     /// placed on only when the RAM servers are full.
     pub(crate) disk: bool,
-    /// Reads to send again (a swap whose write was refused).
-    resend: Vec<Kind>,
     /// The session is a snapshot its parent's connection creates: attach it with
     /// `ATTACH_SNAPSHOT` (wait for it, never create it).
     snapshot: bool,
@@ -559,7 +550,6 @@ impl Conn {
             server_capacity_bytes: limits.server_capacity_bytes,
             full: false,
             disk: false,
-            resend: Vec::new(),
             snapshot: false,
         }
     }
@@ -643,12 +633,7 @@ impl Conn {
     }
 
     pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
-        if !self.frees.is_empty()
-            && matches!(
-                kind,
-                Kind::Write { .. } | Kind::Swap { .. } | Kind::WriteRange { .. }
-            )
-        {
+        if !self.frees.is_empty() && matches!(kind, Kind::Write { .. } | Kind::WriteRange { .. }) {
             // A free queued before this write may name the same key (a page freed and written
             // again before the next flush: the block device does that within one request).
             // The server answers a connection's requests in order, so sending the frees first
@@ -846,10 +831,6 @@ impl Conn {
                 kind: Kind::Write { key, .. },
                 ..
             }) => format!(" while page {key} was being written back"),
-            Some(Pending {
-                kind: Kind::Swap { wkey, rkey, .. },
-                ..
-            }) => format!(" while page {wkey} was being written back and page {rkey} fetched"),
             Some(_) => format!(" with {} requests in flight", self.pending.len()),
             None => String::new(),
         }
@@ -880,11 +861,10 @@ impl Conn {
         self.lost.is_some() || self.relinked.is_some()
     }
 
-    /// The reads waiting on this server, as (operation, piece); a swap's read too.
+    /// The reads waiting on this server, as (operation, piece).
     pub(crate) fn pending_reads(&self) -> impl Iterator<Item = (u64, u8)> + '_ {
         self.pending.iter().filter_map(|p| match p.kind {
             Kind::Read { op, piece, .. } => Some((op, piece)),
-            Kind::Swap { rop, .. } => Some((rop, 0)),
             _ => None,
         })
     }
@@ -896,7 +876,7 @@ impl Conn {
         let frames = self.out.frames(self.pending.iter().map(|p| p.len));
         for (p, frame) in self.pending.iter().zip(frames) {
             let unit = match p.kind {
-                Kind::Write { .. } | Kind::Swap { .. } => Some(written_page(frame)),
+                Kind::Write { .. } => Some(written_page(frame)),
                 _ => None,
             };
             orphans.push(Orphan { kind: p.kind, unit });
@@ -905,7 +885,6 @@ impl Conn {
         self.out = Outbox::default();
         self.sock = None;
         self.frees.clear();
-        self.resend.clear();
         orphans
     }
 
@@ -916,19 +895,7 @@ impl Conn {
         f: &mut dyn FnMut(Answer<'_>),
         now: Instant,
     ) -> Result<(), StoreError> {
-        let r = self.receive(f);
-        for kind in std::mem::take(&mut self.resend) {
-            if let Kind::Read { key, .. } = kind {
-                self.submit(
-                    Request::Read {
-                        key: PageKey(key),
-                        count: 1,
-                    },
-                    kind,
-                );
-            }
-        }
-        r.or_else(|e| self.lose(e, now))
+        self.receive(f).or_else(|e| self.lose(e, now))
     }
 
     fn receive(&mut self, f: &mut dyn FnMut(Answer<'_>)) -> Result<(), StoreError> {
@@ -999,16 +966,6 @@ impl Conn {
                     {
                         f(Answer::Written { op, piece })
                     }
-                    (Kind::Swap { wop, rop, rkey, .. }, Response::SwapOk { read_key, data })
-                        if read_key.0 == rkey && data.len() == unit =>
-                    {
-                        f(Answer::Written { op: wop, piece: 0 });
-                        f(Answer::Read {
-                            op: rop,
-                            piece: 0,
-                            data,
-                        });
-                    }
                     (
                         Kind::ReadRange {
                             op,
@@ -1069,29 +1026,16 @@ impl Conn {
                         },
                     ) => f(Answer::Missing { op, piece }),
                     (
-                        kind @ (Kind::Write { .. } | Kind::Swap { .. }),
+                        Kind::Write { op, piece, .. },
                         Response::Error {
                             code: rmem_proto::ErrorCode::Full,
                             ..
                         },
                     ) => {
-                        // Overcommit: the piece goes to another server; a swap's read is
-                        // sent again on its own.
+                        // Overcommit: the piece goes to another server.
                         self.full = true;
                         let frame = self.out.frames(std::iter::once(pending.len)).next();
                         let unit = written_page(frame.expect("the answered frame"));
-                        let (op, piece) = match kind {
-                            Kind::Write { op, piece, .. } => (op, piece),
-                            Kind::Swap { wop, rop, rkey, .. } => {
-                                self.resend.push(Kind::Read {
-                                    op: rop,
-                                    piece: 0,
-                                    key: rkey,
-                                });
-                                (wop, 0)
-                            }
-                            _ => unreachable!(),
-                        };
                         f(Answer::Full { op, piece, unit });
                     }
                     (_, Response::Error { code, message }) => {
@@ -1251,9 +1195,6 @@ fn describe_request(kind: Kind, unit: usize) -> String {
             format!("a read of page {key} piece {piece} ({unit} bytes)")
         }
         Kind::Write { key, piece, .. } => format!("a write of page {key} piece {piece}"),
-        Kind::Swap { wkey, rkey, .. } => {
-            format!("a swap writing page {wkey} and reading page {rkey} ({unit} bytes)")
-        }
         Kind::ReadRange {
             key, offset, len, ..
         } => format!("a read of {len} bytes at offset {offset} of page {key}"),
@@ -1267,13 +1208,13 @@ fn describe_request(kind: Kind, unit: usize) -> String {
     }
 }
 
-/// The page a Write or Swap frame of ours carries.
+/// The page a Write frame of ours carries.
 fn written_page(frame: &[u8]) -> Vec<u8> {
     let h = parse_header(frame, u32::MAX)
         .expect("a frame we encoded")
         .expect("whole");
     match Request::decode(h.op, &frame[HEADER_LEN..]).expect("a frame we encoded") {
-        Request::Write { data, .. } | Request::Swap { data, .. } => data.to_vec(),
+        Request::Write { data, .. } => data.to_vec(),
         other => unreachable!("{:?} carries no page", other.op()),
     }
 }
