@@ -27,7 +27,9 @@
 //! range written to one creates it zero-filled. `Snapshot` names a copy-on-write snapshot of the
 //! attached session as of that point of the connection's requests (a `fork()` child's pages),
 //! which a connection attaches with [`ATTACH_SNAPSHOT`] and its creator ends with
-//! `EndSnapshot`. Decoding never trusts a length: every field is bounds-checked, and trailing
+//! `EndSnapshot`. `Pull` (version 7) has the server copy pages of the client's session on
+//! another server into this one (a drain's move, server to server; the other server is read
+//! with an [`ATTACH_PEEK`] attach). Decoding never trusts a length: every field is bounds-checked, and trailing
 //! bytes are an error.
 #![forbid(unsafe_code)]
 
@@ -44,8 +46,8 @@ pub const HEADER_LEN: usize = 16;
 /// Magic bytes that open a `Hello` body.
 pub const MAGIC: [u8; 4] = *b"RMEM";
 /// Protocol version spoken by this build. Bumped on any incompatible change (4: units of any
-/// size; 5: snapshots; 6: byte ranges).
-pub const VERSION: u16 = 6;
+/// size; 5: snapshots; 6: byte ranges; 7: pulls between servers).
+pub const VERSION: u16 = 7;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -66,6 +68,10 @@ pub fn unit_len_ok(len: u32) -> bool {
 }
 /// Most keys one `Free` request may carry.
 pub const FREE_KEYS_MAX: usize = 65536;
+/// Most keys one `Pull` request may carry.
+pub const PULL_KEYS_MAX: usize = 1024;
+/// Longest server address a `Pull` names (`host:port`).
+pub const PULL_FROM_MAX: usize = 255;
 /// Most sessions one `StatusOk` lists (the largest first); `sessions_total` counts them all.
 pub const STATUS_SESSIONS_MAX: usize = 65536;
 
@@ -102,8 +108,13 @@ pub const ATTACH_EXCLUSIVE: u32 = 1;
 /// by a `fork()` child's parent): never create it, and wait up to [`SNAPSHOT_WAIT_MS`] for it
 /// to appear (the parent's request may still be on its way); `SessionLost` if it does not.
 pub const ATTACH_SNAPSHOT: u32 = 2;
+/// `Attach` flag: read an existing session on its owner's behalf (another server pulling its
+/// pages, see `Pull`): never create it, leave its lease as it is, fence nobody. Refused with
+/// `SessionLost` when the session is not there; the attachment is fenced like any other by
+/// the owner's next exclusive attach.
+pub const ATTACH_PEEK: u32 = 4;
 /// Every `Attach` flag this version knows; any other bit is refused (room for later ones).
-pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE | ATTACH_SNAPSHOT;
+pub const ATTACH_FLAGS_KNOWN: u32 = ATTACH_EXCLUSIVE | ATTACH_SNAPSHOT | ATTACH_PEEK;
 /// Longest a server waits, answering an `Attach` with [`ATTACH_SNAPSHOT`], for the snapshot to
 /// be created.
 pub const SNAPSHOT_WAIT_MS: u64 = 5000;
@@ -132,6 +143,7 @@ pub enum Op {
     EndSnapshot = 0x0C,
     ReadRange = 0x0D,
     WriteRange = 0x0E,
+    Pull = 0x0F,
     /// The pool manager's protocol ([`pool`]): same frames and handshake, its own version.
     PoolServerBeat = 0x20,
     PoolClientBeat = 0x21,
@@ -150,6 +162,7 @@ pub enum Op {
     SnapshotOk = 0x8B,
     ReadRangeOk = 0x8D,
     WriteRangeOk = 0x8E,
+    Pulled = 0x8F,
     PoolServerAck = 0xA0,
     PoolClientAck = 0xA1,
     PoolStatusOk = 0xA2,
@@ -174,6 +187,7 @@ impl Op {
             0x0C => Op::EndSnapshot,
             0x0D => Op::ReadRange,
             0x0E => Op::WriteRange,
+            0x0F => Op::Pull,
             0x20 => Op::PoolServerBeat,
             0x21 => Op::PoolClientBeat,
             0x22 => Op::PoolStatus,
@@ -191,6 +205,7 @@ impl Op {
             0x8B => Op::SnapshotOk,
             0x8D => Op::ReadRangeOk,
             0x8E => Op::WriteRangeOk,
+            0x8F => Op::Pulled,
             0xA0 => Op::PoolServerAck,
             0xA1 => Op::PoolClientAck,
             0xA2 => Op::PoolStatusOk,
@@ -348,6 +363,15 @@ impl<'a> Cursor<'a> {
     fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
         Ok(self.take(N)?.try_into().unwrap())
     }
+    /// A u16 length and that many bytes of UTF-8, at most [`MESSAGE_LEN_MAX`].
+    fn message(&mut self) -> Result<&'a str, ProtoError> {
+        let n = self.u16()? as usize;
+        if n > MESSAGE_LEN_MAX {
+            return Err(ProtoError::Invalid("message too long"));
+        }
+        std::str::from_utf8(self.take(n)?).map_err(|_| ProtoError::Invalid("message is not UTF-8"))
+    }
+
     fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
         self.pos = self.buf.len();
@@ -440,6 +464,19 @@ pub enum Request<'a> {
         offset: u32,
         data: &'a [u8],
     },
+    /// Copy `keys` of `session` on server `from` (`host:port`) into the attached session
+    /// here, as they are: this server connects to `from` with its own token, attaches
+    /// `session` there with [`ATTACH_PEEK`] and reads them. A drain moves pages this way,
+    /// between servers, without their bytes crossing the client. Answered with `Pulled`
+    /// (how many of the keys, in order, are stored) after at most `deadline_ms`. Like every
+    /// request of a connection it is answered in order: the client's later requests here
+    /// see the pulled pages.
+    Pull {
+        from: &'a str,
+        session: SessionId,
+        deadline_ms: u32,
+        keys: Vec<PageKey>,
+    },
 }
 
 impl Request<'_> {
@@ -459,6 +496,7 @@ impl Request<'_> {
             Request::EndSnapshot { .. } => Op::EndSnapshot,
             Request::ReadRange { .. } => Op::ReadRange,
             Request::WriteRange { .. } => Op::WriteRange,
+            Request::Pull { .. } => Op::Pull,
         }
     }
 
@@ -534,6 +572,22 @@ impl Request<'_> {
                 out.extend_from_slice(&offset.to_le_bytes());
                 rmem_copy::extend(out, data);
             }
+            Request::Pull {
+                from,
+                session,
+                deadline_ms,
+                keys,
+            } => {
+                let from = truncate_utf8(from, PULL_FROM_MAX);
+                out.push(from.len() as u8);
+                out.extend_from_slice(from.as_bytes());
+                out.extend_from_slice(&session.0.to_le_bytes());
+                out.extend_from_slice(&deadline_ms.to_le_bytes());
+                out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+                for k in keys {
+                    out.extend_from_slice(&k.0.to_le_bytes());
+                }
+            }
         }
         patch_len(out, start);
     }
@@ -606,6 +660,27 @@ impl Request<'_> {
                 offset: c.u32()?,
                 data: c.rest(),
             },
+            Op::Pull => {
+                let n = c.take(1)?[0] as usize;
+                let from = std::str::from_utf8(c.take(n)?)
+                    .map_err(|_| ProtoError::Invalid("pull address is not UTF-8"))?;
+                let session = SessionId(u128::from_le_bytes(c.array()?));
+                let deadline_ms = c.u32()?;
+                let n = c.u32()? as usize;
+                if n > PULL_KEYS_MAX {
+                    return Err(ProtoError::Invalid("too many keys in pull"));
+                }
+                let mut keys = Vec::with_capacity(n);
+                for _ in 0..n {
+                    keys.push(PageKey(c.u64()?));
+                }
+                Request::Pull {
+                    from,
+                    session,
+                    deadline_ms,
+                    keys,
+                }
+            }
             other => return Err(ProtoError::WrongDirection(other)),
         };
         c.finish()?;
@@ -749,6 +824,13 @@ pub enum Response<'a> {
         offset: u32,
         len: u32,
     },
+    /// Answers `Pull`: the first `stored` keys are stored here; when that is not all of
+    /// them, `message` says why the rest are not (the other server unreachable or without
+    /// them, this one full, the deadline).
+    Pulled {
+        stored: u32,
+        message: &'a str,
+    },
     Error {
         code: ErrorCode,
         message: &'a str,
@@ -771,6 +853,7 @@ impl Response<'_> {
             Response::Pong { .. } => Op::Pong,
             Response::ReadRangeOk { .. } => Op::ReadRangeOk,
             Response::WriteRangeOk { .. } => Op::WriteRangeOk,
+            Response::Pulled { .. } => Op::Pulled,
             Response::Error { .. } => Op::Error,
         }
     }
@@ -845,6 +928,12 @@ impl Response<'_> {
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&len.to_le_bytes());
             }
+            Response::Pulled { stored, message } => {
+                let m = truncate_utf8(message, MESSAGE_LEN_MAX);
+                out.extend_from_slice(&stored.to_le_bytes());
+                out.extend_from_slice(&(m.len() as u16).to_le_bytes());
+                out.extend_from_slice(m.as_bytes());
+            }
             Response::Error { code, message } => {
                 let m = truncate_utf8(message, MESSAGE_LEN_MAX);
                 out.extend_from_slice(&(*code as u16).to_le_bytes());
@@ -914,16 +1003,14 @@ impl Response<'_> {
                 offset: c.u32()?,
                 len: c.u32()?,
             },
-            Op::Error => {
-                let code = ErrorCode::from_u16(c.u16()?);
-                let n = c.u16()? as usize;
-                if n > MESSAGE_LEN_MAX {
-                    return Err(ProtoError::Invalid("error message too long"));
-                }
-                let message = std::str::from_utf8(c.take(n)?)
-                    .map_err(|_| ProtoError::Invalid("error message is not UTF-8"))?;
-                Response::Error { code, message }
-            }
+            Op::Pulled => Response::Pulled {
+                stored: c.u32()?,
+                message: c.message()?,
+            },
+            Op::Error => Response::Error {
+                code: ErrorCode::from_u16(c.u16()?),
+                message: c.message()?,
+            },
             other => return Err(ProtoError::WrongDirection(other)),
         };
         c.finish()?;
@@ -1024,6 +1111,56 @@ mod tests {
             offset: 3,
             data: &page[..100],
         });
+        roundtrip_req(Request::Pull {
+            from: "10.0.0.2:7070",
+            session: SessionId(u128::MAX - 9),
+            deadline_ms: 1500,
+            keys: vec![PageKey(4), PageKey(5), PageKey(u64::MAX)],
+        });
+    }
+
+    #[test]
+    fn pull_bodies_are_bounds_checked() {
+        let pull = |keys: usize| {
+            let mut buf = Vec::new();
+            Request::Pull {
+                from: "a:1",
+                session: SessionId(1),
+                deadline_ms: 1,
+                keys: (0..keys as u64).map(PageKey).collect(),
+            }
+            .encode(1, &mut buf);
+            buf.split_off(HEADER_LEN)
+        };
+        assert!(Request::decode(Op::Pull, &pull(PULL_KEYS_MAX)).is_ok());
+        assert!(matches!(
+            Request::decode(Op::Pull, &pull(PULL_KEYS_MAX + 1)),
+            Err(ProtoError::Invalid(_))
+        ));
+        // An address of more bytes than the frame holds, and one that is not UTF-8.
+        let mut body = pull(1);
+        body[0] = 200;
+        assert!(Request::decode(Op::Pull, &body).is_err());
+        let mut body = pull(1);
+        body[1] = 0xFF;
+        assert!(matches!(
+            Request::decode(Op::Pull, &body),
+            Err(ProtoError::Invalid(_))
+        ));
+        // A longer address is cut at the limit when sent.
+        let long = "x".repeat(PULL_FROM_MAX + 10);
+        let mut buf = Vec::new();
+        Request::Pull {
+            from: &long,
+            session: SessionId(1),
+            deadline_ms: 1,
+            keys: vec![],
+        }
+        .encode(1, &mut buf);
+        match Request::decode(Op::Pull, &buf[HEADER_LEN..]).unwrap() {
+            Request::Pull { from, .. } => assert_eq!(from.len(), PULL_FROM_MAX),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -1090,6 +1227,10 @@ mod tests {
             key: PageKey(5),
             offset: 4001,
             data: &page[..95],
+        });
+        roundtrip_resp(Response::Pulled {
+            stored: 3,
+            message: "10.0.0.2:7070 does not answer",
         });
         roundtrip_resp(Response::WriteRangeOk {
             key: PageKey(5),

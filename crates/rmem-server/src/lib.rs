@@ -20,6 +20,7 @@
 pub mod disk;
 pub mod manager;
 pub mod metrics;
+mod peer;
 pub mod reclaim;
 pub mod session;
 pub mod slab;
@@ -42,6 +43,9 @@ pub const CONNECTIONS_MAX: usize = 1024;
 /// bytes come.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_BUFFER: usize = 256 * 1024;
+/// Longest a `Pull` may take, whatever its deadline says: the client's other requests on
+/// the connection wait behind it.
+pub const PULL_DEADLINE_MAX_MS: u32 = 10_000;
 /// The lease of a session when `--lease` is not given.
 pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
 
@@ -249,7 +253,7 @@ impl Server {
             let config = self.config.clone();
             let state = self.state.clone();
             std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
-                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0, scratch: Vec::new() };
+                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0, scratch: Vec::new(), peer: None };
                 log_close(me, peer, conn.serve(sock));
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if let Some(a) = conn.attachment.take() {
@@ -375,6 +379,9 @@ struct Connection<'a> {
     page_size: usize,
     /// A page read for a swap's answer (disk-backed servers read into it).
     scratch: Vec<u8>,
+    /// The link to the server this connection's client last pulled pages from, kept for
+    /// its next pull ([`peer`]).
+    peer: Option<peer::Peer>,
 }
 
 fn is_disconnect(e: &io::Error) -> bool {
@@ -744,6 +751,42 @@ impl Connection<'_> {
             | Request::Auth { .. }
             | Request::Attach { .. }
             | Request::Status => unreachable!(),
+            Request::Pull {
+                from,
+                session,
+                deadline_ms,
+                keys,
+            } => {
+                drop(pages);
+                let deadline = Instant::now()
+                    + Duration::from_millis(deadline_ms.clamp(1, PULL_DEADLINE_MAX_MS).into());
+                let to = peer::Into {
+                    attachment: a,
+                    sessions,
+                    capacity,
+                };
+                let want = peer::Want {
+                    from,
+                    session,
+                    token: &self.config.token,
+                    unit: self.page_size,
+                    deadline,
+                };
+                let (stored, message) = peer::pull(&mut self.peer, want, &keys, to);
+                if stored < keys.len() {
+                    log::warn!(
+                        "{}: pulled {stored} of {} pages of session {} from {from}: {message}",
+                        self.me,
+                        keys.len(),
+                        a.session.id
+                    );
+                }
+                Response::Pulled {
+                    stored: stored as u32,
+                    message: &message,
+                }
+                .encode(tag, out);
+            }
             Request::Read { key, count } => {
                 if count == 0
                     || count as u64 * self.page_size as u64 + 64 > self.config.frame_len_max as u64
@@ -917,6 +960,8 @@ impl Connection<'_> {
         let exclusive = flags & rmem_proto::ATTACH_EXCLUSIVE != 0;
         let mode = if flags & rmem_proto::ATTACH_SNAPSHOT != 0 {
             AttachMode::Snapshot(Duration::from_millis(rmem_proto::SNAPSHOT_WAIT_MS))
+        } else if flags & rmem_proto::ATTACH_PEEK != 0 {
+            AttachMode::Peek
         } else {
             AttachMode::Create
         };
@@ -927,9 +972,10 @@ impl Connection<'_> {
                 .attach(session, self.page_size, lease, exclusive, mode)
             {
                 Ok(a) => a,
-                // A snapshot that never came: the client's pages are not here (its parent lost
-                // them, or the snapshot ended). It says so, then the connection closes.
-                Err(message) if matches!(mode, AttachMode::Snapshot(_)) => {
+                // A snapshot that never came, or a session to peek at that is not here: the
+                // client's pages are not here (its parent lost them, the snapshot ended, the
+                // lease ran out). It says so, then the connection closes.
+                Err(message) if mode != AttachMode::Create => {
                     Response::Error {
                         code: ErrorCode::SessionLost,
                         message: &message,

@@ -299,6 +299,9 @@ pub enum AttachMode {
     Create,
     /// A snapshot another connection creates: wait up to this long for it, never create it.
     Snapshot(Duration),
+    /// Another server reading the session for its owner (`ATTACH_PEEK`): never create it,
+    /// keep its lease, fence nobody.
+    Peek,
 }
 
 impl Sessions {
@@ -384,6 +387,9 @@ impl Sessions {
                     .0;
             }
         }
+        if mode == AttachMode::Peek && !table.contains_key(&id) {
+            return Err(Refusal::Gone(id).to_string());
+        }
         let session = table
             .entry(id)
             .or_insert_with(|| {
@@ -399,12 +405,15 @@ impl Sessions {
             ));
         }
         let m = family.members.get_mut(&id).expect("a session in the table");
-        if exclusive {
+        if exclusive && mode != AttachMode::Peek {
             m.epoch += 1;
         }
         m.connections += 1;
         m.renewed = Instant::now();
-        m.lease = lease;
+        if mode != AttachMode::Peek {
+            m.lease = lease;
+        }
+        let lease = m.lease;
         let epoch = m.epoch;
         let session_bytes = (m.own.slots() * page_size) as u64;
         drop(family);

@@ -699,3 +699,83 @@ fn a_handshake_trickled_a_byte_at_a_time_is_cut_off_at_its_deadline() {
         "closed after {took:?}"
     );
 }
+
+/// What a `Pull` answered.
+fn pull(c: &mut Client, from: SocketAddr, session: SessionId, keys: &[u64]) -> (u32, String) {
+    let (op, body) = c.call(Request::Pull {
+        from: &from.to_string(),
+        session,
+        deadline_ms: 2000,
+        keys: keys.iter().map(|&k| PageKey(k)).collect(),
+    });
+    match Response::decode(op, &body).unwrap() {
+        Response::Pulled { stored, message } => (stored, message.to_string()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_pull_copies_pages_from_another_server_and_says_what_it_could_not() {
+    let (src, src_state) = server(64);
+    let (dst, dst_state) = server(6);
+    let id = SessionId::random().unwrap();
+    let (mut owner, _) = Client::attach(src, id, 0);
+    for key in [1u64, 2, 3, 7, 20] {
+        let (op, _) = owner.call(Request::Write {
+            key: PageKey(key),
+            count: 1,
+            data: &[key as u8; PS],
+        });
+        assert_eq!(op, Op::WriteOk);
+    }
+    let (mut c, _) = Client::attach(dst, id, 0);
+    // Consecutive and scattered keys, all there.
+    assert_eq!(pull(&mut c, src, id, &[1, 2, 3, 7]), (4, String::new()));
+    for key in [1u64, 2, 3, 7] {
+        assert_eq!(c.read(key).unwrap(), vec![key as u8; PS], "page {key}");
+    }
+    // The owner's session there is as it was: one attachment of its own more (the peek's),
+    // its pages, and nothing created by a peek at a session that is not there.
+    assert_eq!(src_state.used_bytes(), 5 * PS as u64);
+    let (stored, why) = pull(&mut c, src, SessionId(12345), &[1]);
+    assert_eq!(stored, 0);
+    assert!(why.contains("refused"), "{why}");
+    assert!(src_state
+        .sessions()
+        .iter()
+        .all(|s| s.id != SessionId(12345)));
+    // A key the other server does not hold: the ones before it are stored (a run of
+    // consecutive keys is read at once: one of them missing stores none of that run).
+    let (stored, why) = pull(&mut c, src, id, &[20, 22, 7]);
+    assert_eq!(stored, 1, "{why}");
+    assert!(why.contains("refused"), "{why}");
+    assert_eq!(c.read(20).unwrap(), vec![20; PS]);
+    // Nobody there, and this server full (6 pages: 5 held, the pulls of 1 and 2 overwrite).
+    let dead = TcpStream::connect(src).unwrap().local_addr().unwrap();
+    let (stored, why) = pull(&mut c, dead, id, &[1]);
+    assert_eq!(stored, 0);
+    assert!(why.contains("cannot connect"), "{why}");
+    let (stored, why) = pull(&mut c, src, id, &[1, 2, 3, 7, 20]);
+    assert_eq!(stored, 5, "overwrites need no room: {why}");
+    let (op, _) = owner.call(Request::Write {
+        key: PageKey(30),
+        count: 2,
+        data: &[30; 2 * PS],
+    });
+    assert_eq!(op, Op::WriteOk);
+    let (stored, why) = pull(&mut c, src, id, &[30, 31]);
+    assert_eq!((stored, why.as_str()), (1, "this server is full"));
+    assert_eq!(dst_state.used_bytes(), 6 * PS as u64);
+    // The owner's exclusive attach fences the peek: the next pull opens a new link.
+    assert_eq!(pull(&mut c, src, id, &[1]), (1, String::new()));
+    let (mut owner2, _) = Client::attach(src, id, rmem_proto::ATTACH_EXCLUSIVE);
+    assert!(owner.read(1).is_err(), "the old attachment is fenced");
+    let (op, _) = owner2.call(Request::Write {
+        key: PageKey(2),
+        count: 1,
+        data: &[0x77; PS],
+    });
+    assert_eq!(op, Op::WriteOk);
+    assert_eq!(pull(&mut c, src, id, &[2]), (1, String::new()));
+    assert_eq!(c.read(2).unwrap(), vec![0x77; PS]);
+}
