@@ -411,6 +411,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             .encode(7, o)
         }),
         frame(&|o| Request::Ping.encode(8, o)),
+        frame(&|o| {
+            // Nobody listens on port 1: the server's pull fails at once.
+            Request::Pull {
+                from: "127.0.0.1:1",
+                session: SessionId(0xF022),
+                deadline_ms: 50,
+                keys: vec![PageKey(5), PageKey(6)],
+            }
+            .encode(12, o)
+        }),
         frame(&|o| Request::Status.encode(9, o)),
         frame(&|o| {
             Request::Snapshot {
@@ -504,6 +514,13 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 len: 6,
             }
             .encode(13, o)
+        }),
+        frame(&|o| {
+            Response::Pulled {
+                stored: 1,
+                message: "cannot connect to 127.0.0.1:1",
+            }
+            .encode(15, o)
         }),
     ];
     // What client_session's honest server would answer to its five requests (then other

@@ -55,6 +55,10 @@ pub struct PoolBenchArgs {
     /// Seconds the program runs before the drain or the memory pressure, for its rate.
     #[arg(long, default_value_t = 2.0)]
     pub before_s: f64,
+    /// Move a drained or reclaiming server's pages through the program's client (a read and
+    /// a write each), as before servers pulled them from each other: for comparison.
+    #[arg(long)]
+    pub no_pull: bool,
     /// Direct-access calls timed per transfer size and direction (fewer for large sizes:
     /// at most 256 MiB moved per size).
     #[arg(long, default_value_t = 2000)]
@@ -290,6 +294,7 @@ fn migrate(
         page_size: page,
         local_bytes: (size * a.local_percent / 100).max(8 * page as u64),
         region_bytes: 1 << 36,
+        pull: !a.no_pull,
         ..Config::default()
     };
     let rt = Runtime::connect(&config).map_err(|e| rmem_client::error_chain(&e))?;

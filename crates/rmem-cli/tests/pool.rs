@@ -308,8 +308,17 @@ fn an_erasure_coded_drain_moves_each_fragment_as_it_is() {
     );
     assert_eq!(v["pieces_bad"].as_u64(), Some(0), "{v}\n{}", shown(&out));
     assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{}", shown(&out));
+    // The servers taking them copied them (server to server), and no pull failed for want
+    // of a link between the servers.
+    let pulled = v["pieces_pulled"].as_u64().unwrap();
+    assert!(pulled > 0 && pulled <= moved, "{v}\n{}", shown(&out));
+    assert!(
+        !shown(&out).contains("could not copy pages"),
+        "{}",
+        shown(&out)
+    );
     eprintln!(
-        "{moved} fragments moved as they were, {} pages moved",
+        "{moved} fragments moved as they were ({pulled} pulled server to server), {} pages moved",
         v["pages_repaired"]
     );
 }

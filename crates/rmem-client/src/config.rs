@@ -78,6 +78,9 @@ pub struct Config {
     /// Linux's overcommit); off (`RMEM_OVERCOMMIT=0`), an allocation beyond the servers'
     /// capacity fails.
     pub overcommit: bool,
+    /// A drained server's pages are copied by the servers that take them (`Request::Pull`),
+    /// not read and written again by this client (`RMEM_PULL`, default on).
+    pub pull: bool,
     /// How pages are kept on the servers; `None`: chosen by [`Config::layout`] (auto).
     pub redundancy: Option<crate::store::codec::Redundancy>,
     /// Encrypt pages; `None`: whenever a server is not on loopback.
@@ -111,6 +114,7 @@ impl Default for Config {
             trace: None,
             prefetch: true,
             overcommit: true,
+            pull: true,
             redundancy: None,
             encrypt: None,
             fault_by_signal: false,
@@ -347,6 +351,7 @@ impl Config {
             },
             prefetch: on_off_var("RMEM_PREFETCH", d.prefetch)?,
             overcommit: on_off_var("RMEM_OVERCOMMIT", d.overcommit)?,
+            pull: on_off_var("RMEM_PULL", d.pull)?,
             redundancy: match var("RMEM_REDUNDANCY").as_deref() {
                 None | Some("auto") => own.and_then(|o| o.redundancy),
                 Some(v) => Some(crate::store::codec::Redundancy::parse(v).map_err(|reason| {

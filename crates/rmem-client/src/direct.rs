@@ -602,6 +602,7 @@ impl Engine {
                         Answer::Full { op, .. } | Answer::Missing { op, .. } => {
                             refused.push((op, s))
                         }
+                        Answer::Pulled { .. } => unreachable!("a region sends no pulls"),
                     }
                 },
                 now,

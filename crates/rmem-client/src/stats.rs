@@ -134,6 +134,7 @@ impl Stats {
             servers_lost: store(|c| &c.servers_lost),
             pages_repaired: store(|c| &c.pages_repaired),
             pieces_moved: store(|c| &c.pieces_moved),
+            pieces_pulled: store(|c| &c.pieces_pulled),
             repair_s: store(|c| &c.repair_us) as f64 / 1e6,
             pieces_bad: store(|c| &c.pieces_bad),
             failovers: store(|c| &c.failovers),
@@ -193,6 +194,8 @@ pub struct StatsSnapshot {
     pub pages_repaired: u64,
     /// Of the pieces that moved, those read off their draining server as they were.
     pub pieces_moved: u64,
+    /// Of those, the ones the server taking them copied itself (server to server).
+    pub pieces_pulled: u64,
     pub repair_s: f64,
     pub pieces_bad: u64,
     pub failovers: u64,
@@ -220,6 +223,7 @@ impl StatsSnapshot {
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
             ("pieces_moved", self.pieces_moved),
+            ("pieces_pulled", self.pieces_pulled),
             ("pieces_bad", self.pieces_bad),
             ("failovers", self.failovers),
         ];

@@ -70,7 +70,7 @@ pub fn unit_len_ok(len: u32) -> bool {
 pub const FREE_KEYS_MAX: usize = 65536;
 /// Most keys one `Pull` request may carry.
 pub const PULL_KEYS_MAX: usize = 1024;
-/// Longest server address a `Pull` names (`host:port`).
+/// Longest server address a `Pull` names (`ip:port`).
 pub const PULL_FROM_MAX: usize = 255;
 /// Most sessions one `StatusOk` lists (the largest first); `sessions_total` counts them all.
 pub const STATUS_SESSIONS_MAX: usize = 65536;
@@ -464,7 +464,8 @@ pub enum Request<'a> {
         offset: u32,
         data: &'a [u8],
     },
-    /// Copy `keys` of `session` on server `from` (`host:port`) into the attached session
+    /// Copy `keys` of `session` on server `from` (an IP address and port, never a name)
+    /// into the attached session
     /// here, as they are: this server connects to `from` with its own token, attaches
     /// `session` there with [`ATTACH_PEEK`] and reads them. A drain moves pages this way,
     /// between servers, without their bytes crossing the client. Answered with `Pulled`

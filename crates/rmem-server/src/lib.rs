@@ -43,6 +43,9 @@ pub const CONNECTIONS_MAX: usize = 1024;
 /// bytes come.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_BUFFER: usize = 256 * 1024;
+/// What is left of a frame's body read straight into it rather than through the reader's
+/// buffer, when that buffer is empty.
+const DIRECT_READ_MIN: usize = 16 * 1024;
 /// Longest a `Pull` may take, whatever its deadline says: the client's other requests on
 /// the connection wait behind it.
 pub const PULL_DEADLINE_MAX_MS: u32 = 10_000;
@@ -416,8 +419,8 @@ impl Read for Deadlined {
 }
 
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
-fn read_frame<R: BufRead>(
-    r: &mut R,
+fn read_frame<R: Read>(
+    r: &mut BufReader<R>,
     max: u32,
     body: &mut Vec<u8>,
 ) -> Result<Option<rmem_proto::Header>, Close> {
@@ -438,9 +441,25 @@ fn read_frame<R: BufRead>(
     }
     let h = parse_header(&hdr, max)?.expect("full header");
     body.resize(h.len as usize, 0);
-    // Out of the reader's buffer with rmem_copy (a page's offset there is the stream's).
+    // Out of the reader's buffer with rmem_copy (a page's offset there is the stream's); once
+    // that is empty, the rest of a large body straight from the socket (no copy through the
+    // buffer: pages are most of what a server reads).
     let mut got = 0;
     while got < body.len() {
+        if r.buffer().is_empty() && body.len() - got >= DIRECT_READ_MIN {
+            match r.get_mut().read(&mut body[got..]) {
+                Ok(0) => {
+                    return Err(Close::Bad(format!(
+                        "truncated {:?} frame (body of {} bytes)",
+                        h.op, h.len
+                    )))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+            continue;
+        }
         let buffered = match r.fill_buf() {
             Ok([]) => {
                 return Err(Close::Bad(format!(
@@ -473,8 +492,8 @@ struct Welcomed {
 /// client's protocol version and unit size (or says why it refuses them, which the client is
 /// told); `welcome` fills in the answer. The unit size on success; `None` if the peer closed
 /// before saying anything.
-fn accept<R: BufRead>(
-    reader: &mut R,
+fn accept<R: Read>(
+    reader: &mut BufReader<R>,
     writer: &mut BufWriter<TcpStream>,
     token: &[u8],
     hello: impl FnOnce(u16, u32) -> Result<(), (ErrorCode, String)>,
@@ -774,7 +793,9 @@ impl Connection<'_> {
                 };
                 let (stored, message) = peer::pull(&mut self.peer, want, &keys, to);
                 if stored < keys.len() {
-                    log::warn!(
+                    // Routine when the client wrote a page meanwhile (its old copy is freed
+                    // there): the client decides what it means.
+                    log::info!(
                         "{}: pulled {stored} of {} pages of session {} from {from}: {message}",
                         self.me,
                         keys.len(),

@@ -19,7 +19,7 @@ use crate::session::{Attachment, Sessions, StoreRefusal};
 use crate::{read_frame, Deadlined};
 use rmem_proto::{auth, PageKey, Request, Response, SessionId};
 use std::io::{BufReader, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::Instant;
 
 /// An open, attached link to another server.
@@ -30,6 +30,9 @@ pub(crate) struct Peer {
     sock: TcpStream,
     reader: BufReader<Deadlined>,
     frame_len_max: u32,
+    /// The frame being read, kept for the next: a pull's answers are up to a frame of pages
+    /// each, and a fresh buffer that size costs its page faults every time.
+    body: Vec<u8>,
 }
 
 /// Where pulled pages go: the client's session here.
@@ -58,23 +61,14 @@ impl Peer {
                 Ok(t)
             }
         };
-        let addrs: Vec<_> = w
+        // An address, not a name: the client names the socket address it is connected to,
+        // and resolving names here would let a request wait on DNS.
+        let addr: std::net::SocketAddr = w
             .from
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {}: {e}", w.from))?
-            .collect();
-        let mut last = format!("{} resolves to no address", w.from);
-        let mut sock = None;
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, left("connecting")?) {
-                Ok(s) => {
-                    sock = Some(s);
-                    break;
-                }
-                Err(e) => last = format!("cannot connect to {}: {e}", w.from),
-            }
-        }
-        let sock = sock.ok_or(last)?;
+            .parse()
+            .map_err(|_| format!("{:?} is not an IP address and port", w.from))?;
+        let sock = TcpStream::connect_timeout(&addr, left("connecting")?)
+            .map_err(|e| format!("cannot connect to {}: {e}", w.from))?;
         sock.set_nodelay(true).map_err(|e| e.to_string())?;
         let reader = BufReader::with_capacity(
             crate::IO_BUFFER,
@@ -90,6 +84,7 @@ impl Peer {
             sock,
             reader,
             frame_len_max: 4096,
+            body: Vec::new(),
         };
         let mut t = auth::Transcript {
             client_nonce: auth::nonce().map_err(|e| e.to_string())?,
@@ -157,7 +152,7 @@ impl Peer {
         &mut self,
         keys: &[PageKey],
         deadline: Instant,
-        mut store: impl FnMut(u64, &[u8]) -> Result<(), String>,
+        store: impl FnMut(u64, &[u8]) -> Result<(), String>,
     ) -> (usize, String) {
         self.reader.get_mut().deadline = Some(deadline);
         let per_read = ((self.frame_len_max as usize).saturating_sub(64) / self.unit).max(1);
@@ -183,19 +178,33 @@ impl Peer {
         if let Err(e) = self.sock.write_all(&frames) {
             return (0, format!("{}: {e}", self.from));
         }
+        let mut body = std::mem::take(&mut self.body);
+        let done = self.store_answers(&runs, &mut body, store);
+        self.body = body;
+        done
+    }
+
+    /// The answers to the reads of `runs`, in order, each page handed to `store`: the pages
+    /// stored, and why not all were.
+    fn store_answers(
+        &mut self,
+        runs: &[(u64, u32)],
+        body: &mut Vec<u8>,
+        mut store: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    ) -> (usize, String) {
         let mut stored = 0;
-        let mut body = Vec::new();
-        for &(key, count) in &runs {
-            let data = match self.answer(&mut body, "read answer") {
+        let unit = self.unit;
+        for &(key, count) in runs {
+            let data = match self.answer(body, "read answer") {
                 Ok(Response::ReadOk {
                     key: k,
                     count: c,
                     data,
-                }) if k.0 == key && c == count && data.len() == count as usize * self.unit => data,
+                }) if k.0 == key && c == count && data.len() == count as usize * unit => data,
                 Ok(other) => return (stored, refused("read answer", &other)),
                 Err(e) => return (stored, e),
             };
-            for (i, page) in data.chunks(self.unit).enumerate() {
+            for (i, page) in data.chunks(unit).enumerate() {
                 if let Err(e) = store(key.wrapping_add(i as u64), page) {
                     return (stored, e);
                 }

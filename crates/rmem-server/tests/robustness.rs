@@ -755,6 +755,20 @@ fn a_pull_copies_pages_from_another_server_and_says_what_it_could_not() {
     let (stored, why) = pull(&mut c, dead, id, &[1]);
     assert_eq!(stored, 0);
     assert!(why.contains("cannot connect"), "{why}");
+    // A name is not resolved (a request would wait on DNS): addresses only.
+    let (op, body) = c.call(Request::Pull {
+        from: &format!("localhost:{}", src.port()),
+        session: id,
+        deadline_ms: 2000,
+        keys: vec![PageKey(1)],
+    });
+    match Response::decode(op, &body).unwrap() {
+        Response::Pulled { stored, message } => {
+            assert_eq!(stored, 0);
+            assert!(message.contains("not an IP address"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
     let (stored, why) = pull(&mut c, src, id, &[1, 2, 3, 7, 20]);
     assert_eq!(stored, 5, "overwrites need no room: {why}");
     let (op, _) = owner.call(Request::Write {

@@ -65,6 +65,12 @@ pub const SERVERS_MAX: usize = u16::MAX as usize - 1;
 /// links. (Measured at 64 KiB pages: 256 rebuilt no faster with the program idle, and 4
 /// while it ran made a drain half as fast: docs/benchmarks.md.)
 pub const REPAIR_WINDOW: usize = 32;
+/// Keys per pull (`Request::Pull`), and pieces being pulled by one server at once: a pull
+/// holds that server's answers to this client's other requests (the program's faults) until
+/// it is done, so few are queued there (two pulls of 16 pages of 64 KiB: a fault waits a
+/// few milliseconds at most), while every server taking pieces pulls at once.
+pub const PULL_KEYS: usize = 16;
+pub const PULL_PER_SERVER: usize = 2 * PULL_KEYS;
 /// A buried server is tried again this often, with this connect timeout, so that one that
 /// comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
@@ -225,6 +231,50 @@ enum Todo {
     },
     /// A repair's writes are all acknowledged.
     Repaired,
+    /// A server answered a pull: the first `stored` keys of `batch` are stored there.
+    Pulled {
+        batch: u64,
+        stored: usize,
+        why: String,
+    },
+}
+
+/// A page whose pieces on draining servers the servers that will hold them pull
+/// (`Request::Pull`). Until every pull is answered the page stays where it was: it is read
+/// there, and a write-back meanwhile heals its group as any write does (the pulled copies
+/// are then not its latest: `superseded`, and it does not move).
+struct PullMove {
+    /// The group it leaves, and the members it takes when every pull succeeded.
+    from: u16,
+    to: Box<[u16]>,
+    /// The pieces being pulled.
+    moving: u32,
+    /// Pieces not answered yet; pieces not stored.
+    waiting: u32,
+    failed: u32,
+    superseded: bool,
+}
+
+/// One `Pull` request: its server, and the (page, piece) of each key, in order.
+struct PullBatch {
+    dst: u16,
+    src: u16,
+    items: Vec<(u64, u8)>,
+}
+
+/// Moves server to server, for drains (see [`PullMove`]).
+#[derive(Default)]
+struct Pulls {
+    /// Off (`RMEM_PULL=0`): every move goes through this client.
+    off: bool,
+    moves: HashMap<u64, PullMove>,
+    batches: HashMap<u64, PullBatch>,
+    next_batch: u64,
+    /// Servers a pull failed on while its source still answered (they cannot reach it, or
+    /// do not know the token): their pages move through this client from then on.
+    refused: Vec<bool>,
+    /// Pieces each server is pulling now.
+    taking: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -273,6 +323,7 @@ pub struct RemoteStore {
     /// Servers that refused a page (`Full`) until it is stored.
     refusals: HashMap<u64, Vec<usize>>,
     repair: Repair,
+    pulls: Pulls,
     next_revive: Instant,
     /// The codec the fork() child of the latest snapshot seals with (its own key: see
     /// [`Stamp`]), made in [`PageStore::snapshot`] where failing is an answer; the child
@@ -384,6 +435,11 @@ impl Book {
                 piece,
                 unit,
                 refused: Some(s),
+            }),
+            Answer::Pulled { batch, stored, why } => todo.push(Todo::Pulled {
+                batch,
+                stored: stored as usize,
+                why: why.to_string(),
             }),
         }
     }
@@ -640,14 +696,16 @@ impl RemoteStore {
             redundancy,
             encrypt,
         };
-        RemoteStore::open(
+        let mut store = RemoteStore::open(
             &c.servers,
             &c.token,
             c.page_size,
             layout,
             Timing::of(&c),
             Some(link),
-        )
+        )?;
+        store.pulls.off = !c.pull;
+        Ok(store)
     }
 
     /// Open a session on every server of `servers` (in a pool, those that answer: the
@@ -701,6 +759,7 @@ impl RemoteStore {
             todo: Vec::new(),
             refusals: HashMap::new(),
             repair: Repair::default(),
+            pulls: Pulls::default(),
             next_revive: Instant::now(),
             child_codec: None,
             finished: Vec::new(),
@@ -824,8 +883,7 @@ impl RemoteStore {
                         }
                         continue;
                     }
-                    self.book.draining[s] = true;
-                    let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
+                    let queued = self.drain(s);
                     let why = if offer.flags & SERVER_NODE_BORROWS != 0 {
                         "lends nothing while its node borrows (reclaiming)"
                     } else if reclaiming {
@@ -1016,6 +1074,7 @@ impl RemoteStore {
         if old == new {
             return;
         }
+        self.supersede(page);
         let unit = self.book.unit() as u64;
         let members = |g: Option<u16>, b: &Book| {
             g.map(|g| b.groups.members[g as usize].to_vec())
@@ -1125,6 +1184,7 @@ impl RemoteStore {
 
     /// Start writing `data` as `page`: a new version, its pieces to its group.
     fn start_store(&mut self, page: u64, data: &[u8]) -> Result<u64, StoreError> {
+        self.supersede(page);
         let (g, _) = self.target(page)?;
         let stamp = if self.book.codec.plain() {
             Stamp::default()
@@ -1419,6 +1479,7 @@ impl RemoteStore {
         }
         self.book.groups.pages[g as usize] -= 1;
         self.book.groups.pages[ng as usize] += 1;
+        self.supersede(page);
         self.book.meta.set_group(page, Some(ng));
         let to = members[piece as usize];
         if to == NONE {
@@ -1488,6 +1549,11 @@ impl RemoteStore {
                     piece,
                     unit: unit.expect("a write's piece"),
                     refused: None,
+                }),
+                Kind::Pull { batch } => self.todo.push(Todo::Pulled {
+                    batch,
+                    stored: 0,
+                    why: "the server was lost".into(),
                 }),
                 Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
                 Kind::ReadRange { .. } | Kind::WriteRange { .. } => {
@@ -1578,6 +1644,7 @@ impl RemoteStore {
                     self.repair.pages += 1;
                     self.book.counters.pages_repaired.fetch_add(1, Relaxed);
                 }
+                Todo::Pulled { batch, stored, why } => self.pulled(batch, stored, &why),
             }
         }
         Ok(())
@@ -1601,10 +1668,8 @@ impl RemoteStore {
             return Ok(());
         }
         let mut later = std::mem::take(&mut self.repair.waiting);
-        while self.repair.in_flight < REPAIR_WINDOW {
-            let Some(page) = self.repair.queue.pop_front() else {
-                break;
-            };
+        let mut pulls: HashMap<(u16, u16), Vec<(u64, u8)>> = HashMap::new();
+        while let Some(page) = self.repair.queue.pop_front() {
             let Some(g) = self.book.meta.group(page) else {
                 continue;
             };
@@ -1619,10 +1684,26 @@ impl RemoteStore {
                 self.repair.degraded += 1;
                 continue;
             }
-            if self.book.busy.contains_key(&page) {
+            if self.book.busy.contains_key(&page) || self.pulls.moves.contains_key(&page) {
                 later.push(page);
                 continue;
             }
+            match self.pull_move(page, g) {
+                Some(to) if !self.may_take(g, &to) => {
+                    self.repair.queue.push_front(page);
+                    break;
+                }
+                Some(to) => {
+                    self.start_pull(page, g, to, &mut pulls);
+                    continue;
+                }
+                None if self.repair.in_flight >= REPAIR_WINDOW => {
+                    self.repair.queue.push_front(page);
+                    break;
+                }
+                None => {}
+            }
+            let m = &self.book.groups.members[g as usize];
             self.repair.in_flight += 1;
             let purpose = match self.movable(m) {
                 0 => Purpose::Repair,
@@ -1630,9 +1711,11 @@ impl RemoteStore {
             };
             self.start_fetch(page, purpose)?;
         }
+        self.send_pulls(pulls);
         self.repair.queue.extend(later.drain(..));
         self.repair.waiting = later;
-        if self.repair.queue.is_empty() && self.repair.in_flight == 0 {
+        if self.repair.queue.is_empty() && self.repair.in_flight == 0 && self.pulls.moves.is_empty()
+        {
             let t = self.repair.started.take().expect("checked");
             let secs = t.elapsed().as_secs_f64();
             self.book
@@ -1658,6 +1741,197 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// The members `page` (in group `g`) would have if its pieces on draining servers were
+    /// pulled there by the servers that take them, or `None` where it must move through this
+    /// client: pulls off, a member lost or in an outage (a rebuild, not a move), or a
+    /// server that would take a piece full, in an outage or failed a pull before.
+    fn pull_move(&self, page: u64, g: u16) -> Option<Box<[u16]>> {
+        if self.pulls.off {
+            return None;
+        }
+        let m = &self.book.groups.members[g as usize];
+        let usable = |s: u16| {
+            self.book.alive(s)
+                && !self.conns[s as usize].in_outage()
+                && self.conns[s as usize].peer_addr().is_some()
+                && !self.pulls.refused.get(s as usize).copied().unwrap_or(false)
+        };
+        if !m.iter().all(|&s| usable(s)) {
+            return None;
+        }
+        let to = self.heal(page, m).ok()?;
+        (0..m.len())
+            .filter(|&i| to[i] != m[i])
+            .all(|i| usable(to[i]) && !self.conns[to[i] as usize].full)
+            .then(|| to.into_boxed_slice())
+    }
+
+    /// Whether every server that would take a piece of a page in group `g` (to members `to`)
+    /// may pull one more now ([`PULL_PER_SERVER`]).
+    fn may_take(&self, g: u16, to: &[u16]) -> bool {
+        let m = &self.book.groups.members[g as usize];
+        (0..m.len())
+            .filter(|&i| to[i] != m[i])
+            .all(|i| self.pulls.taking.get(to[i] as usize).copied().unwrap_or(0) < PULL_PER_SERVER)
+    }
+
+    /// Start moving `page` server to server: each piece that moves joins the pull of its
+    /// (taker, holder) pair in `pulls`.
+    fn start_pull(
+        &mut self,
+        page: u64,
+        g: u16,
+        to: Box<[u16]>,
+        pulls: &mut HashMap<(u16, u16), Vec<(u64, u8)>>,
+    ) {
+        let m = &self.book.groups.members[g as usize];
+        let mut moving = 0;
+        for i in (0..m.len()).filter(|&i| to[i] != m[i]) {
+            moving |= bit(i);
+            pulls
+                .entry((to[i], m[i]))
+                .or_default()
+                .push((page, i as u8));
+            let t = to[i] as usize;
+            if self.pulls.taking.len() <= t {
+                self.pulls.taking.resize(t + 1, 0);
+            }
+            self.pulls.taking[t] += 1;
+        }
+        self.pulls.moves.insert(
+            page,
+            PullMove {
+                from: g,
+                to,
+                moving,
+                waiting: moving,
+                failed: 0,
+                superseded: false,
+            },
+        );
+    }
+
+    /// Send the pulls gathered by [`RemoteStore::start_pull`], [`PULL_KEYS`] keys a request.
+    fn send_pulls(&mut self, pulls: HashMap<(u16, u16), Vec<(u64, u8)>>) {
+        // Within half the time a request may wait: the pull is answered, whatever it found,
+        // before its link would count as lost.
+        let deadline_ms = u32::try_from((self.timing.request / 2).as_millis())
+            .unwrap_or(u32::MAX)
+            .max(1);
+        for ((dst, src), items) in pulls {
+            // The address this client is connected to, not its name: the server taking the
+            // pieces connects there without resolving anything. (`pull_move` saw the link up,
+            // and nothing was read or written since.)
+            let from = self.conns[src as usize]
+                .peer_addr()
+                .expect("a link checked by pull_move")
+                .to_string();
+            let session = self.conns[src as usize].session();
+            for chunk in items.chunks(PULL_KEYS) {
+                self.pulls.next_batch += 1;
+                let batch = self.pulls.next_batch;
+                self.conns[dst as usize].submit(
+                    Request::Pull {
+                        from: &from,
+                        session,
+                        deadline_ms,
+                        keys: chunk.iter().map(|&(p, _)| PageKey(p)).collect(),
+                    },
+                    Kind::Pull { batch },
+                );
+                self.pulls.batches.insert(
+                    batch,
+                    PullBatch {
+                        dst,
+                        src,
+                        items: chunk.to_vec(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// A write-back or a move of `page` started: a pull of it under way is not its latest.
+    fn supersede(&mut self, page: u64) {
+        if let Some(mv) = self.pulls.moves.get_mut(&page) {
+            mv.superseded = true;
+        }
+    }
+
+    /// The answer to pull `batch` (0 stored: its server was lost): each page whose pulls
+    /// are all answered moves, or goes back to the repair queue.
+    fn pulled(&mut self, batch: u64, stored: usize, why: &str) {
+        let Some(b) = self.pulls.batches.remove(&batch) else {
+            return;
+        };
+        let (dst, src) = (b.dst as usize, b.src as usize);
+        self.pulls.taking[dst] -= b.items.len();
+        // A page written meanwhile is no one's fault (its old copy may be freed before the
+        // pull reads it), and the key the pull stopped at is one of those not stored (the
+        // server reads runs of consecutive keys at once): blamed only when none of those
+        // was written meanwhile. A server that cannot pull fails again at its next pull.
+        let blamed = stored < b.items.len()
+            && b.items[stored..]
+                .iter()
+                .all(|(page, _)| self.pulls.moves.get(page).is_some_and(|mv| !mv.superseded));
+        if blamed
+            && self.book.alive(b.dst)
+            && self.book.alive(b.src)
+            && !self.conns[src].in_outage()
+        {
+            if self.pulls.refused.len() <= dst {
+                self.pulls.refused.resize(dst + 1, false);
+            }
+            if !self.pulls.refused[dst] {
+                self.pulls.refused[dst] = true;
+                eprintln!(
+                    "rmem: memory server {} could not copy pages from {} ({why}); they move \
+                     through this client instead",
+                    self.conns[dst].name, self.conns[src].name
+                );
+            }
+        }
+        for (k, &(page, piece)) in b.items.iter().enumerate() {
+            let Some(mv) = self.pulls.moves.get_mut(&page) else {
+                continue;
+            };
+            mv.waiting &= !bit(piece as usize);
+            if k >= stored {
+                mv.failed |= bit(piece as usize);
+            }
+            if mv.waiting == 0 {
+                let mv = self.pulls.moves.remove(&page).expect("there");
+                self.finish_pull(page, mv);
+            }
+        }
+    }
+
+    /// Every pull of `page` answered: it moves to the members pulled to, unless a pull
+    /// failed or it was written or moved meanwhile; then the copies pulled are freed where
+    /// the page does not live now, and the page goes back to the repair queue.
+    fn finish_pull(&mut self, page: u64, mv: PullMove) {
+        let now = self.book.meta.group(page);
+        if !mv.superseded && mv.failed == 0 && now == Some(mv.from) {
+            let n = u64::from(mv.moving.count_ones());
+            let g = self.book.groups.intern(&mv.to);
+            self.relocate(page, Some(mv.from), Some(g));
+            self.book.counters.pieces_moved.fetch_add(n, Relaxed);
+            self.book.counters.pieces_pulled.fetch_add(n, Relaxed);
+            self.book.counters.pages_repaired.fetch_add(1, Relaxed);
+            self.repair.pages += 1;
+            return;
+        }
+        let lives: Vec<u16> =
+            now.map_or_else(Vec::new, |g| self.book.groups.members[g as usize].to_vec());
+        for i in (0..mv.to.len()).filter(|&i| (mv.moving & !mv.failed) & bit(i) != 0) {
+            let t = mv.to[i];
+            if self.book.alive(t) && !lives.contains(&t) {
+                self.conns[t as usize].frees.push(PageKey(page));
+            }
+        }
+        self.repair.queue.push_back(page);
+    }
+
     /// The pieces of a group that need only move, as they are: those on draining servers
     /// that still answer, when every other member stays. Erasure coding only (a copy is one
     /// read anyway): a drain reads one fragment per fragment moved instead of K+1 and
@@ -1677,6 +1951,13 @@ impl RemoteStore {
             moving |= bit(i);
         }
         moving
+    }
+
+    /// Server `s` is leaving: no new pieces go there, and every page with a piece there is
+    /// queued to move (by pulls where they can, see [`PullMove`]); how many.
+    fn drain(&mut self, s: usize) -> usize {
+        self.book.draining[s] = true;
+        self.queue_repairs(|_, m| m.contains(&(s as u16)))
     }
 
     /// Whether a server was given up (not one that left after a drain).
@@ -2025,6 +2306,10 @@ impl PageStore for RemoteStore {
             todo: Vec::new(),
             refusals: HashMap::new(),
             repair: Repair::default(),
+            pulls: Pulls {
+                off: self.pulls.off,
+                ..Pulls::default()
+            },
             next_revive: Instant::now(),
             child_codec: None,
             // The parent's finished write-backs are the parent's: the child reinstalls those
@@ -2073,3 +2358,7 @@ fn client_name() -> String {
         host.trim()
     )
 }
+
+#[cfg(test)]
+#[path = "cluster_pulls_test.rs"]
+mod pulls_test;

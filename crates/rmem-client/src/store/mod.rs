@@ -108,6 +108,9 @@ pub struct StoreCounters {
     /// Pieces moved as they are off draining servers that still answered (erasure coding:
     /// one fragment read per fragment moved, nothing rebuilt); also in `pages_repaired`.
     pub pieces_moved: AtomicU64,
+    /// Of those, pieces the server taking them copied from the draining one itself
+    /// (`Request::Pull`): their bytes never crossed this client.
+    pub pieces_pulled: AtomicU64,
     /// Time spent with a repair running, in microseconds.
     pub repair_us: AtomicU64,
     /// Pieces that came back altered, stale, another page's, or not at all.

@@ -85,6 +85,10 @@ pub(crate) enum Kind {
     },
     Free,
     Ping,
+    /// Pages this server copies from another (`Request::Pull`): the store's batch of them.
+    Pull {
+        batch: u64,
+    },
     /// A snapshot of the session for a fork() child, or its end.
     Snapshot,
     EndSnapshot,
@@ -112,6 +116,12 @@ pub(crate) enum Answer<'a> {
         op: u64,
         piece: u8,
         unit: Vec<u8>,
+    },
+    /// A pull's answer: the first `stored` keys of `batch` are stored; why not the rest.
+    Pulled {
+        batch: u64,
+        stored: u32,
+        why: &'a str,
     },
 }
 
@@ -624,6 +634,15 @@ impl Conn {
         }
     }
 
+    /// The server's address as this link is connected to it (none while the link is down).
+    pub(crate) fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.sock.as_ref().and_then(|s| s.peer_addr().ok())
+    }
+
+    pub(crate) fn session(&self) -> SessionId {
+        self.session
+    }
+
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
@@ -633,7 +652,12 @@ impl Conn {
     }
 
     pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
-        if !self.frees.is_empty() && matches!(kind, Kind::Write { .. } | Kind::WriteRange { .. }) {
+        if !self.frees.is_empty()
+            && matches!(
+                kind,
+                Kind::Write { .. } | Kind::WriteRange { .. } | Kind::Pull { .. }
+            )
+        {
             // A free queued before this write may name the same key (a page freed and written
             // again before the next flush: the block device does that within one request).
             // The server answers a connection's requests in order, so sending the frees first
@@ -1003,6 +1027,13 @@ impl Conn {
                             unit: Vec::new(),
                         });
                     }
+                    (Kind::Pull { batch }, Response::Pulled { stored, message }) => {
+                        f(Answer::Pulled {
+                            batch,
+                            stored,
+                            why: message,
+                        })
+                    }
                     (Kind::Free, Response::FreeOk { .. })
                     | (Kind::Snapshot, Response::SnapshotOk { .. })
                     | (Kind::EndSnapshot, Response::SessionEnded { .. }) => {}
@@ -1203,6 +1234,7 @@ fn describe_request(kind: Kind, unit: usize) -> String {
         }
         Kind::Free => "a free".into(),
         Kind::Ping => "a ping".into(),
+        Kind::Pull { .. } => "a pull".into(),
         Kind::Snapshot => "a snapshot".into(),
         Kind::EndSnapshot => "the end of a snapshot".into(),
     }

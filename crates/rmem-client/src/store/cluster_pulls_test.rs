@@ -1,0 +1,232 @@
+//! Drains move pages server to server (`Request::Pull`): with real servers in-process, every
+//! page reads back as last written whether its move was pulled, refused and done through the
+//! client, or overtaken by a write-back; the drained server ends with nothing.
+
+use super::*;
+use crate::store::PageStore;
+use rmem_proto::{parse_header, Op, HEADER_LEN};
+use rmem_server::{Server, ServerConfig, ServerState};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+const PS: usize = 4096;
+const TOKEN: &[u8] = b"pull-test-token";
+
+fn server() -> (String, Arc<ServerState>) {
+    let s = Server::bind(ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        capacity_bytes: 64 << 20,
+        token: TOKEN.to_vec(),
+        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
+        lease: rmem_server::LEASE_DEFAULT,
+        verbose: false,
+        store: Default::default(),
+    })
+    .unwrap();
+    let (addr, state) = (s.local_addr().to_string(), s.state());
+    s.spawn();
+    (addr, state)
+}
+
+/// A proxy to `real` that passes everything, except that it answers every pull as refused
+/// (the server behind it stored the pages, which is harmless: the client never counts on
+/// them): a server that cannot reach the one it should pull from.
+fn refusing_pulls(real: String) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let Ok(mut client) = client else { return };
+            let mut up = TcpStream::connect(&real).unwrap();
+            let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Both);
+            });
+            std::thread::spawn(move || {
+                let mut hdr = [0u8; HEADER_LEN];
+                let mut body = Vec::new();
+                let mut out = Vec::new();
+                while up.read_exact(&mut hdr).is_ok() {
+                    let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
+                    body.resize(h.len as usize, 0);
+                    if up.read_exact(&mut body).is_err() {
+                        break;
+                    }
+                    out.clear();
+                    if h.op == Op::Pulled {
+                        rmem_proto::Response::Pulled {
+                            stored: 0,
+                            message: "the proxy refuses pulls",
+                        }
+                        .encode(h.tag, &mut out);
+                    } else {
+                        out.extend_from_slice(&hdr);
+                        out.extend_from_slice(&body);
+                    }
+                    if client.write_all(&out).is_err() {
+                        break;
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+fn page(n: u64, round: u64) -> Vec<u8> {
+    (0..PS)
+        .map(|i| (n as usize * 7 + i / 8 + round as usize * 13) as u8)
+        .collect()
+}
+
+fn store_on(servers: &[String], redundancy: &str) -> RemoteStore {
+    let t = Duration::from_secs(5);
+    let timing = Timing {
+        connect: t,
+        request: t,
+        heartbeat: t,
+        reconnect: t,
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse(redundancy).unwrap(),
+        encrypt: true,
+    };
+    RemoteStore::connect_with(servers, TOKEN, PS, layout, timing).unwrap()
+}
+
+/// Poll until `done` says so (bounded): the completions seen on the way.
+fn drive(s: &mut RemoteStore, what: &str, mut done: impl FnMut(&RemoteStore, usize) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = 0;
+    while !done(s, seen) {
+        assert!(Instant::now() < deadline, "{what}: not done in 20 s");
+        s.poll(&mut |_| seen += 1).unwrap();
+        s.tick(Instant::now()).unwrap();
+    }
+}
+
+fn write_all(s: &mut RemoteStore, pages: u64, round: u64) {
+    for p in 0..pages {
+        s.store(PageIndex(p), &page(p, round)).unwrap();
+    }
+    s.flush().unwrap();
+    drive(s, "write-backs", |_, seen| seen as u64 == pages);
+}
+
+fn check_all(s: &mut RemoteStore, pages: u64, round: impl Fn(u64) -> u64) {
+    for p in 0..pages {
+        s.fetch(PageIndex(p)).unwrap();
+        s.flush().unwrap();
+        let mut got = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_none() {
+            assert!(Instant::now() < deadline, "page {p} never came");
+            s.poll(&mut |c| {
+                if let Completion::Fetched { page, data } = c {
+                    got = Some((page.0, data.to_vec()));
+                }
+            })
+            .unwrap();
+        }
+        assert_eq!(got.as_ref().unwrap().0, p);
+        assert!(
+            got.unwrap().1 == page(p, round(p)),
+            "page {p} is not its latest"
+        );
+    }
+}
+
+fn repair_done(s: &RemoteStore) -> bool {
+    s.repair.started.is_none()
+}
+
+/// The drained server's pages, each piece pulled by the server taking it: none crosses the
+/// client, the drained server ends empty, every page reads back (`none` and `ec:2+1`).
+#[test]
+fn a_drain_pulls_every_piece_server_to_server() {
+    for (redundancy, pieces) in [("none", 1), ("ec:2+1", 1)] {
+        let (a, a_state) = server();
+        let servers = [a, server().0, server().0, server().0];
+        let mut s = store_on(&servers, redundancy);
+        let pages = 200;
+        write_all(&mut s, pages, 0);
+        let held = s.conns[0].used_bytes;
+        assert!(held > 0, "{redundancy}: nothing on the first server");
+        let queued = s.drain(0);
+        drive(&mut s, "the drain", |s, _| repair_done(s));
+        let c = s.counters().unwrap();
+        assert_eq!(
+            c.pieces_pulled.load(Relaxed),
+            queued as u64 * pieces,
+            "{redundancy}"
+        );
+        assert_eq!(s.conns[0].used_bytes, 0, "{redundancy}");
+        check_all(&mut s, pages, |_| 0);
+        // Its frees went out with the reads: the server holds nothing of the session now.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a_state.used_bytes() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{redundancy}: the drained server kept pages"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A server that cannot pull (here a proxy refuses for it): the client says so once and
+/// moves its share of the pages itself; every page reads back.
+#[test]
+fn a_refused_pull_moves_the_page_through_the_client() {
+    let (a, a_state) = server();
+    let servers = [a, refusing_pulls(server().0)];
+    let mut s = store_on(&servers, "none");
+    let pages = 100;
+    write_all(&mut s, pages, 0);
+    let queued = s.drain(0) as u64;
+    assert_eq!(queued, pages);
+    drive(&mut s, "the drain", |s, _| repair_done(s));
+    let c = s.counters().unwrap();
+    assert_eq!(c.pieces_pulled.load(Relaxed), 0);
+    assert_eq!(c.pages_repaired.load(Relaxed), pages);
+    assert!(s.pulls.refused[1], "the refusing server is remembered");
+    check_all(&mut s, pages, |_| 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a_state.used_bytes() > 0 {
+        assert!(Instant::now() < deadline, "the drained server kept pages");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Pages written back while their pulls are under way: the writes win (the pulled copies
+/// are not moved to), every page reads as last written, nothing is blamed on the servers.
+#[test]
+fn a_page_written_while_it_is_pulled_reads_as_written() {
+    for redundancy in ["none", "replicas:2", "ec:2+1"] {
+        let servers: Vec<String> = (0..4).map(|_| server().0).collect();
+        let mut s = store_on(&servers, redundancy);
+        let pages = 120;
+        write_all(&mut s, pages, 0);
+        s.drain(0);
+        // The first pulls go out; before their answers, every third page is written again.
+        s.poll(&mut |_| {}).unwrap();
+        assert!(!s.pulls.moves.is_empty(), "{redundancy}: no pull under way");
+        let rewritten: Vec<u64> = (0..pages).filter(|p| p % 3 == 0).collect();
+        for &p in &rewritten {
+            s.store(PageIndex(p), &page(p, 1)).unwrap();
+        }
+        s.flush().unwrap();
+        drive(&mut s, "the drain and the writes", |s, seen| {
+            repair_done(s) && seen == rewritten.len()
+        });
+        assert!(
+            s.pulls.refused.iter().all(|&r| !r),
+            "{redundancy}: a pull was blamed"
+        );
+        assert_eq!(s.conns[0].used_bytes, 0, "{redundancy}");
+        check_all(&mut s, pages, |p| u64::from(p % 3 == 0));
+    }
+}
