@@ -1732,8 +1732,13 @@ impl RemoteStore {
                 String::new()
             };
             eprintln!(
-                "rmem: repair done: {} pages rebuilt in {secs:.2} s{short}",
-                self.repair.pages
+                "rmem: repair done: {} pages {} in {secs:.2} s{short}",
+                self.repair.pages,
+                if self.book.draining.iter().any(|&d| d) {
+                    "rebuilt or moved"
+                } else {
+                    "rebuilt"
+                }
             );
             self.repair.pages = 0;
             self.repair.degraded = 0;

@@ -75,6 +75,43 @@ fn refusing_pulls(real: String) -> String {
     addr
 }
 
+/// A proxy to `real` that goes away for good the moment a pull reaches it: every link
+/// closed, nothing listening any more (a taking server killed in the middle of a drain).
+fn dying_at_first_pull(real: String) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let Ok((mut client, _)) = l.accept() else {
+            return;
+        };
+        let mut up = TcpStream::connect(&real).unwrap();
+        let (mut u2, mut c2) = (up.try_clone().unwrap(), client.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut u2, &mut c2);
+        });
+        let mut hdr = [0u8; HEADER_LEN];
+        let mut body = Vec::new();
+        while client.read_exact(&mut hdr).is_ok() {
+            let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
+            body.resize(h.len as usize, 0);
+            if client.read_exact(&mut body).is_err() || h.op == Op::Pull {
+                break;
+            }
+            if up
+                .write_all(&hdr)
+                .and_then(|_| up.write_all(&body))
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = client.shutdown(std::net::Shutdown::Both);
+        let _ = up.shutdown(std::net::Shutdown::Both);
+        drop(l);
+    });
+    addr
+}
+
 fn page(n: u64, round: u64) -> Vec<u8> {
     (0..PS)
         .map(|i| (n as usize * 7 + i / 8 + round as usize * 13) as u8)
@@ -228,5 +265,36 @@ fn a_page_written_while_it_is_pulled_reads_as_written() {
         );
         assert_eq!(s.conns[0].used_bytes, 0, "{redundancy}");
         check_all(&mut s, pages, |p| u64::from(p % 3 == 0));
+    }
+}
+
+/// A server taking pieces dies while it pulls them (`ec:2+1`: one loss is covered): its pulls
+/// are given up with it, those pages move again (to the others), and every page reads back.
+#[test]
+fn a_taking_server_lost_in_the_middle_of_a_drain_loses_nothing() {
+    let (a, a_state) = server();
+    let servers = [
+        a,
+        server().0,
+        server().0,
+        dying_at_first_pull(server().0),
+        server().0,
+    ];
+    let mut s = store_on(&servers, "ec:2+1");
+    let pages = 150;
+    write_all(&mut s, pages, 0);
+    s.drain(0);
+    drive(&mut s, "the drain", |s, _| {
+        repair_done(s) && s.book.dead[3].is_some()
+    });
+    let c = s.counters().unwrap();
+    assert_eq!(c.servers_lost.load(Relaxed), 1);
+    assert!(c.pieces_pulled.load(Relaxed) > 0);
+    assert_eq!(s.conns[0].used_bytes, 0);
+    check_all(&mut s, pages, |_| 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a_state.used_bytes() > 0 {
+        assert!(Instant::now() < deadline, "the drained server kept pages");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
