@@ -872,23 +872,26 @@ impl Connection<'_> {
             }
             Request::ReadRange { key, offset, len } => {
                 self.check_range(offset, len as usize)?;
-                let (o, n) = (offset as usize, len as usize);
-                let mut page = std::mem::take(&mut self.scratch);
-                page.clear();
-                match pages.read(key.0, &mut page) {
-                    Ok(found) => {
-                        let start = out.len();
-                        let data = if found { &page[o..o + n] } else { &[][..] };
-                        Response::ReadRangeOk { key, offset, data }.encode(tag, out);
-                        if !found {
-                            // A page this session does not hold reads as zeros.
-                            out.resize(out.len() + n, 0);
-                            rmem_proto::patch_len(out, start);
-                        }
-                    }
-                    Err(e) => self.unreadable(key.0, &e, out, tag),
+                // Encoded straight into `out`: the header, then the range's bytes from the
+                // page (no copy of the page in between).
+                let start = out.len();
+                Response::ReadRangeOk {
+                    key,
+                    offset,
+                    data: &[],
                 }
-                self.scratch = page;
+                .encode(tag, out);
+                match pages.read_range(key.0, offset as usize, len as usize, out) {
+                    Ok(true) => {}
+                    // A page this session does not hold reads as zeros.
+                    Ok(false) => out.resize(out.len() + len as usize, 0),
+                    Err(e) => {
+                        out.truncate(start);
+                        self.unreadable(key.0, &e, out, tag);
+                        return Ok(());
+                    }
+                }
+                rmem_proto::patch_len(out, start);
             }
             Request::WriteRange { key, offset, data } => {
                 self.check_range(offset, data.len())?;

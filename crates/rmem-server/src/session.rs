@@ -576,6 +576,22 @@ impl Pages<'_> {
         Ok(true)
     }
 
+    /// Append `len` bytes at `offset` of `key`'s page to `out` (within the page): Ok(false),
+    /// and nothing appended, if this session has no such page.
+    pub fn read_range(
+        &self,
+        key: u64,
+        offset: usize,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> std::io::Result<bool> {
+        let Some(slot) = self.family.resolve(self.id, key) else {
+            return Ok(false);
+        };
+        self.family.arena.read_range(slot, offset, len, out)?;
+        Ok(true)
+    }
+
     pub fn contains(&self, key: u64) -> bool {
         self.family.resolve(self.id, key).is_some()
     }
@@ -861,10 +877,24 @@ mod tests {
                 .store_range(&s, cap, key, off, &vec![v; n])
                 .is_ok()
         };
+        // The range as read_range gives it (after what `out` held), checked against the
+        // whole page's read.
         let bytes = |a: &Attachment, key, off: usize, n: usize| {
             let mut page = Vec::new();
             let found = a.lock().unwrap().read(key, &mut page).unwrap();
-            found.then(|| page[off..off + n].to_vec())
+            let mut range = vec![0xEE; 3];
+            let in_range = a
+                .lock()
+                .unwrap()
+                .read_range(key, off, n, &mut range)
+                .unwrap();
+            assert_eq!(found, in_range);
+            assert_eq!(range[..3], [0xEE; 3]);
+            assert_eq!(range.len(), 3 + if found { n } else { 0 });
+            found.then(|| {
+                assert_eq!(range[3..], page[off..off + n]);
+                page[off..off + n].to_vec()
+            })
         };
         // A new page: zeros around the range, one page of capacity.
         assert!(range(&p, 7, 100, 9, 3, CAP));

@@ -171,6 +171,33 @@ impl Arena {
         }
     }
 
+    /// Append `len` bytes at `offset` of `slot`'s page to `out` (within the page): only those
+    /// bytes are copied from RAM; a disk-backed page is read whole, then cut to the range.
+    pub fn read_range(
+        &self,
+        slot: u32,
+        offset: usize,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        assert!(offset + len <= self.page_size, "range within the page");
+        match &self.backing {
+            Backing::Ram { slabs, .. } => {
+                let (slab, at) = self.place(slot);
+                let slab = slabs[slab].as_ref().expect("a used slot's slab");
+                rmem_copy::extend(out, &slab[at + offset..at + offset + len]);
+                Ok(())
+            }
+            Backing::Disk { .. } => {
+                let start = out.len();
+                self.read(slot, out)?;
+                out.copy_within(start + offset..start + offset + len, start);
+                out.truncate(start + len);
+                Ok(())
+            }
+        }
+    }
+
     /// References to `slot`.
     pub fn refs(&self, slot: u32) -> u32 {
         self.refs[slot as usize]
