@@ -419,11 +419,11 @@ impl Read for Deadlined {
 }
 
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
-fn read_frame<R: Read>(
+fn read_frame<'b, R: Read>(
     r: &mut BufReader<R>,
     max: u32,
-    body: &mut Vec<u8>,
-) -> Result<Option<rmem_proto::Header>, Close> {
+    body: &'b mut Vec<u8>,
+) -> Result<Option<(rmem_proto::Header, &'b [u8])>, Close> {
     let mut hdr = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -440,7 +440,13 @@ fn read_frame<R: Read>(
         }
     }
     let h = parse_header(&hdr, max)?.expect("full header");
-    body.resize(h.len as usize, 0);
+    let len = h.len as usize;
+    // `body` keeps the length of the largest frame yet: growing it zeroes the new bytes, which
+    // the frame then overwrites (a write of a page after a small request zeroed the page).
+    if body.len() < len {
+        body.resize(len, 0);
+    }
+    let body = &mut body[..len];
     // Out of the reader's buffer with rmem_copy (a page's offset there is the stream's); once
     // that is empty, the rest of a large body straight from the socket (no copy through the
     // buffer: pages are most of what a server reads).
@@ -476,7 +482,7 @@ fn read_frame<R: Read>(
         r.consume(n);
         got += n;
     }
-    Ok(Some(h))
+    Ok(Some((h, body)))
 }
 
 /// What a `Welcome` tells the client besides the proof.
@@ -501,7 +507,7 @@ fn accept<R: Read>(
 ) -> Result<Option<u32>, Close> {
     let mut body = Vec::new();
     let mut out = Vec::new();
-    let Some(h) = read_frame(reader, 4096, &mut body)? else {
+    let Some((h, first)) = read_frame(reader, 4096, &mut body)? else {
         return Ok(None);
     };
     if h.op != Op::Hello {
@@ -511,7 +517,7 @@ fn accept<R: Read>(
         version,
         page_size,
         nonce: client_nonce,
-    } = Request::decode(h.op, &body)?
+    } = Request::decode(h.op, first)?
     else {
         unreachable!()
     };
@@ -542,12 +548,12 @@ fn accept<R: Read>(
     writer.write_all(&out)?;
     writer.flush()?;
     out.clear();
-    let Some(h) = read_frame(reader, 4096, &mut body)? else {
+    let Some((h, auth)) = read_frame(reader, 4096, &mut body)? else {
         // A client that exits while it connects (a fork() child that needed its pages and
         // then ended) is not news: logged as a hang-up.
         return Err(Close::Io(io::ErrorKind::UnexpectedEof.into()));
     };
-    let Request::Auth { proof } = Request::decode(h.op, &body)? else {
+    let Request::Auth { proof } = Request::decode(h.op, auth)? else {
         return Err(Close::Bad(format!("expected auth, got {:?}", h.op)));
     };
     if !transcript.verify(token, auth::Role::Client, &proof) {
@@ -614,10 +620,11 @@ impl Connection<'_> {
         let mut sock = &sock;
         out.clear();
         loop {
-            let Some(h) = read_frame(&mut reader, self.config.frame_len_max, &mut body)? else {
+            let Some((h, frame)) = read_frame(&mut reader, self.config.frame_len_max, &mut body)?
+            else {
                 return Ok(());
             };
-            let req = Request::decode(h.op, &body)?;
+            let req = Request::decode(h.op, frame)?;
             let started = Instant::now();
             let answered = self.answer(req, h.tag, &mut out);
             if let Err(Close::Session(_) | Close::Refused(_)) = answered {

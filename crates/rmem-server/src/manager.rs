@@ -303,10 +303,12 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
     let mut body = Vec::new();
     let mut out = Vec::new();
     loop {
-        let Some(h) = read_frame(&mut reader, rmem_proto::FRAME_LEN_MAX_DEFAULT, &mut body)? else {
+        let Some((h, frame)) =
+            read_frame(&mut reader, rmem_proto::FRAME_LEN_MAX_DEFAULT, &mut body)?
+        else {
             return Ok(());
         };
-        let req = PoolRequest::decode_for(spoken.get(), h.op, &body)?;
+        let req = PoolRequest::decode_for(spoken.get(), h.op, frame)?;
         out.clear();
         answer(config, pool, req).encode(h.tag, &mut out);
         writer.write_all(&out)?;

@@ -140,10 +140,10 @@ impl Peer {
 
     /// The next frame, decoded; `what` names it for the message when none comes.
     fn answer<'b>(&mut self, body: &'b mut Vec<u8>, what: &str) -> Result<Response<'b>, String> {
-        let h = read_frame(&mut self.reader, self.frame_len_max.max(4096), body)
+        let (h, frame) = read_frame(&mut self.reader, self.frame_len_max.max(4096), body)
             .map_err(|e| format!("{} sent no {what}: {e}", self.from))?
             .ok_or_else(|| format!("{} closed the link before its {what}", self.from))?;
-        Response::decode(h.op, body).map_err(|e| format!("{}'s {what}: {e}", self.from))
+        Response::decode(h.op, frame).map_err(|e| format!("{}'s {what}: {e}", self.from))
     }
 
     /// Read `keys` (in runs of consecutive keys, one request each, all sent at once) and
