@@ -1920,6 +1920,11 @@ impl RemoteStore {
             let n = u64::from(mv.moving.count_ones());
             let g = self.book.groups.intern(&mv.to);
             self.relocate(page, Some(mv.from), Some(g));
+            if !mv.to.iter().all(|&s| self.book.placeable(s)) {
+                // A server it went to started leaving (or was lost) while it was pulled: the
+                // drain's queue was made without this page, so it goes back on it.
+                self.repair.queue.push_back(page);
+            }
             self.book.counters.pieces_moved.fetch_add(n, Relaxed);
             self.book.counters.pieces_pulled.fetch_add(n, Relaxed);
             self.book.counters.pages_repaired.fetch_add(1, Relaxed);

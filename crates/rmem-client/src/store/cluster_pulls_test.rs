@@ -298,3 +298,27 @@ fn a_taking_server_lost_in_the_middle_of_a_drain_loses_nothing() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A server that starts leaving while pages are being pulled to it: they move on from it too,
+/// and both leaving servers end with nothing of this client's.
+#[test]
+fn pages_pulled_to_a_server_that_starts_leaving_move_on() {
+    let servers: Vec<String> = (0..5).map(|_| server().0).collect();
+    let mut s = store_on(&servers, "none");
+    let pages = 200;
+    write_all(&mut s, pages, 0);
+    s.drain(0);
+    s.poll(&mut |_| {}).unwrap();
+    let to_3 = s
+        .pulls
+        .moves
+        .values()
+        .filter(|mv| mv.to.contains(&3))
+        .count();
+    assert!(to_3 > 0, "no pull to the server that will leave");
+    s.drain(3);
+    drive(&mut s, "both drains", |s, _| repair_done(s));
+    assert_eq!(s.conns[0].used_bytes, 0);
+    assert_eq!(s.conns[3].used_bytes, 0, "pages pulled to it stayed");
+    check_all(&mut s, pages, |_| 0);
+}
