@@ -46,6 +46,10 @@ pub struct RedundancyArgs {
     /// Triad passes over the three arrays.
     #[arg(long, default_value_t = 2)]
     pub passes: usize,
+    /// Repair copies through the program's client (a read and a write each), as before
+    /// servers pulled them from each other: for comparison (`RMEM_PULL=0`).
+    #[arg(long)]
+    pub no_pull: bool,
     #[command(flatten)]
     pub out: JsonOut,
 }
@@ -214,6 +218,7 @@ fn one(
         region_bytes: 1 << 36,
         redundancy: Some(layout),
         encrypt: Some(encrypt),
+        pull: !a.no_pull,
         ..Config::default()
     };
     let pids: Vec<u32> = procs.iter().filter_map(ServerProc::pid).collect();

@@ -256,7 +256,7 @@ impl Server {
             let config = self.config.clone();
             let state = self.state.clone();
             std::thread::Builder::new().name(format!("rmem-conn-{peer}")).spawn(move || {
-                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0, scratch: Vec::new(), peer: None };
+                let mut conn = Connection { config: &config, state: &state, me, attachment: None, page_size: 0, scratch: Vec::new(), peers: Vec::new() };
                 log_close(me, peer, conn.serve(sock));
                 state.connections.fetch_sub(1, Ordering::Relaxed);
                 if let Some(a) = conn.attachment.take() {
@@ -382,9 +382,9 @@ struct Connection<'a> {
     page_size: usize,
     /// A page read for a swap's answer (disk-backed servers read into it).
     scratch: Vec<u8>,
-    /// The link to the server this connection's client last pulled pages from, kept for
-    /// its next pull ([`peer`]).
-    peer: Option<peer::Peer>,
+    /// Links to the servers this connection's client pulled pages from, kept for its next
+    /// pulls ([`peer`]).
+    peers: Vec<peer::Peer>,
 }
 
 fn is_disconnect(e: &io::Error) -> bool {
@@ -798,7 +798,7 @@ impl Connection<'_> {
                     unit: self.page_size,
                     deadline,
                 };
-                let (stored, message) = peer::pull(&mut self.peer, want, &keys, to);
+                let (stored, message) = peer::pull(&mut self.peers, want, &keys, to);
                 if stored < keys.len() {
                     // Routine when the client wrote a page meanwhile (its old copy is freed
                     // there): the client decides what it means.

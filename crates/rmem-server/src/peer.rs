@@ -222,25 +222,29 @@ fn refused(what: &str, r: &Response<'_>) -> String {
     }
 }
 
-/// Pull `keys` as `w` says into `to`, over the link in `peer` when it is to the same server
-/// and session (else a new one, kept there for the next pull). The keys stored, in order, and
-/// why not all were (empty when all were). A failed link is dropped.
+/// Links kept per client connection, to the servers its pulls came from (a repair pulls from
+/// every server holding a copy, a drain from one); the least recently used goes first.
+pub(crate) const PEERS_KEPT: usize = 16;
+
+/// Pull `keys` as `w` says into `to`, over the link in `peers` to the same server and session
+/// (else a new one, kept there for the next pulls, at most [`PEERS_KEPT`]). The keys stored,
+/// in order, and why not all were (empty when all were). A failed link is dropped.
 pub(crate) fn pull(
-    peer: &mut Option<Peer>,
+    peers: &mut Vec<Peer>,
     w: Want<'_>,
     keys: &[PageKey],
     to: Into<'_>,
 ) -> (usize, String) {
-    let reuse = peer
-        .as_ref()
-        .is_some_and(|p| p.from == w.from && p.session == w.session && p.unit == w.unit);
+    let kept = peers
+        .iter()
+        .position(|p| p.from == w.from && p.session == w.session && p.unit == w.unit);
+    let mut peer = kept.map(|i| peers.remove(i));
     // A kept link may have gone stale (the other server closed it, or the client's exclusive
     // attach there fenced it): one failing before any page came is opened again, once.
-    for fresh in [!reuse, true] {
+    for fresh in [peer.is_none(), true] {
         if fresh {
-            *peer = None;
             match Peer::open(&w) {
-                Ok(p) => *peer = Some(p),
+                Ok(p) => peer = Some(p),
                 Err(e) => return (0, e),
             }
         }
@@ -254,10 +258,15 @@ pub(crate) fn pull(
                     e => e.to_string(),
                 })
         });
-        if stored < keys.len() {
-            *peer = None;
+        if stored == keys.len() {
+            // Most recently used last.
+            if peers.len() >= PEERS_KEPT {
+                peers.remove(0);
+            }
+            peers.extend(peer);
+            return (stored, why);
         }
-        if stored > 0 || fresh || keys.is_empty() {
+        if stored > 0 || fresh {
             return (stored, why);
         }
     }

@@ -255,6 +255,9 @@ struct PullMove {
     superseded: bool,
 }
 
+/// A group's servers, piece by piece.
+type Members = Box<[u16]>;
+
 /// One `Pull` request: its server, and the (page, piece) of each key, in order.
 struct PullBatch {
     dst: u16,
@@ -656,13 +659,15 @@ impl RemoteStore {
                 redundancy,
                 encrypt,
             };
-            return RemoteStore::connect_with(
+            let mut store = RemoteStore::connect_with(
                 &config.servers,
                 &config.token,
                 config.page_size,
                 layout,
                 Timing::of(config),
-            );
+            )?;
+            store.pulls.off = !config.pull;
+            return Ok(store);
         };
         let io = |e| StoreError::Io {
             server: manager.clone(),
@@ -1689,12 +1694,12 @@ impl RemoteStore {
                 continue;
             }
             match self.pull_move(page, g) {
-                Some(to) if !self.may_take(g, &to) => {
+                Some((to, _)) if !self.may_take(g, &to) => {
                     self.repair.queue.push_front(page);
                     break;
                 }
-                Some(to) => {
-                    self.start_pull(page, g, to, &mut pulls);
+                Some((to, from)) => {
+                    self.start_pull(page, g, to, &from, &mut pulls);
                     continue;
                 }
                 None if self.repair.in_flight >= REPAIR_WINDOW => {
@@ -1746,11 +1751,13 @@ impl RemoteStore {
         Ok(())
     }
 
-    /// The members `page` (in group `g`) would have if its pieces on draining servers were
-    /// pulled there by the servers that take them, or `None` where it must move through this
-    /// client: pulls off, a member lost or in an outage (a rebuild, not a move), or a
+    /// Where `page` (in group `g`) can be healed by pulls: the members it would have, and for
+    /// each new one the server it pulls its piece from (the member it replaces, when that one
+    /// is leaving but answers; under `replicas:N`, for a member lost or never stored, another
+    /// copy). `None` where the page must go through this client: pulls off, a member that
+    /// cannot be read from (in an outage, or lost under erasure coding: a rebuild), or a
     /// server that would take a piece full, in an outage or failed a pull before.
-    fn pull_move(&self, page: u64, g: u16) -> Option<Box<[u16]>> {
+    fn pull_move(&self, page: u64, g: u16) -> Option<(Members, Members)> {
         if self.pulls.off {
             return None;
         }
@@ -1761,14 +1768,27 @@ impl RemoteStore {
                 && self.conns[s as usize].peer_addr().is_some()
                 && !self.pulls.refused.get(s as usize).copied().unwrap_or(false)
         };
-        if !m.iter().all(|&s| usable(s)) {
+        let copies = matches!(self.book.codec.redundancy(), Redundancy::Replicas(_));
+        // Every member still there must answer; a lost one only where another copy is its
+        // piece.
+        if !m
+            .iter()
+            .all(|&s| usable(s) || (copies && !self.book.alive(s)))
+        {
             return None;
         }
+        let copy = m.iter().copied().find(|&s| usable(s))?;
         let to = self.heal(page, m).ok()?;
-        (0..m.len())
-            .filter(|&i| to[i] != m[i])
-            .all(|i| usable(to[i]) && !self.conns[to[i] as usize].full)
-            .then(|| to.into_boxed_slice())
+        let mut from = m.to_vec();
+        for i in (0..m.len()).filter(|&i| to[i] != m[i]) {
+            if !usable(to[i]) || self.conns[to[i] as usize].full {
+                return None;
+            }
+            if !usable(m[i]) {
+                from[i] = copy;
+            }
+        }
+        Some((to.into_boxed_slice(), from.into_boxed_slice()))
     }
 
     /// Whether every server that would take a piece of a page in group `g` (to members `to`)
@@ -1781,12 +1801,13 @@ impl RemoteStore {
     }
 
     /// Start moving `page` server to server: each piece that moves joins the pull of its
-    /// (taker, holder) pair in `pulls`.
+    /// (taker, holder) pair in `pulls`, the holder of piece `i` being `from[i]`.
     fn start_pull(
         &mut self,
         page: u64,
         g: u16,
         to: Box<[u16]>,
+        from: &[u16],
         pulls: &mut HashMap<(u16, u16), Vec<(u64, u8)>>,
     ) {
         let m = &self.book.groups.members[g as usize];
@@ -1794,7 +1815,7 @@ impl RemoteStore {
         for i in (0..m.len()).filter(|&i| to[i] != m[i]) {
             moving |= bit(i);
             pulls
-                .entry((to[i], m[i]))
+                .entry((to[i], from[i]))
                 .or_default()
                 .push((page, i as u8));
             let t = to[i] as usize;

@@ -322,3 +322,70 @@ fn pages_pulled_to_a_server_that_starts_leaving_move_on() {
     assert_eq!(s.conns[3].used_bytes, 0, "pages pulled to it stayed");
     check_all(&mut s, pages, |_| 0);
 }
+
+/// A proxy to `real` that can be killed: every link through it closed, nothing listening
+/// any more (a server killed).
+fn killable(real: String) -> (String, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::AtomicBool;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let dead = Arc::new(AtomicBool::new(false));
+    let flag = dead.clone();
+    std::thread::spawn(move || {
+        let mut links: Vec<TcpStream> = Vec::new();
+        while !flag.load(Relaxed) {
+            match l.accept() {
+                Ok((client, _)) => {
+                    client.set_nonblocking(false).unwrap();
+                    let up = TcpStream::connect(&real).unwrap();
+                    for (mut a, mut b) in [
+                        (client.try_clone().unwrap(), up.try_clone().unwrap()),
+                        (up.try_clone().unwrap(), client.try_clone().unwrap()),
+                    ] {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut a, &mut b);
+                            let _ = b.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                    links.extend([client, up]);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        for s in links {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    (addr, dead)
+}
+
+/// Under `replicas:2` a lost server's copies are restored by pulls from the other copy, and
+/// those copies are good: once they are in, the server that held the other copies is lost
+/// too, and every page still reads back (from the pulled copies, and their own repairs).
+#[test]
+fn a_lost_copy_is_pulled_from_the_other_and_serves_when_that_one_is_lost_too() {
+    let (a, kill_a) = killable(server().0);
+    let (b, kill_b) = killable(server().0);
+    let servers = [a, b, server().0, server().0];
+    let mut s = store_on(&servers, "replicas:2");
+    let pages = 120;
+    write_all(&mut s, pages, 0);
+    kill_b.store(true, Relaxed);
+    drive(&mut s, "the repair after the first loss", |s, _| {
+        s.book.dead[1].is_some() && repair_done(s)
+    });
+    let c = s.counters().unwrap();
+    assert_eq!(
+        c.pieces_pulled.load(Relaxed),
+        pages,
+        "every lost copy pulled"
+    );
+    kill_a.store(true, Relaxed);
+    drive(&mut s, "the repair after the second loss", |s, _| {
+        s.book.dead[0].is_some() && repair_done(s)
+    });
+    assert_eq!(c.servers_lost.load(Relaxed), 2);
+    assert_eq!(c.pieces_bad.load(Relaxed), 0);
+    check_all(&mut s, pages, |_| 0);
+}
