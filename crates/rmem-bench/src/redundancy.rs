@@ -67,6 +67,8 @@ struct Row {
     /// MB/s rebuilt after a server was killed (None: `none`, nothing to rebuild).
     repair_mbs: Option<f64>,
     repaired: u64,
+    /// Of the pieces restored, those the servers copied among themselves (`Pull`).
+    pulled: u64,
     /// CPU seconds over both workloads: this process (program and pager), the servers.
     client_cpu: f64,
     server_cpu: f64,
@@ -183,6 +185,7 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
                 "memory_ratio": r.memory, "memory_vs_base": r.memory / base.memory,
                 "access_us_p50": r.p50_us, "access_us_p99": r.p99_us,
                 "repair_mb_per_s": r.repair_mbs, "pages_repaired": r.repaired,
+                "pieces_pulled": r.pulled,
                 "repair_vs_loopback": r.repair_mbs.map(|m| m / loop_mbs),
                 "client_cpu_s": r.client_cpu, "server_cpu_s": r.server_cpu,
             })
@@ -227,11 +230,11 @@ fn one(
     let stream_s = stream(&rt, size, a.passes)?;
     let (random_s, lat, memory, mem) = random(&rt, size, a.updates, &procs, &config)?;
     let (client_cpu, server_cpu) = (self_cpu() - c0, procs_cpu(&pids) - s0);
-    let (repair_mbs, repaired) = if layout.tolerates() > 0 {
-        let (mbs, n) = repair(&rt, &mut procs[0])?;
-        (Some(mbs), n)
+    let (repair_mbs, repaired, pulled) = if layout.tolerates() > 0 {
+        let (mbs, n, pulled) = repair(&rt, &mut procs[0])?;
+        (Some(mbs), n, pulled)
     } else {
-        (None, 0)
+        (None, 0, 0)
     };
     rt.free(mem).map_err(err)?;
     drop(rt);
@@ -248,6 +251,7 @@ fn one(
         p99_us: percentile_us(&lat, 0.99),
         repair_mbs,
         repaired,
+        pulled,
         client_cpu,
         server_cpu,
     })
@@ -345,8 +349,8 @@ fn random(
 }
 
 /// Kill `victim` and wait for the pages it held to be rebuilt on the others: MB/s of pages
-/// rebuilt (page bytes, not fragment bytes) and how many.
-fn repair(rt: &Runtime, victim: &mut ServerProc) -> Result<(f64, u64), String> {
+/// rebuilt (page bytes, not fragment bytes), how many, and how many pieces were pulled.
+fn repair(rt: &Runtime, victim: &mut ServerProc) -> Result<(f64, u64, u64), String> {
     let before = rt.stats();
     victim.kill();
     let deadline = Instant::now() + Duration::from_secs(300);
@@ -355,7 +359,8 @@ fn repair(rt: &Runtime, victim: &mut ServerProc) -> Result<(f64, u64), String> {
         if s.repair_s > before.repair_s {
             let n = s.pages_repaired - before.pages_repaired;
             let secs = s.repair_s - before.repair_s;
-            return Ok((n as f64 * s.page_size as f64 / secs / 1e6, n));
+            let pulled = s.pieces_pulled - before.pieces_pulled;
+            return Ok((n as f64 * s.page_size as f64 / secs / 1e6, n, pulled));
         }
         if Instant::now() > deadline {
             return Err(format!(

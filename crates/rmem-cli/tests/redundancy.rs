@@ -420,6 +420,16 @@ fn bench_redundancy_tiny_writes_its_json() {
         } else {
             assert!(repaired > 0, "{layout}: nothing repaired {v}");
             assert!(r["repair_mb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+            // Copies are pulled from a surviving copy; a lost fragment is rebuilt by the client.
+            let pulled = r["pieces_pulled"].as_u64().unwrap();
+            if layout == "replicas:2" {
+                assert!(
+                    pulled > 0 && pulled <= repaired,
+                    "{layout}: {pulled} pulled {v}"
+                );
+            } else {
+                assert_eq!(pulled, 0, "{layout}: {v}");
+            }
         }
     }
     let _ = std::fs::remove_dir_all(dir);
