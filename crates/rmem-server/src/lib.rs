@@ -450,16 +450,17 @@ fn read_frame<'b, R: Read>(
     // Out of the reader's buffer with rmem_copy (a page's offset there is the stream's); once
     // that is empty, the rest of a large body straight from the socket (no copy through the
     // buffer: pages are most of what a server reads).
+    let truncated = || {
+        Close::Bad(format!(
+            "truncated {:?} frame (body of {} bytes)",
+            h.op, h.len
+        ))
+    };
     let mut got = 0;
     while got < body.len() {
         if r.buffer().is_empty() && body.len() - got >= DIRECT_READ_MIN {
             match r.get_mut().read(&mut body[got..]) {
-                Ok(0) => {
-                    return Err(Close::Bad(format!(
-                        "truncated {:?} frame (body of {} bytes)",
-                        h.op, h.len
-                    )))
-                }
+                Ok(0) => return Err(truncated()),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
@@ -467,12 +468,7 @@ fn read_frame<'b, R: Read>(
             continue;
         }
         let buffered = match r.fill_buf() {
-            Ok([]) => {
-                return Err(Close::Bad(format!(
-                    "truncated {:?} frame (body of {} bytes)",
-                    h.op, h.len
-                )))
-            }
+            Ok([]) => return Err(truncated()),
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
@@ -786,7 +782,7 @@ impl Connection<'_> {
                 drop(pages);
                 let deadline = Instant::now()
                     + Duration::from_millis(deadline_ms.clamp(1, PULL_DEADLINE_MAX_MS).into());
-                let to = peer::Into {
+                let to = peer::Destination {
                     attachment: a,
                     sessions,
                     capacity,

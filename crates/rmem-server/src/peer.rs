@@ -36,7 +36,7 @@ pub(crate) struct Peer {
 }
 
 /// Where pulled pages go: the client's session here.
-pub(crate) struct Into<'a> {
+pub(crate) struct Destination<'a> {
     pub attachment: &'a Attachment,
     pub sessions: &'a Sessions,
     pub capacity: u64,
@@ -233,7 +233,7 @@ pub(crate) fn pull(
     peers: &mut Vec<Peer>,
     w: Want<'_>,
     keys: &[PageKey],
-    to: Into<'_>,
+    to: Destination<'_>,
 ) -> (usize, String) {
     let kept = peers
         .iter()

@@ -241,8 +241,9 @@ enum Todo {
 
 /// A page whose pieces on draining servers the servers that will hold them pull
 /// (`Request::Pull`). Until every pull is answered the page stays where it was: it is read
-/// there, and a write-back meanwhile heals its group as any write does (the pulled copies
-/// are then not its latest: `superseded`, and it does not move).
+/// there, and a write-back meanwhile goes where any write goes (the pulled copies are then not
+/// its latest: `superseded`, and it does not move; nor does a page moved or freed meanwhile,
+/// which its group tells: [`RemoteStore::overtaken`]).
 struct PullMove {
     /// The group it leaves, and the members it takes when every pull succeeded.
     from: u16,
@@ -1079,7 +1080,6 @@ impl RemoteStore {
         if old == new {
             return;
         }
-        self.supersede(page);
         let unit = self.book.unit() as u64;
         let members = |g: Option<u16>, b: &Book| {
             g.map(|g| b.groups.members[g as usize].to_vec())
@@ -1484,7 +1484,6 @@ impl RemoteStore {
         }
         self.book.groups.pages[g as usize] -= 1;
         self.book.groups.pages[ng as usize] += 1;
-        self.supersede(page);
         self.book.meta.set_group(page, Some(ng));
         let to = members[piece as usize];
         if to == NONE {
@@ -1877,11 +1876,21 @@ impl RemoteStore {
         }
     }
 
-    /// A write-back or a move of `page` started: a pull of it under way is not its latest.
+    /// A write-back of `page` started: a pull of it under way is not its latest (the write
+    /// may go to the group it is pulled from, when that server was called back meanwhile).
     fn supersede(&mut self, page: u64) {
+        if self.pulls.moves.is_empty() {
+            return;
+        }
         if let Some(mv) = self.pulls.moves.get_mut(&page) {
             mv.superseded = true;
         }
+    }
+
+    /// Whether `page`, being pulled as `mv` says, was written, moved or freed since: then
+    /// the pulled copies are not the page.
+    fn overtaken(&self, page: u64, mv: &PullMove) -> bool {
+        mv.superseded || self.book.meta.group(page) != Some(mv.from)
     }
 
     /// The answer to pull `batch` (0 stored: its server was lost): each page whose pulls
@@ -1892,14 +1901,17 @@ impl RemoteStore {
         };
         let (dst, src) = (b.dst as usize, b.src as usize);
         self.pulls.taking[dst] -= b.items.len();
-        // A page written meanwhile is no one's fault (its old copy may be freed before the
-        // pull reads it), and the key the pull stopped at is one of those not stored (the
-        // server reads runs of consecutive keys at once): blamed only when none of those
-        // was written meanwhile. A server that cannot pull fails again at its next pull.
+        // A page written, moved or freed meanwhile is no one's fault (its old copy may be
+        // freed before the pull reads it), and the key the pull stopped at is one of those not
+        // stored (the server reads runs of consecutive keys at once): blamed only when none of
+        // those was overtaken. A server that cannot pull fails again at its next pull.
         let blamed = stored < b.items.len()
-            && b.items[stored..]
-                .iter()
-                .all(|(page, _)| self.pulls.moves.get(page).is_some_and(|mv| !mv.superseded));
+            && b.items[stored..].iter().all(|(page, _)| {
+                self.pulls
+                    .moves
+                    .get(page)
+                    .is_some_and(|mv| !self.overtaken(*page, mv))
+            });
         if blamed
             && self.book.alive(b.dst)
             && self.book.alive(b.src)
@@ -1937,7 +1949,7 @@ impl RemoteStore {
     /// the page does not live now, and the page goes back to the repair queue.
     fn finish_pull(&mut self, page: u64, mv: PullMove) {
         let now = self.book.meta.group(page);
-        if !mv.superseded && mv.failed == 0 && now == Some(mv.from) {
+        if !self.overtaken(page, &mv) && mv.failed == 0 {
             let n = u64::from(mv.moving.count_ones());
             let g = self.book.groups.intern(&mv.to);
             self.relocate(page, Some(mv.from), Some(g));

@@ -28,88 +28,89 @@ fn server() -> (String, Arc<ServerState>) {
     (addr, state)
 }
 
-/// A proxy to `real` that passes everything, except that it answers every pull as refused
-/// (the server behind it stored the pages, which is harmless: the client never counts on
-/// them): a server that cannot reach the one it should pull from.
-fn refusing_pulls(real: String) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for client in l.incoming() {
-            let Ok(mut client) = client else { return };
-            let mut up = TcpStream::connect(&real).unwrap();
-            let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut c2, &mut u2);
-                let _ = u2.shutdown(std::net::Shutdown::Both);
-            });
-            std::thread::spawn(move || {
-                let mut hdr = [0u8; HEADER_LEN];
-                let mut body = Vec::new();
-                let mut out = Vec::new();
-                while up.read_exact(&mut hdr).is_ok() {
-                    let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
-                    body.resize(h.len as usize, 0);
-                    if up.read_exact(&mut body).is_err() {
-                        break;
-                    }
-                    out.clear();
-                    if h.op == Op::Pulled {
-                        rmem_proto::Response::Pulled {
-                            stored: 0,
-                            message: "the proxy refuses pulls",
-                        }
-                        .encode(h.tag, &mut out);
-                    } else {
-                        out.extend_from_slice(&hdr);
-                        out.extend_from_slice(&body);
-                    }
-                    if client.write_all(&out).is_err() {
-                        break;
-                    }
-                }
-                let _ = client.shutdown(std::net::Shutdown::Both);
-            });
-        }
-    });
-    addr
+/// What a test proxy does besides passing frames both ways.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Nothing else: it goes away only when its flag is set.
+    Pass,
+    /// Answers every pull as refused (the server behind it stored the pages, which is
+    /// harmless: the client never counts on them): a server that cannot reach the one it
+    /// should pull from.
+    RefusePulls,
+    /// Goes away the moment a pull reaches it: a taking server killed mid-drain.
+    DieAtFirstPull,
 }
 
-/// A proxy to `real` that goes away for good the moment a pull reaches it: every link
-/// closed, nothing listening any more (a taking server killed in the middle of a drain).
-fn dying_at_first_pull(real: String) -> String {
+/// A proxy to `real`, and the flag that kills it: once set (by the test, or by the proxy
+/// under [`Mode::DieAtFirstPull`]) every link through it is closed and nothing listens there
+/// any more (a server killed).
+fn proxy(real: String, mode: Mode) -> (String, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::AtomicBool;
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap().to_string();
+    let dead = Arc::new(AtomicBool::new(false));
+    let flag = dead.clone();
     std::thread::spawn(move || {
-        let Ok((mut client, _)) = l.accept() else {
-            return;
-        };
-        let mut up = TcpStream::connect(&real).unwrap();
-        let (mut u2, mut c2) = (up.try_clone().unwrap(), client.try_clone().unwrap());
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut u2, &mut c2);
-        });
-        let mut hdr = [0u8; HEADER_LEN];
-        let mut body = Vec::new();
-        while client.read_exact(&mut hdr).is_ok() {
-            let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
-            body.resize(h.len as usize, 0);
-            if client.read_exact(&mut body).is_err() || h.op == Op::Pull {
-                break;
+        let mut links: Vec<TcpStream> = Vec::new();
+        while !flag.load(Relaxed) {
+            let Ok((client, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            };
+            client.set_nonblocking(false).unwrap();
+            let up = TcpStream::connect(&real).unwrap();
+            for (from, to, upstream) in [(&client, &up, true), (&up, &client, false)] {
+                let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                let dead = flag.clone();
+                std::thread::spawn(move || pump(from, to, mode, upstream, &dead));
             }
-            if up
-                .write_all(&hdr)
-                .and_then(|_| up.write_all(&body))
-                .is_err()
-            {
-                break;
-            }
+            links.extend([client, up]);
         }
-        let _ = client.shutdown(std::net::Shutdown::Both);
-        let _ = up.shutdown(std::net::Shutdown::Both);
-        drop(l);
+        for s in links {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     });
-    addr
+    (addr, dead)
+}
+
+/// Frames from `from` to `to` (`upstream`: the client's requests) as `mode` says.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    mode: Mode,
+    upstream: bool,
+    dead: &std::sync::atomic::AtomicBool,
+) {
+    let mut hdr = [0u8; HEADER_LEN];
+    let mut body = Vec::new();
+    let mut out = Vec::new();
+    while from.read_exact(&mut hdr).is_ok() {
+        let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
+        body.resize(h.len as usize, 0);
+        if from.read_exact(&mut body).is_err() {
+            break;
+        }
+        if upstream && mode == Mode::DieAtFirstPull && h.op == Op::Pull {
+            dead.store(true, Relaxed);
+            break;
+        }
+        out.clear();
+        if !upstream && mode == Mode::RefusePulls && h.op == Op::Pulled {
+            rmem_proto::Response::Pulled {
+                stored: 0,
+                message: "the proxy refuses pulls",
+            }
+            .encode(h.tag, &mut out);
+        } else {
+            out.extend_from_slice(&hdr);
+            out.extend_from_slice(&body);
+        }
+        if to.write_all(&out).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
 fn page(n: u64, round: u64) -> Vec<u8> {
@@ -219,7 +220,7 @@ fn a_drain_pulls_every_piece_server_to_server() {
 #[test]
 fn a_refused_pull_moves_the_page_through_the_client() {
     let (a, a_state) = server();
-    let servers = [a, refusing_pulls(server().0)];
+    let servers = [a, proxy(server().0, Mode::RefusePulls).0];
     let mut s = store_on(&servers, "none");
     let pages = 100;
     write_all(&mut s, pages, 0);
@@ -277,7 +278,7 @@ fn a_taking_server_lost_in_the_middle_of_a_drain_loses_nothing() {
         a,
         server().0,
         server().0,
-        dying_at_first_pull(server().0),
+        proxy(server().0, Mode::DieAtFirstPull).0,
         server().0,
     ];
     let mut s = store_on(&servers, "ec:2+1");
@@ -323,50 +324,13 @@ fn pages_pulled_to_a_server_that_starts_leaving_move_on() {
     check_all(&mut s, pages, |_| 0);
 }
 
-/// A proxy to `real` that can be killed: every link through it closed, nothing listening
-/// any more (a server killed).
-fn killable(real: String) -> (String, Arc<std::sync::atomic::AtomicBool>) {
-    use std::sync::atomic::AtomicBool;
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let dead = Arc::new(AtomicBool::new(false));
-    let flag = dead.clone();
-    std::thread::spawn(move || {
-        let mut links: Vec<TcpStream> = Vec::new();
-        while !flag.load(Relaxed) {
-            match l.accept() {
-                Ok((client, _)) => {
-                    client.set_nonblocking(false).unwrap();
-                    let up = TcpStream::connect(&real).unwrap();
-                    for (mut a, mut b) in [
-                        (client.try_clone().unwrap(), up.try_clone().unwrap()),
-                        (up.try_clone().unwrap(), client.try_clone().unwrap()),
-                    ] {
-                        std::thread::spawn(move || {
-                            let _ = std::io::copy(&mut a, &mut b);
-                            let _ = b.shutdown(std::net::Shutdown::Both);
-                        });
-                    }
-                    links.extend([client, up]);
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(2)),
-            }
-        }
-        for s in links {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-    });
-    (addr, dead)
-}
-
 /// Under `replicas:2` a lost server's copies are restored by pulls from the other copy, and
 /// those copies are good: once they are in, the server that held the other copies is lost
 /// too, and every page still reads back (from the pulled copies, and their own repairs).
 #[test]
 fn a_lost_copy_is_pulled_from_the_other_and_serves_when_that_one_is_lost_too() {
-    let (a, kill_a) = killable(server().0);
-    let (b, kill_b) = killable(server().0);
+    let (a, kill_a) = proxy(server().0, Mode::Pass);
+    let (b, kill_b) = proxy(server().0, Mode::Pass);
     let servers = [a, b, server().0, server().0];
     let mut s = store_on(&servers, "replicas:2");
     let pages = 120;

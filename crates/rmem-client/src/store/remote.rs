@@ -316,6 +316,8 @@ pub(crate) struct Conn {
     /// The session is a snapshot its parent's connection creates: attach it with
     /// `ATTACH_SNAPSHOT` (wait for it, never create it).
     snapshot: bool,
+    /// The address the latest link is connected to (read once per link, for `peer_addr`).
+    linked_to: Option<std::net::SocketAddr>,
 }
 
 fn io_err(server: &str, e: io::Error) -> StoreError {
@@ -561,6 +563,7 @@ impl Conn {
             full: false,
             disk: false,
             snapshot: false,
+            linked_to: None,
         }
     }
 
@@ -579,6 +582,7 @@ impl Conn {
             full: self.full,
             persists: self.persists,
             snapshot: true,
+            linked_to: None,
             ..Conn::unlinked(
                 &self.name,
                 &self.token,
@@ -621,6 +625,7 @@ impl Conn {
         if self.inbuf.is_empty() {
             self.inbuf = vec![0; (2 * (self.page_size + 64)).max(256 * 1024)];
         }
+        self.linked_to = link.sock.peer_addr().ok();
         self.sock = Some(link.sock);
         self.lease = link.lease;
         self.persists = link.persists;
@@ -636,7 +641,7 @@ impl Conn {
 
     /// The server's address as this link is connected to it (none while the link is down).
     pub(crate) fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        self.sock.as_ref().and_then(|s| s.peer_addr().ok())
+        self.sock.as_ref().and(self.linked_to)
     }
 
     pub(crate) fn session(&self) -> SessionId {
