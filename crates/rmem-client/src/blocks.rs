@@ -11,7 +11,9 @@
 //!
 //! Every operation is non-blocking: it does what it can now and answers [`Step::Wait`] when
 //! the page is in flight or no buffer is free yet; the caller retries after
-//! [`BlockCache::poll`] reports progress. Durability is asked with barriers:
+//! [`BlockCache::poll`] reports progress. What an operation asks of the servers goes out at
+//! the next [`BlockCache::flush`] or [`BlockCache::poll`]: the fetches of a large request
+//! leave in one write, not in one system call each. Durability is asked with barriers:
 //! [`BlockCache::sync`] starts the write-back of every dirty page of a range (the pages stay
 //! cached, `Syncing`) and returns a [`Barrier`], which [`BlockCache::poll`] reports done once
 //! every write applied before it is on the servers, with the store's redundancy.

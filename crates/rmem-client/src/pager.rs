@@ -948,6 +948,7 @@ impl Core {
         let ahead = store.fetch_ahead();
         if ahead {
             store.fetch(page)?;
+            store.flush()?;
         }
         let slot = match victim {
             Some(v) if self.pages.get(v).may_be_dirty() => self.move_out(v)?,
@@ -960,14 +961,15 @@ impl Core {
                 let data = unsafe { self.staging.bytes(slot) };
                 if ahead {
                     store.store(v, data)?;
-                    store.flush()?;
                 } else {
                     store.swap(v, data, page)?;
                 }
+                store.flush()?;
             }
             (victim, _) => {
                 if !ahead {
                     store.fetch(page)?;
+                    store.flush()?;
                 }
                 if let Some(v) = victim {
                     self.drops.push(v);

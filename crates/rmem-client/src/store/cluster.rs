@@ -2112,7 +2112,7 @@ impl PageStore for RemoteStore {
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
         let op = self.start_fetch(page.0, Purpose::Page)?;
         self.book.busy.insert(page.0, op);
-        self.flush()
+        Ok(())
     }
 
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
@@ -2148,6 +2148,7 @@ impl PageStore for RemoteStore {
         // buried here), which no answer counts. Counting answers instead once left `rmem
         // nbd` with requests waiting for buffers that such a write-back had freed, and no
         // further event to retry them on.
+        self.flush()?;
         let mut n = 0;
         let mut f = |c: Completion<'_>| {
             n += 1;

@@ -123,7 +123,9 @@ pub struct StoreCounters {
 pub trait PageStore: Send {
     /// Bytes of pages this client may store in all.
     fn capacity_bytes(&self) -> u64;
-    /// Start fetching `page`'s contents; completes with [`Completion::Fetched`].
+    /// Start fetching `page`'s contents; completes with [`Completion::Fetched`]. The request
+    /// goes out at the next [`PageStore::flush`] or [`PageStore::poll`], so that the fetches
+    /// of one batch (a block device request's pages, a prefetch window) leave together.
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError>;
     /// Start storing `data` as `page`'s contents; completes with [`Completion::Stored`].
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError>;
@@ -133,7 +135,7 @@ pub trait PageStore: Send {
     fn fetch_ahead(&self) -> bool {
         true
     }
-    /// Store `victim` and fetch `page`, sent together (`fetch` flushes both).
+    /// Store `victim` and fetch `page`, sent together at the next flush.
     fn swap(&mut self, victim: PageIndex, data: &[u8], page: PageIndex) -> Result<(), StoreError> {
         self.store(victim, data)?;
         self.fetch(page)
@@ -142,7 +144,7 @@ pub trait PageStore: Send {
     fn free(&mut self, page: PageIndex) -> Result<(), StoreError>;
     /// Push buffered requests out.
     fn flush(&mut self) -> Result<(), StoreError>;
-    /// Deliver finished operations to `f` without blocking. Returns how many pages completed
+    /// Send what is queued, then deliver finished operations to `f` without blocking. Returns how many pages completed
     /// (answers that complete nothing, such as a ping's, are not counted).
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError>;
     /// Descriptors to wait on when the pager sleeps (readable, or writable with unsent data).
