@@ -57,9 +57,11 @@ impl Default for Limits {
 /// Pages of a request tried per pass while earlier ones wait: enough to keep the servers
 /// busy with a large request, few enough that a pass over blocked requests stays short.
 const WAIT_WINDOW: usize = 256;
-/// A read's data from this size up is sent from its own buffer rather than copied.
+/// A read's data from this size up is sent from its own buffer rather than copied; a write's
+/// payload from this size up is received into its own buffer rather than through `rbuf`.
 const OWN_CHUNK_MIN: usize = 64 * 1024;
-/// Sent read buffers a connection keeps for its next reads, and the largest it keeps.
+/// Buffers of sent reads and done writes a connection keeps for its next requests, and the
+/// largest it keeps.
 const SPARE_READ_BUFFERS: usize = 4;
 const SPARE_READ_BUFFER_MAX: usize = 4 << 20;
 /// Bytes read from a socket at a time.
@@ -157,6 +159,15 @@ impl Write for Stream {
     }
 }
 
+/// A write request whose payload (`data`, `have` bytes of it so far) is read from the socket
+/// into its own buffer: through `rbuf` a 1 MiB payload was copied twice more (moved to the
+/// front of `rbuf` while incomplete, then out of it).
+struct Incoming {
+    request: Request,
+    data: Vec<u8>,
+    have: usize,
+}
+
 /// One client connection.
 struct Conn {
     id: u64,
@@ -175,8 +186,11 @@ struct Conn {
     opos: usize,
     out_bytes: usize,
     wbuf: Vec<u8>,
-    /// Sent chunks kept as the next reads' buffers ([`Conn::read_buffer`]).
+    /// Sent chunks and done writes' payloads kept as the next requests' buffers
+    /// ([`Conn::buffer`]).
     spare: Vec<Vec<u8>>,
+    /// A large write whose payload is being received straight into its buffer.
+    incoming: Option<Incoming>,
     /// Some while negotiating.
     handshake: Option<Handshake>,
     structured: bool,
@@ -208,12 +222,13 @@ impl Conn {
         self.out.push_back(data);
     }
 
-    /// A buffer of `len` bytes for a read's data. Every byte of it is overwritten before it
-    /// is sent (each page's part by the cache: its data, or zeros for a page never written),
-    /// so a sent one is reused as it is, old bytes (this connection's own earlier replies)
-    /// included: zeroing a new 1 MiB buffer for every 1 MiB read was one of the two copies
-    /// per byte that kept large reads below nbdkit's.
-    fn read_buffer(&mut self, len: usize) -> Vec<u8> {
+    /// A buffer of `len` bytes for a read's data or a write's payload. Every byte of it is
+    /// overwritten before it is used (a read's, page by page by the cache: its data, or
+    /// zeros for a page never written; a write's by the bytes received), so a spare one is
+    /// reused as it is, old bytes (this connection's own earlier requests) included: zeroing
+    /// a new 1 MiB buffer for every 1 MiB read was one of the two copies per byte that kept
+    /// large reads below nbdkit's.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
         if len < OWN_CHUNK_MIN {
             return vec![0; len]; // copied behind its reply header, then dropped
         }
@@ -265,14 +280,10 @@ impl Conn {
                         sent -= left;
                         self.opos = 0;
                         let mut done = self.out.pop_front().expect("front exists");
-                        // Keep one small buffer for the next replies.
-                        if done.capacity() >= OWN_CHUNK_MIN
-                            && done.capacity() <= SPARE_READ_BUFFER_MAX
-                            && self.spare.len() < SPARE_READ_BUFFERS
-                        {
-                            self.spare.push(done);
-                        } else if self.wbuf.capacity() == 0 && done.capacity() <= OWN_CHUNK_MIN * 16
-                        {
+                        if done.capacity() >= OWN_CHUNK_MIN {
+                            self.give_back(done);
+                        } else if self.wbuf.capacity() == 0 {
+                            // Keep one small buffer for the next replies.
                             done.clear();
                             self.wbuf = done;
                         }
@@ -289,8 +300,31 @@ impl Conn {
         }
     }
 
-    /// Read what is there. False at end of file or on an error (recorded in `close`).
+    /// Keep a done request's buffer for the next ones (see [`Conn::buffer`]).
+    fn give_back(&mut self, b: Vec<u8>) {
+        if b.capacity() >= OWN_CHUNK_MIN
+            && b.capacity() <= SPARE_READ_BUFFER_MAX
+            && self.spare.len() < SPARE_READ_BUFFERS
+        {
+            self.spare.push(b);
+        }
+    }
+
+    /// Read what is there (an error or the end is recorded in `close`).
     fn receive(&mut self) {
+        if let Some(inc) = self.incoming.as_mut() {
+            if inc.have < inc.data.len() {
+                let r = self.stream.read(&mut inc.data[inc.have..]);
+                match r {
+                    Ok(n) => inc.have += n,
+                    Err(e) => return self.failed(e),
+                }
+                if r.is_ok_and(|n| n == 0) {
+                    self.close.get_or_insert_with(|| "the client closed".into());
+                }
+                return;
+            }
+        }
         if self.rpos == self.rend {
             self.rpos = 0;
             self.rend = 0;
@@ -313,15 +347,17 @@ impl Conn {
                 self.close.get_or_insert_with(|| "the client closed".into());
             }
             Ok(n) => self.rend += n,
-            Err(e) => {
-                if !matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) {
-                    self.close
-                        .get_or_insert_with(|| format!("read failed: {e}"));
-                }
-            }
+            Err(e) => self.failed(e),
+        }
+    }
+
+    fn failed(&mut self, e: io::Error) {
+        if !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ) {
+            self.close
+                .get_or_insert_with(|| format!("read failed: {e}"));
         }
     }
 }
@@ -605,6 +641,7 @@ impl<'a> Server<'a> {
                 out_bytes: 0,
                 wbuf: Handshake::greeting(),
                 spare: Vec::new(),
+                incoming: None,
                 handshake: Some(Handshake::new()),
                 structured: false,
                 requests: 0,
@@ -653,6 +690,15 @@ impl<'a> Server<'a> {
                 }
                 continue;
             }
+            if let Some(inc) = &c.incoming {
+                if inc.have < inc.data.len() {
+                    return;
+                }
+                let inc = c.incoming.take().expect("checked");
+                served.requests += 1;
+                self.request(id, inc.request, inc.data);
+                continue;
+            }
             if !c.may_read(&self.limits) {
                 return;
             }
@@ -661,7 +707,23 @@ impl<'a> Server<'a> {
                 Ok(None) => return,
                 Err(e) => return self.malformed(id, e),
             };
-            let total = proto::REQUEST_LEN + r.payload_len();
+            let len = r.payload_len();
+            let total = proto::REQUEST_LEN + len;
+            if len >= OWN_CHUNK_MIN {
+                // The payload goes to its own buffer: what is here now, the rest straight
+                // from the socket.
+                let here = (input.len() - proto::REQUEST_LEN).min(len);
+                let mut data = c.buffer(len);
+                let from = c.rpos + proto::REQUEST_LEN;
+                rmem_copy::copy(&mut data[..here], &c.rbuf[from..from + here]);
+                c.rpos = from + here;
+                c.incoming = Some(Incoming {
+                    request: r,
+                    data,
+                    have: here,
+                });
+                continue;
+            }
             if input.len() < total {
                 return;
             }
@@ -713,7 +775,7 @@ impl<'a> Server<'a> {
         self.next_req += 1;
         let data = match r.command {
             Command::Write => payload,
-            Command::Read if error.is_none() => c.read_buffer(r.length as usize),
+            Command::Read if error.is_none() => c.buffer(r.length as usize),
             _ => Vec::new(),
         };
         c.requests += 1;
@@ -813,6 +875,10 @@ impl<'a> Server<'a> {
         c.held_bytes -= req.data.len();
         if c.close.is_some() {
             return;
+        }
+        if req.command == Command::Write {
+            c.give_back(req.data);
+            return proto::simple_reply(&mut c.wbuf, req.cookie, error);
         }
         match (req.command, c.structured, error) {
             (Command::Read, true, 0) => {
