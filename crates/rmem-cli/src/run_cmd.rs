@@ -363,7 +363,7 @@ pub fn run(args: RunArgs) -> i32 {
         unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
     }
     let started = Instant::now();
-    let (status, lost) = wait_watching(&mut child, &mut servers);
+    let (status, ended) = wait_watching(&mut child, &mut servers);
     let elapsed = started.elapsed();
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     if let Ok(json) = std::fs::read_to_string(&stats_path) {
@@ -373,13 +373,8 @@ pub fn run(args: RunArgs) -> i32 {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     let code = status_code(status);
-    if let Some(msg) = lost {
-        eprintln!("rmem run: {msg}");
-        return if code == 0 {
-            rmem_client::EXIT_SERVER_LOST
-        } else {
-            code
-        };
+    if !ended.is_empty() && code == rmem_client::EXIT_SERVER_LOST {
+        eprintln!("rmem run: {}", ended.join("; "));
     }
     if !status.success() {
         eprintln!(
@@ -409,45 +404,34 @@ pub(crate) fn librmem_path() -> Result<PathBuf, String> {
         })
 }
 
-/// Wait for the program; if a server dies first, stop the program and say which server.
+/// Wait for the program, saying when a server this started ends before it. Whether the
+/// program can go on without that server is its runtime's call, not this launcher's: under a
+/// `--redundancy` that covers the loss it goes on (and rebuilds), otherwise the runtime stops
+/// it within its lease, naming every lost server, with exit status 69. (This once stopped the
+/// program two seconds after any of its servers died, so `rmem run --servers 4` lost the run
+/// that its default `ec:3+1` had kept.) Returns the program's status and what ended.
 fn wait_watching(
     child: &mut std::process::Child,
     servers: &mut [ServerProc],
-) -> (ExitStatus, Option<String>) {
-    let mut lost = None;
+) -> (ExitStatus, Vec<String>) {
+    let mut ended: Vec<Option<String>> = vec![None; servers.len()];
     loop {
         match child.try_wait() {
-            Ok(Some(s)) => return (s, lost),
+            Ok(Some(s)) => return (s, ended.into_iter().flatten().collect()),
             Ok(None) => {}
             Err(e) => {
                 eprintln!("rmem run: waiting for the program failed: {e}");
                 let _ = child.kill();
-                return (child.wait().expect("wait after kill"), lost);
+                let s = child.wait().expect("wait after kill");
+                return (s, ended.into_iter().flatten().collect());
             }
         }
-        if lost.is_none() {
-            for s in servers.iter_mut() {
+        for (s, seen) in servers.iter_mut().zip(ended.iter_mut()) {
+            if seen.is_none() {
                 if let Some(st) = s.exited() {
-                    let msg = format!(
-                        "memory server {s} died ({}); the program was stopped",
-                        describe(st)
-                    );
-                    // Give the program's own runtime a moment to report the loss itself.
-                    let end = Instant::now() + Duration::from_secs(2);
-                    while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    if matches!(child.try_wait(), Ok(None)) {
-                        // SAFETY: signalling our own child.
-                        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-                        let end = Instant::now() + Duration::from_secs(2);
-                        while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
-                        let _ = child.kill();
-                    }
-                    lost = Some(msg);
-                    break;
+                    let what = format!("memory server {s} ended ({})", describe(st));
+                    eprintln!("rmem run: {what} while the program ran");
+                    *seen = Some(what);
                 }
             }
         }

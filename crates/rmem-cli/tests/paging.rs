@@ -205,35 +205,11 @@ fn a_killed_server_stops_the_program_with_its_name() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let launcher = child.id();
-    // Find the server processes: children of the launcher running `rmem server`.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let servers = loop {
-        let kids = std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
-            .unwrap_or_default();
-        let servers: Vec<(u32, String)> = kids
-            .split_whitespace()
-            .filter_map(|p| p.parse::<u32>().ok())
-            .filter_map(|p| {
-                let cmdline = std::fs::read_to_string(format!("/proc/{p}/cmdline")).ok()?;
-                cmdline.contains("server").then_some((p, cmdline))
-            })
-            .collect();
-        let prog_running = kids.split_whitespace().count() > servers.len();
-        if servers.len() == 2 && prog_running {
-            break servers;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "servers did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let servers = launched_servers(child.id(), 2);
     // Let the program fill its memory across both servers, then kill one.
     std::thread::sleep(Duration::from_millis(1500));
-    let (victim, _) = servers[1];
     // SAFETY: killing a process this test started (indirectly).
-    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    unsafe { libc::kill(servers[1] as i32, libc::SIGKILL) };
     let out = wait_bounded(
         child,
         Duration::from_secs(15),
@@ -261,7 +237,7 @@ fn a_killed_server_stops_the_program_with_its_name() {
         out.elapsed
     );
     // The other server was finalized.
-    let (other, _) = servers[0];
+    let other = servers[0];
     std::thread::sleep(Duration::from_millis(200));
     assert!(
         !std::path::Path::new(&format!("/proc/{other}")).exists() || {

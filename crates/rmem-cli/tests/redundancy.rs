@@ -434,3 +434,58 @@ fn bench_redundancy_tiny_writes_its_json() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `rmem run --servers 4` starts its own servers and, with three or more, its default
+/// redundancy survives one's loss: a server it started killed at a random moment must not
+/// stop the program (the launcher once stopped it two seconds after any of its servers
+/// died, whatever the redundancy). The launcher says the server ended; the run ends as if
+/// nothing happened.
+#[test]
+fn a_server_rmem_run_started_killed_under_the_default_redundancy() {
+    let dir = scratch("red-launched");
+    let stats = dir.join("stats.json");
+    let child = Command::new(rmem())
+        .args([
+            "run",
+            "--api",
+            "--servers",
+            "4",
+            "--server-capacity",
+            "64M",
+            "--local",
+            "8M",
+            "--page-size",
+            "4K",
+            "--stats-json",
+        ])
+        .arg(&stats)
+        .arg("--")
+        .arg(build_c("tests/c/stress.c"))
+        .args(["8", "32", "60000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let servers = launched_servers(child.id(), 4);
+    std::thread::sleep(random_ms(800, 2500));
+    let victim = servers[random_ms(0, 4).as_millis() as usize];
+    // SAFETY: killing a process this test started (indirectly).
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let out = wait_bounded(child, Duration::from_secs(300), "the stress losing a server");
+    let what = shown(&out);
+    assert!(out.status.success(), "{what}");
+    assert!(
+        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
+        "{what}"
+    );
+    assert!(
+        out.stderr.contains(&format!("(pid {victim}) ended (signal 9)")),
+        "the launcher did not say which server ended: {what}"
+    );
+    assert!(out.stderr.contains("the program goes on"), "{what}");
+    let v = read_json(&stats);
+    assert_eq!(v["servers_lost"].as_u64(), Some(1), "{v}\n{what}");
+    assert!(v["layout"].as_str().unwrap().starts_with("ec:"), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

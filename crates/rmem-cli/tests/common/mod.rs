@@ -176,6 +176,33 @@ pub fn random_ms(lo: u64, hi: u64) -> Duration {
     Duration::from_millis(lo + x % (hi - lo))
 }
 
+/// The pids of the `n` memory servers `rmem run` (pid `launcher`) started, once they and the
+/// program are all running (bounded: panics after 20 s).
+pub fn launched_servers(launcher: u32, n: usize) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let kids = std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children"))
+            .unwrap_or_default();
+        let servers: Vec<u32> = kids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.contains("server"))
+            })
+            .collect();
+        let program_running = kids.split_whitespace().count() > servers.len();
+        if servers.len() == n && program_running {
+            return servers;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the {n} servers and the program did not start: {kids}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
