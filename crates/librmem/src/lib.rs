@@ -107,9 +107,16 @@ extern "C" fn at_exit() {
     }
 }
 
+/// A child process of the program `rmem run` started (`rmem run --children`): its statistics
+/// go to `RMEM_STATS_JSON.PID`, beside the program's.
+static DESCENDANT: AtomicBool = AtomicBool::new(false);
+
 fn write_stats(rt: &Runtime) {
-    if let Ok(path) = std::env::var("RMEM_STATS_JSON") {
+    if let Ok(mut path) = std::env::var("RMEM_STATS_JSON") {
         if !path.is_empty() {
+            if DESCENDANT.load(Ordering::Relaxed) {
+                path = format!("{path}.{}", std::process::id());
+            }
             if let Err(e) = rt.write_stats_json(&path) {
                 eprintln!("rmem: cannot write statistics to {path}: {e}");
             }
@@ -430,14 +437,18 @@ extern "C" fn constructor() {
     if std::env::var_os("RMEM_MODE").is_none_or(|m| m != "transparent") {
         return;
     }
-    // Only the program `rmem run` started: its children inherit LD_PRELOAD, not the runtime.
+    // The program `rmem run` started; its children (they inherit LD_PRELOAD) only with
+    // `rmem run --children`, each with a runtime and a budget of its own.
     if let Some(pid) = std::env::var("RMEM_RUN_PID")
         .ok()
         .and_then(|p| p.trim().parse::<i32>().ok())
     {
         // SAFETY: getppid has no preconditions.
         if pid != unsafe { libc::getppid() } {
-            return;
+            if std::env::var_os("RMEM_CHILDREN").is_none_or(|v| v != "1") {
+                return;
+            }
+            DESCENDANT.store(true, Ordering::Relaxed);
         }
     }
     guard(transparent_start);

@@ -58,6 +58,12 @@ pub struct RunArgs {
     /// back (overcommit, the default).
     #[arg(long)]
     pub no_overcommit: bool,
+    /// Page the program's child processes too (a shell's commands, a script's subprocesses):
+    /// each process that loads librmem runs its own runtime with its own budget of --local.
+    /// Without it only the program rmem run starts is paged, and its children run as they
+    /// would without rmem.
+    #[arg(long)]
+    pub children: bool,
     /// --redundancy, --encrypt, --no-encrypt.
     #[command(flatten)]
     pub layout: LayoutArgs,
@@ -270,6 +276,7 @@ pub fn run(args: RunArgs) -> i32 {
         .env("RMEM_PLACEMENT", config.placement.name())
         .env("RMEM_STATS_JSON", &stats_path)
         .env("RMEM_RUN_PID", std::process::id().to_string())
+        .env("RMEM_CHILDREN", if args.children { "1" } else { "0" })
         .env(
             "RMEM_HISTORY_RATIO",
             config.policy_params.history_ratio.to_string(),
@@ -366,8 +373,26 @@ pub fn run(args: RunArgs) -> i32 {
     let (status, ended) = wait_watching(&mut child, &mut servers);
     let elapsed = started.elapsed();
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
-    if let Ok(json) = std::fs::read_to_string(&stats_path) {
-        eprintln!("{}", summary(&json, elapsed));
+    let children = children_summary(&stats_path, args.stats_json.is_some());
+    match std::fs::read_to_string(&stats_path) {
+        Ok(json) => eprintln!("{}", summary(&json, elapsed)),
+        // The runtime starts at the program's first allocation of --min-alloc or more, and
+        // writes its statistics at exit: without them nothing was paged, which a user who
+        // asked for a budget should hear about.
+        Err(_) if children.is_none() && preload.is_some() => eprintln!(
+            "rmem: nothing was paged: {} made no allocation of --min-alloc ({}) or more{}",
+            args.program[0],
+            args.min_alloc,
+            if args.children {
+                ", nor did its child processes"
+            } else {
+                " (its child processes, as a shell's commands, are paged only with --children)"
+            }
+        ),
+        Err(_) => {}
+    }
+    if let Some(line) = children {
+        eprintln!("{line}");
     }
     if args.stats_json.is_none() {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -437,6 +462,48 @@ fn wait_watching(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// One line for the statistics of the program's child processes (`--children`: each writes
+/// `STATS.PID`), if any wrote them.
+fn children_summary(stats: &std::path::Path, kept: bool) -> Option<String> {
+    let dir = stats.parent()?;
+    let prefix = format!("{}.", stats.file_name()?.to_string_lossy());
+    let (mut procs, mut faults, mut fetched, mut written) = (0u64, 0u64, 0u64, 0u64);
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_err() {
+            continue;
+        }
+        let Some(v) = std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        else {
+            continue;
+        };
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        procs += 1;
+        faults += n("faults");
+        fetched += n("bytes_fetched");
+        written += n("bytes_written_back");
+    }
+    (procs > 0).then(|| {
+        format!(
+            "rmem: {procs} child process{} paged too: {faults} faults, fetched {:.1} MiB, wrote \
+             back {:.1} MiB{}",
+            if procs == 1 { "" } else { "es" },
+            fetched as f64 / (1 << 20) as f64,
+            written as f64 / (1 << 20) as f64,
+            if kept {
+                format!(" (statistics in {}.PID)", stats.display())
+            } else {
+                String::new()
+            }
+        )
+    })
 }
 
 /// The statistics summary printed at the end of a run.

@@ -181,6 +181,58 @@ fn gnu_sort_parallel_output_identical_user_mode_only() {
     sort_identical(true);
 }
 
+/// A shell's commands are the program's children: without `--children` they run unpaged and
+/// rmem says nothing was paged; with it, sort (a pipeline's stage, so a child of the shell,
+/// not an exec of it) is paged within its own budget and its output is sort's.
+#[test]
+fn a_shell_s_commands_are_paged_with_children() {
+    let dir = scratch("children");
+    let input = dir.join("in.txt");
+    sort_input(&input, 200_000);
+    let pipeline = format!("sort --parallel=2 {} | cat", input.display());
+    let plain = run_bounded(
+        Command::new("sh").args(["-c", &pipeline]),
+        Duration::from_secs(60),
+    );
+    assert!(plain.status.success());
+    let stats = dir.join("stats.json");
+    let opts = ["--local", "4M", "--page-size", "4K"];
+    let out = run_bounded(
+        &mut rmem_run(&opts, &stats, &["sh", "-c", &pipeline], false),
+        Duration::from_secs(240),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout == plain.stdout, "output differs under rmem");
+    assert!(
+        out.stderr.contains("rmem: nothing was paged: sh made no allocation")
+            && out.stderr.contains("--children"),
+        "{}",
+        out.stderr
+    );
+    let with = [&opts[..], &["--children"]].concat();
+    let out = run_bounded(
+        &mut rmem_run(&with, &stats, &["sh", "-c", &pipeline], false),
+        Duration::from_secs(240),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout == plain.stdout, "output differs under rmem --children");
+    assert!(out.stderr.contains("paged too"), "{}", out.stderr);
+    let prefix = "stats.json.";
+    let children: Vec<serde_json::Value> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| read_json(&e.path()))
+        .collect();
+    // sort's statistics: the child that fetched pages.
+    assert!(
+        children.iter().any(|v| v["swap_ins"].as_u64().unwrap_or(0) > 0
+            && v["local_bytes_max"].as_u64().unwrap() <= 4 << 20),
+        "no child was paged within 4 MiB: {children:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 const NUMPY_SCRIPT: &str = include_str!("../../../tests/py/numpy_io.py");
 
 #[test]
