@@ -370,12 +370,20 @@ pub fn run(args: RunArgs) -> i32 {
         unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
     }
     let started = Instant::now();
-    let (status, ended) = wait_watching(&mut child, &mut servers);
+    let (status, ended, peak) = wait_watching(&mut child, &mut servers);
     let elapsed = started.elapsed();
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     let children = children_summary(&stats_path, args.stats_json.is_some());
     match std::fs::read_to_string(&stats_path) {
-        Ok(json) => eprintln!("{}", summary(&json, elapsed)),
+        Ok(json) => {
+            eprintln!("{}", summary(&json, elapsed));
+            if let Some(line) = peak
+                .filter(|_| preload.is_some() && !args.children)
+                .and_then(|p| unpaged(p, config.local_bytes, &args.min_alloc))
+            {
+                eprintln!("{line}");
+            }
+        }
         // The runtime starts at the program's first allocation of --min-alloc or more, and
         // writes its statistics at exit: without them nothing was paged, which a user who
         // asked for a budget should hear about.
@@ -429,26 +437,57 @@ pub(crate) fn librmem_path() -> Result<PathBuf, String> {
         })
 }
 
+/// What to tell a user whose program's peak resident set (`peak` bytes) was far above its
+/// budget: the memory was not rmem's to page (small allocations, the program's own
+/// mappings), so the budget did not bound it. Allowed above the budget: the program's code
+/// and libraries, rmem's own buffers and small allocations, 64 MiB or the budget again.
+fn unpaged(peak: u64, local: u64, min_alloc: &str) -> Option<String> {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    (peak > local + (64u64 << 20).max(local)).then(|| {
+        format!(
+            "rmem: the program's peak resident set was {:.0} MiB against --local {:.0} MiB: most \
+             of it was not rmem's to page (allocations under --min-alloc {min_alloc}, or \
+             mappings the program makes itself: --min-alloc 0 and --anon-mmap page those)",
+            mib(peak),
+            mib(local)
+        )
+    })
+}
+
 /// Wait for the program, saying when a server this started ends before it. Whether the
 /// program can go on without that server is its runtime's call, not this launcher's: under a
 /// `--redundancy` that covers the loss it goes on (and rebuilds), otherwise the runtime stops
 /// it within its lease, naming every lost server, with exit status 69. (This once stopped the
 /// program two seconds after any of its servers died, so `rmem run --servers 4` lost the run
-/// that its default `ec:3+1` had kept.) Returns the program's status and what ended.
+/// that its default `ec:3+1` had kept.) Returns the program's status, what ended, and the
+/// program's peak resident set in bytes (its and its waited-for children's, from `wait4`).
 fn wait_watching(
     child: &mut std::process::Child,
     servers: &mut [ServerProc],
-) -> (ExitStatus, Vec<String>) {
+) -> (ExitStatus, Vec<String>, Option<u64>) {
     let mut ended: Vec<Option<String>> = vec![None; servers.len()];
+    let pid = child.id() as libc::pid_t;
     loop {
-        match child.try_wait() {
-            Ok(Some(s)) => return (s, ended.into_iter().flatten().collect()),
-            Ok(None) => {}
-            Err(e) => {
+        let mut raw = 0;
+        // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child, with valid out-pointers.
+        let r = unsafe { libc::wait4(pid, &mut raw, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            let peak = (usage.ru_maxrss.max(0) as u64) << 10;
+            return (
+                ExitStatus::from_raw(raw),
+                ended.into_iter().flatten().collect(),
+                Some(peak),
+            );
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
                 eprintln!("rmem run: waiting for the program failed: {e}");
                 let _ = child.kill();
                 let s = child.wait().expect("wait after kill");
-                return (s, ended.into_iter().flatten().collect());
+                return (s, ended.into_iter().flatten().collect(), None);
             }
         }
         for (s, seen) in servers.iter_mut().zip(ended.iter_mut()) {

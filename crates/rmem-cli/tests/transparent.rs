@@ -167,6 +167,7 @@ fn sort_identical(user_mode_only: bool) {
     let out = run_bounded(&mut cmd, Duration::from_secs(240));
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout == plain.stdout, "sort output differs under rmem");
+    assert!(!out.stderr.contains("peak resident set"), "{}", out.stderr);
     swapped(&stats);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -229,6 +230,35 @@ fn a_shell_s_commands_are_paged_with_children() {
         children.iter().any(|v| v["swap_ins"].as_u64().unwrap_or(0) > 0
             && v["local_bytes_max"].as_u64().unwrap() <= 4 << 20),
         "no child was paged within 4 MiB: {children:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A program whose memory is all small allocations is not bounded by --local; the summary
+/// says so, with its peak resident set, instead of leaving the user to find out.
+#[test]
+fn a_program_rmem_could_not_bound_is_told_so() {
+    let dir = scratch("unpaged");
+    let stats = dir.join("stats.json");
+    // 160 MiB in 1000-byte objects (malloc'd by CPython one by one, under --min-alloc).
+    let script = "x = [bytearray(1000) for _ in range(160_000)]; print(len(x))";
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "16M"],
+            &stats,
+            &["/usr/bin/python3", "-c", script],
+            false,
+        ),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), "160000");
+    assert!(
+        out.stderr.contains("peak resident set was")
+            && out.stderr.contains("against --local 16 MiB")
+            && out.stderr.contains("--anon-mmap"),
+        "{}",
+        out.stderr
     );
     let _ = std::fs::remove_dir_all(dir);
 }
