@@ -386,17 +386,24 @@ pub fn run(args: RunArgs) -> i32 {
         }
         // The runtime starts at the program's first allocation of --min-alloc or more, and
         // writes its statistics at exit: without them nothing was paged, which a user who
-        // asked for a budget should hear about.
-        Err(_) if children.is_none() && preload.is_some() => eprintln!(
-            "rmem: nothing was paged: {} made no allocation of --min-alloc ({}) or more{}",
-            args.program[0],
-            args.min_alloc,
-            if args.children {
-                ", nor did its child processes"
-            } else {
-                " (its child processes, as a shell's commands, are paged only with --children)"
-            }
-        ),
+        // asked for a budget should hear about. (Status 69 is the runtime's own fatal exit,
+        // a failed start among them, which has said why.)
+        Err(_)
+            if children.is_none()
+                && preload.is_some()
+                && status.code() != Some(rmem_client::EXIT_SERVER_LOST) =>
+        {
+            eprintln!(
+                "rmem: nothing was paged: {} made no allocation of --min-alloc ({}) or more{}",
+                args.program[0],
+                args.min_alloc,
+                if args.children {
+                    ", nor did its child processes"
+                } else {
+                    " (its child processes, as a shell's commands, are paged only with --children)"
+                }
+            )
+        }
         Err(_) => {}
     }
     if let Some(line) = children {

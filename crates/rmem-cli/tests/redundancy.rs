@@ -472,7 +472,11 @@ fn a_server_rmem_run_started_killed_under_the_default_redundancy() {
     let victim = servers[random_ms(0, 4).as_millis() as usize];
     // SAFETY: killing a process this test started (indirectly).
     unsafe { libc::kill(victim as i32, libc::SIGKILL) };
-    let out = wait_bounded(child, Duration::from_secs(300), "the stress losing a server");
+    let out = wait_bounded(
+        child,
+        Duration::from_secs(300),
+        "the stress losing a server",
+    );
     let what = shown(&out);
     assert!(out.status.success(), "{what}");
     assert!(
@@ -480,7 +484,8 @@ fn a_server_rmem_run_started_killed_under_the_default_redundancy() {
         "{what}"
     );
     assert!(
-        out.stderr.contains(&format!("(pid {victim}) ended (signal 9)")),
+        out.stderr
+            .contains(&format!("(pid {victim}) ended (signal 9)")),
         "the launcher did not say which server ended: {what}"
     );
     assert!(out.stderr.contains("the program goes on"), "{what}");

@@ -205,7 +205,8 @@ fn a_shell_s_commands_are_paged_with_children() {
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout == plain.stdout, "output differs under rmem");
     assert!(
-        out.stderr.contains("rmem: nothing was paged: sh made no allocation")
+        out.stderr
+            .contains("rmem: nothing was paged: sh made no allocation")
             && out.stderr.contains("--children"),
         "{}",
         out.stderr
@@ -216,7 +217,10 @@ fn a_shell_s_commands_are_paged_with_children() {
         Duration::from_secs(240),
     );
     assert!(out.status.success(), "{}", out.stderr);
-    assert!(out.stdout == plain.stdout, "output differs under rmem --children");
+    assert!(
+        out.stdout == plain.stdout,
+        "output differs under rmem --children"
+    );
     assert!(out.stderr.contains("paged too"), "{}", out.stderr);
     let prefix = "stats.json.";
     let children: Vec<serde_json::Value> = std::fs::read_dir(&dir)
@@ -227,8 +231,10 @@ fn a_shell_s_commands_are_paged_with_children() {
         .collect();
     // sort's statistics: the child that fetched pages.
     assert!(
-        children.iter().any(|v| v["swap_ins"].as_u64().unwrap_or(0) > 0
-            && v["local_bytes_max"].as_u64().unwrap() <= 4 << 20),
+        children
+            .iter()
+            .any(|v| v["swap_ins"].as_u64().unwrap_or(0) > 0
+                && v["local_bytes_max"].as_u64().unwrap() <= 4 << 20),
         "no child was paged within 4 MiB: {children:?}"
     );
     let _ = std::fs::remove_dir_all(dir);
