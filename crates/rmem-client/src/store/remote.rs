@@ -1323,12 +1323,26 @@ pub fn read_frame(
     let h = parse_header(&hdr, max)
         .map_err(|e| StoreError::Protocol {
             server: server.into(),
-            what: format!("{e} (waiting for its {what})"),
+            what: format!(
+                "{e} (waiting for its {what}; it began with {}: is it an rmem server of this \
+                 version?)",
+                shown_bytes(&hdr)
+            ),
         })?
         .expect("full header");
     body.resize(h.len as usize, 0);
     read_exact_by(sock, body, deadline).map_err(failed)?;
     Ok(h)
+}
+
+/// Bytes a peer sent, as text if they are (another service's greeting, such as `HTTP/1.1 4`
+/// or `SSH-2.0-O`, says at once what answered), else in hex.
+fn shown_bytes(b: &[u8]) -> String {
+    if b.iter().all(|c| c.is_ascii_graphic() || *c == b' ') {
+        format!("{:?}", String::from_utf8_lossy(b))
+    } else {
+        b.iter().map(|c| format!("{c:02x}")).collect::<Vec<_>>().join(" ")
+    }
 }
 
 /// The client's side of the challenge and response (`rmem_proto::auth`) on a connected,
@@ -1466,6 +1480,12 @@ mod tests {
     /// Frames go out whole and in order across segments, in partial writes; answered ones
     /// are dropped, a rewind re-sends exactly the unanswered ones, and emptied segments are
     /// reused.
+    #[test]
+    fn another_service_s_greeting_is_shown_as_text_and_binary_in_hex() {
+        assert_eq!(shown_bytes(b"HTTP/1.1 400 Bad"), "\"HTTP/1.1 400 Bad\"");
+        assert_eq!(shown_bytes(&[0x16, 0x03, 0x01, 0xff]), "16 03 01 ff");
+    }
+
     #[test]
     fn the_outbox_sends_resends_and_reuses_in_order() {
         let frames: Vec<Vec<u8>> = [100_000, 200_000, 50_000, 300_000, 70_000, 5, 262_144, 1]
