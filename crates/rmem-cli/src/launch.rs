@@ -608,6 +608,31 @@ impl ServerProc {
     }
 }
 
+impl ServerProc {
+    /// Start a local server this started, and which has ended, again on the address it had,
+    /// so that the program's runtime, which calls lost servers back at their address, finds
+    /// it there, empty, and rebuilds on it what its redundancy lost. Only a local one: a
+    /// remote host whose server ended may be down, and ssh to it would hold the launcher up.
+    pub fn restart(&mut self, plan: &Plan) -> Result<(), String> {
+        if self.spec.how != How::Local || self.started.is_none() {
+            return Err("only a local server this started is started again".into());
+        }
+        let port = self.addr.rsplit(':').next().and_then(|p| p.parse().ok());
+        let mut spec = self.spec.clone();
+        spec.host.port = port;
+        let mut again = spawn(plan, &spec)?;
+        again.await_address(Instant::now() + plan.start_timeout, plan.start_timeout)?;
+        // The old one (reaped already) is dropped here.
+        *self = again;
+        Ok(())
+    }
+
+    /// Whether [`ServerProc::restart`] applies.
+    pub fn restartable(&self) -> bool {
+        self.spec.how == How::Local && self.started.is_some()
+    }
+}
+
 impl Drop for ServerProc {
     fn drop(&mut self) {
         self.finalize(FINALIZE_GRACE);

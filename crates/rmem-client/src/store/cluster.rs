@@ -2030,11 +2030,37 @@ impl RemoteStore {
                 let mut c = c;
                 c.set_timing(self.timing);
                 eprintln!("rmem: memory server {name} is back; it takes new pages");
+                self.forget_pieces_on(s as u16);
                 self.conns[s] = c;
                 self.book.dead[s] = None;
                 self.book.draining[s] = false;
                 self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
             }
+        }
+    }
+
+    /// Server `s`, lost, answers again, in a fresh session: the pieces it held are gone.
+    /// Every page that still names it gets no server in its place, so that the repair
+    /// rebuilds those pieces (on it or elsewhere) instead of taking the page for whole and
+    /// reading nothing there. (Pages named it until their next write-back, and the next loss
+    /// of another member found too few pieces of a page the runtime thought whole.)
+    fn forget_pieces_on(&mut self, s: u16) {
+        let book = &mut self.book;
+        let mut to = HashMap::new();
+        for g in 0..book.groups.members.len() {
+            let m = &book.groups.members[g];
+            if m.contains(&s) {
+                let m: Vec<u16> = m.iter().map(|&x| if x == s { NONE } else { x }).collect();
+                to.insert(g as u16, book.groups.intern(&m));
+            }
+        }
+        let pages: Vec<(u64, u16)> = book
+            .meta
+            .located()
+            .filter(|(_, g)| to.contains_key(g))
+            .collect();
+        for (page, g) in pages {
+            self.relocate(page, Some(g), Some(to[&g]));
         }
     }
 

@@ -1341,7 +1341,10 @@ fn shown_bytes(b: &[u8]) -> String {
     if b.iter().all(|c| c.is_ascii_graphic() || *c == b' ') {
         format!("{:?}", String::from_utf8_lossy(b))
     } else {
-        b.iter().map(|c| format!("{c:02x}")).collect::<Vec<_>>().join(" ")
+        b.iter()
+            .map(|c| format!("{c:02x}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
