@@ -633,6 +633,68 @@ impl ServerProc {
     }
 }
 
+/// Times a local server that ends is started again (each time after it ended: a server that
+/// keeps dying, say killed by the OOM killer for want of memory, is then left down).
+pub const RESTARTS_MAX: u32 = 3;
+
+/// Watches the servers this started while they are used (`rmem run`'s program, `rmem nbd`):
+/// says when one ends, and starts a local one again on its address, up to [`RESTARTS_MAX`]
+/// times. The client calls lost servers back at their address and rebuilds onto the new,
+/// empty one what the loss took from its redundancy, so a long run survives more losses than
+/// its redundancy covers at once. (It never mistakes the new server for the old one: a
+/// session the server does not hold is a lost server, not an empty one.)
+pub struct Watch {
+    /// What ended for good, per server.
+    ended: Vec<Option<String>>,
+    restarts: Vec<u32>,
+}
+
+impl Watch {
+    pub fn new(servers: usize) -> Watch {
+        Watch {
+            ended: vec![None; servers],
+            restarts: vec![0; servers],
+        }
+    }
+
+    /// Look once; what ended and what was started again goes to stderr, from `who`.
+    pub fn check(&mut self, servers: &mut [ServerProc], plan: &Plan, who: &str) {
+        let each = servers
+            .iter_mut()
+            .zip(&mut self.ended)
+            .zip(&mut self.restarts);
+        for ((s, ended), n) in each {
+            if ended.is_some() {
+                continue;
+            }
+            let Some(st) = s.exited() else {
+                continue;
+            };
+            let what = format!("memory server {s} ended ({st}) while in use");
+            if !s.restartable() || *n == RESTARTS_MAX {
+                eprintln!("{who}: {what}");
+                *ended = Some(what);
+                continue;
+            }
+            *n += 1;
+            match s.restart(plan) {
+                Ok(()) => {
+                    eprintln!("{who}: {what}; started again as {s} (restart {n} of {RESTARTS_MAX})")
+                }
+                Err(e) => {
+                    eprintln!("{who}: {what}; not started again: {e}");
+                    *ended = Some(what);
+                }
+            }
+        }
+    }
+
+    /// What ended for good.
+    pub fn ended(self) -> Vec<String> {
+        self.ended.into_iter().flatten().collect()
+    }
+}
+
 impl Drop for ServerProc {
     fn drop(&mut self) {
         self.finalize(FINALIZE_GRACE);

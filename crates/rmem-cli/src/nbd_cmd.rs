@@ -206,7 +206,23 @@ pub fn run(a: NbdArgs) -> i32 {
     checked.config.token = plan.token.clone().into_bytes();
     checked.config.manager = plan.manager.clone();
     checked.config.max_remote_bytes = plan.max_remote_bytes;
-    let code = serve(&a, &checked, listeners, &wheres, stop);
+    // The servers are watched while the device serves (a local one that ends is started
+    // again, as under `rmem run`), from a thread that ends with serving.
+    let serving = std::sync::atomic::AtomicBool::new(true);
+    let code = std::thread::scope(|scope| {
+        let servers = &mut servers;
+        let (plan, serving) = (&plan, &serving);
+        scope.spawn(move || {
+            let mut watch = launch::Watch::new(servers.len());
+            while serving.load(std::sync::atomic::Ordering::Relaxed) {
+                watch.check(servers, plan, "rmem nbd");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        let code = serve(&a, &checked, listeners, &wheres, stop);
+        serving.store(false, std::sync::atomic::Ordering::Relaxed);
+        code
+    });
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);

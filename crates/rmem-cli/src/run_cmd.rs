@@ -444,10 +444,6 @@ pub(crate) fn librmem_path() -> Result<PathBuf, String> {
         })
 }
 
-/// Times a local server that ends is started again (each time after it ended: a server that
-/// keeps dying, say killed by the OOM killer for want of memory, is then left down).
-const RESTARTS_MAX: u32 = 3;
-
 /// What to tell a user whose program's peak resident set (`peak` bytes) was far above its
 /// budget: the memory was not rmem's to page (small allocations, the program's own
 /// mappings), so the budget did not bound it. Allowed above the budget: the program's code
@@ -472,19 +468,12 @@ fn unpaged(peak: u64, local: u64, min_alloc: &str) -> Option<String> {
 /// program two seconds after any of its servers died, so `rmem run --servers 4` lost the run
 /// that its default `ec:3+1` had kept.) Returns the program's status, what ended, and the
 /// program's peak resident set in bytes (its and its waited-for children's, from `wait4`).
-///
-/// A local server that ends is started again on its address, up to [`RESTARTS_MAX`] times:
-/// the runtime calls lost servers back there and rebuilds onto the new, empty one what the
-/// loss took from its redundancy, so a long run survives more losses than its redundancy
-/// covers at once. (The runtime never mistakes it for the old one: a session the server does
-/// not hold is a lost server, not an empty one.)
 fn wait_watching(
     child: &mut std::process::Child,
     servers: &mut [ServerProc],
     plan: &launch::Plan,
 ) -> (ExitStatus, Vec<String>, Option<u64>) {
-    let mut ended: Vec<Option<String>> = vec![None; servers.len()];
-    let mut restarts = vec![0u32; servers.len()];
+    let mut watch = launch::Watch::new(servers.len());
     let pid = child.id() as libc::pid_t;
     loop {
         let mut raw = 0;
@@ -494,11 +483,7 @@ fn wait_watching(
         let r = unsafe { libc::wait4(pid, &mut raw, libc::WNOHANG, &mut usage) };
         if r == pid {
             let peak = (usage.ru_maxrss.max(0) as u64) << 10;
-            return (
-                ExitStatus::from_raw(raw),
-                ended.into_iter().flatten().collect(),
-                Some(peak),
-            );
+            return (ExitStatus::from_raw(raw), watch.ended(), Some(peak));
         }
         if r < 0 {
             let e = std::io::Error::last_os_error();
@@ -506,34 +491,10 @@ fn wait_watching(
                 eprintln!("rmem run: waiting for the program failed: {e}");
                 let _ = child.kill();
                 let s = child.wait().expect("wait after kill");
-                return (s, ended.into_iter().flatten().collect(), None);
+                return (s, watch.ended(), None);
             }
         }
-        for ((s, seen), n) in servers.iter_mut().zip(ended.iter_mut()).zip(&mut restarts) {
-            if seen.is_some() {
-                continue;
-            }
-            let Some(st) = s.exited() else {
-                continue;
-            };
-            let what = format!("memory server {s} ended ({})", describe(st));
-            if !s.restartable() || *n == RESTARTS_MAX {
-                eprintln!("rmem run: {what} while the program ran");
-                *seen = Some(what);
-                continue;
-            }
-            *n += 1;
-            match s.restart(plan) {
-                Ok(()) => eprintln!(
-                    "rmem run: {what} while the program ran; started again as {s} \
-                     (restart {n} of {RESTARTS_MAX})"
-                ),
-                Err(e) => {
-                    eprintln!("rmem run: {what} while the program ran; not started again: {e}");
-                    *seen = Some(what);
-                }
-            }
-        }
+        watch.check(servers, plan, "rmem run");
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -493,7 +493,7 @@ fn a_server_rmem_run_started_killed_under_the_default_redundancy() {
     );
     assert!(
         out.stderr
-            .contains(&format!("(pid {victim}) ended (signal 9)")),
+            .contains(&format!("(pid {victim}) ended (signal: 9")),
         "the launcher did not say which server ended: {what}"
     );
     assert!(out.stderr.contains("the program goes on"), "{what}");

@@ -396,7 +396,9 @@ pub struct Server<'a> {
     blocked: Vec<u64>,
     by_barrier: HashMap<Barrier, u64>,
     done: Vec<Barrier>,
-    /// When a request was last answered: requests waiting long past it are reported.
+    /// When a request was last answered, or when requests came to an idle device: requests
+    /// waiting long past it are reported. (Only the last answer, it reported a first request
+    /// after a quiet spell as waiting for as long as the device had been quiet.)
     answered_at: Instant,
 }
 
@@ -771,6 +773,9 @@ impl<'a> Server<'a> {
             )),
             _ => None,
         };
+        if self.reqs.is_empty() {
+            self.answered_at = Instant::now();
+        }
         let id = self.next_req;
         self.next_req += 1;
         let data = match r.command {

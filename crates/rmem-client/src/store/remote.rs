@@ -764,7 +764,7 @@ impl Conn {
                     return Err(StoreError::SessionLost {
                         server: self.name.clone(),
                         detail: format!(
-                            "after the connection was lost {:.1} s ago ({}), it no longer held this program's {} bytes (lease {:.1} s)",
+                            " after the connection was lost {:.1} s ago ({}): it no longer held this program's {} bytes (lease {:.1} s)",
                             spent.as_secs_f64(),
                             lost.cause,
                             self.used_bytes,
