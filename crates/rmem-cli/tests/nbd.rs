@@ -780,3 +780,66 @@ fn sigterm_in_the_middle_of_a_write_finalizes_the_servers() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rmem nbd --servers 3` (default `ec:2+1`) starts a server it started again when it is
+/// killed, rebuilds onto it, and so survives a second server killed after that: the data
+/// written before both kills reads back the same.
+#[test]
+fn servers_it_started_are_restarted_and_a_second_loss_is_survived() {
+    if !have("nbdcopy", "nbd-restart") {
+        return;
+    }
+    let dir = scratch("nbd-restart");
+    let (src, back) = (dir.join("src"), dir.join("back"));
+    random_file(&src, 48 << 20, 11);
+    let nbd = Nbd::start(&[
+        "--size",
+        "64M",
+        "--cache",
+        "8M",
+        "--servers",
+        "3",
+        "--server-capacity",
+        "256M",
+    ]);
+    must(Command::new("nbdcopy").arg(&src).arg(&nbd.uri));
+    let servers = children(nbd.child.id());
+    assert_eq!(
+        servers.len(),
+        3,
+        "rmem nbd started three servers: {servers:?}"
+    );
+    // Wait until `done` holds for the log.
+    let wait_for = |what: &str, done: &dyn Fn(&str) -> bool| {
+        let t = Instant::now();
+        while !done(&nbd.log()) {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "no {what} within 30 s:\n{}",
+                nbd.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    for (k, &victim) in servers[..2].iter().enumerate() {
+        // SAFETY: killing a process this test started (indirectly).
+        unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+        wait_for("restart", &|l| l.matches("started again").count() > k);
+        // Back, and the rebuild onto it done, before the next server is killed.
+        wait_for("rebuild after the return", &|l| {
+            l.matches("is back").count() > k
+                && l.rsplit("is back")
+                    .next()
+                    .is_some_and(|t| t.contains("pages rebuilt in"))
+        });
+    }
+    must(Command::new("nbdcopy").arg(&nbd.uri).arg(&back));
+    assert!(
+        same_prefix(&src, &back, 48 << 20),
+        "the data read back differs:\n{}",
+        nbd.log()
+    );
+    let log = nbd.stop();
+    assert!(log.contains("2 servers lost"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
