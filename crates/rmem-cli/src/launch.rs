@@ -614,9 +614,7 @@ impl ServerProc {
     /// it there, empty, and rebuilds on it what its redundancy lost. Only a local one: a
     /// remote host whose server ended may be down, and ssh to it would hold the launcher up.
     pub fn restart(&mut self, plan: &Plan) -> Result<(), String> {
-        if self.spec.how != How::Local || self.started.is_none() {
-            return Err("only a local server this started is started again".into());
-        }
+        debug_assert!(self.restartable());
         let port = self.addr.rsplit(':').next().and_then(|p| p.parse().ok());
         let mut spec = self.spec.clone();
         spec.host.port = port;
@@ -644,15 +642,15 @@ pub const RESTARTS_MAX: u32 = 3;
 /// its redundancy covers at once. (It never mistakes the new server for the old one: a
 /// session the server does not hold is a lost server, not an empty one.)
 pub struct Watch {
-    /// What ended for good, per server.
-    ended: Vec<Option<String>>,
+    /// Per server: ended for good (said once), and times started again.
+    ended: Vec<bool>,
     restarts: Vec<u32>,
 }
 
 impl Watch {
     pub fn new(servers: usize) -> Watch {
         Watch {
-            ended: vec![None; servers],
+            ended: vec![false; servers],
             restarts: vec![0; servers],
         }
     }
@@ -664,7 +662,7 @@ impl Watch {
             .zip(&mut self.ended)
             .zip(&mut self.restarts);
         for ((s, ended), n) in each {
-            if ended.is_some() {
+            if *ended {
                 continue;
             }
             let Some(st) = s.exited() else {
@@ -673,7 +671,7 @@ impl Watch {
             let what = format!("memory server {s} ended ({st}) while in use");
             if !s.restartable() || *n == RESTARTS_MAX {
                 eprintln!("{who}: {what}");
-                *ended = Some(what);
+                *ended = true;
                 continue;
             }
             *n += 1;
@@ -683,15 +681,10 @@ impl Watch {
                 }
                 Err(e) => {
                     eprintln!("{who}: {what}; not started again: {e}");
-                    *ended = Some(what);
+                    *ended = true;
                 }
             }
         }
-    }
-
-    /// What ended for good.
-    pub fn ended(self) -> Vec<String> {
-        self.ended.into_iter().flatten().collect()
     }
 }
 

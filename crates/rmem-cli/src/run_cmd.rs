@@ -265,6 +265,11 @@ pub fn run(args: RunArgs) -> i32 {
         }
     };
     let _ = std::fs::remove_file(&stats_path);
+    // A child's statistics of an earlier run to the same --stats-json would be counted as this
+    // run's.
+    for old in children_stats(&stats_path) {
+        let _ = std::fs::remove_file(old);
+    }
     let addrs: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
     let mut cmd = Command::new(&args.program[0]);
     cmd.args(&args.program[1..])
@@ -370,7 +375,7 @@ pub fn run(args: RunArgs) -> i32 {
         unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
     }
     let started = Instant::now();
-    let (status, ended, peak) = wait_watching(&mut child, &mut servers, &plan);
+    let (status, peak) = wait_watching(&mut child, &mut servers, &plan);
     let elapsed = started.elapsed();
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     let children = children_summary(&stats_path, args.stats_json.is_some());
@@ -413,9 +418,6 @@ pub fn run(args: RunArgs) -> i32 {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     let code = status_code(status);
-    if !ended.is_empty() && code == rmem_client::EXIT_SERVER_LOST {
-        eprintln!("rmem run: {}", ended.join("; "));
-    }
     if !status.success() {
         eprintln!(
             "rmem run: {} ended with {}",
@@ -466,13 +468,13 @@ fn unpaged(peak: u64, local: u64, min_alloc: &str) -> Option<String> {
 /// `--redundancy` that covers the loss it goes on (and rebuilds), otherwise the runtime stops
 /// it within its lease, naming every lost server, with exit status 69. (This once stopped the
 /// program two seconds after any of its servers died, so `rmem run --servers 4` lost the run
-/// that its default `ec:3+1` had kept.) Returns the program's status, what ended, and the
-/// program's peak resident set in bytes (its and its waited-for children's, from `wait4`).
+/// that its default `ec:3+1` had kept.) Returns the program's status and its peak resident
+/// set in bytes (its and its waited-for children's, from `wait4`).
 fn wait_watching(
     child: &mut std::process::Child,
     servers: &mut [ServerProc],
     plan: &launch::Plan,
-) -> (ExitStatus, Vec<String>, Option<u64>) {
+) -> (ExitStatus, Option<u64>) {
     let mut watch = launch::Watch::new(servers.len());
     let pid = child.id() as libc::pid_t;
     loop {
@@ -483,7 +485,7 @@ fn wait_watching(
         let r = unsafe { libc::wait4(pid, &mut raw, libc::WNOHANG, &mut usage) };
         if r == pid {
             let peak = (usage.ru_maxrss.max(0) as u64) << 10;
-            return (ExitStatus::from_raw(raw), watch.ended(), Some(peak));
+            return (ExitStatus::from_raw(raw), Some(peak));
         }
         if r < 0 {
             let e = std::io::Error::last_os_error();
@@ -491,7 +493,7 @@ fn wait_watching(
                 eprintln!("rmem run: waiting for the program failed: {e}");
                 let _ = child.kill();
                 let s = child.wait().expect("wait after kill");
-                return (s, watch.ended(), None);
+                return (s, None);
             }
         }
         watch.check(servers, plan, "rmem run");
@@ -499,21 +501,32 @@ fn wait_watching(
     }
 }
 
+/// The statistics files of the program's child processes: `STATS.PID` beside `stats`.
+fn children_stats(stats: &std::path::Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (stats.parent(), stats.file_name()) else {
+        return Vec::new();
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(&prefix)
+                .is_some_and(|pid| pid.parse::<u32>().is_ok())
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// One line for the statistics of the program's child processes (`--children`: each writes
 /// `STATS.PID`), if any wrote them.
 fn children_summary(stats: &std::path::Path, kept: bool) -> Option<String> {
-    let dir = stats.parent()?;
-    let prefix = format!("{}.", stats.file_name()?.to_string_lossy());
     let (mut procs, mut faults, mut fetched, mut written) = (0u64, 0u64, 0u64, 0u64);
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix(&prefix) else {
-            continue;
-        };
-        if pid.parse::<u32>().is_err() {
-            continue;
-        }
-        let Some(v) = std::fs::read_to_string(e.path())
+    for path in children_stats(stats) {
+        let Some(v) = std::fs::read_to_string(path)
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         else {

@@ -170,10 +170,7 @@ fn survives(
         .unwrap();
     let what = format!("{redundancy}: {status:?}\nstdout:\n{stdout}\nstderr:\n{err}");
     assert!(status.success(), "{what}");
-    assert!(
-        stdout.contains("stress: ok") && stdout.contains("mismatches=0"),
-        "{what}"
-    );
+    assert!(stress_ok(&stdout), "{what}");
     assert!(
         during_repair.is_empty() || killed_later,
         "no repair seen to kill during: {what}"
@@ -281,10 +278,7 @@ fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
     let out = wait_bounded(run.child, Duration::from_secs(180), "the stalled stress");
     let what = shown(&out);
     assert!(out.status.success(), "{what}");
-    assert!(
-        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
-        "{what}"
-    );
+    assert!(stress_ok(&out.stdout), "{what}");
     let v = read_json(&run.stats);
     assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{what}");
     assert!(v["failovers"].as_u64().unwrap() > 0, "{v}\n{what}");
@@ -330,10 +324,7 @@ fn survives_a_stop_then_a_kill(name: &str, n: usize, redundancy: &str) {
             shown(&out)
         );
         assert!(out.status.success(), "{what}");
-        assert!(
-            out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
-            "{what}"
-        );
+        assert!(stress_ok(&out.stdout), "{what}");
         let v = read_json(&run.stats);
         assert_eq!(v["servers_lost"].as_u64(), Some(1), "{v}\n{what}");
         assert!(out.stderr.contains("keep fewer pieces"), "{what}");
@@ -487,10 +478,7 @@ fn a_server_rmem_run_started_killed_under_the_default_redundancy() {
     );
     let what = shown(&out);
     assert!(out.status.success(), "{what}");
-    assert!(
-        out.stdout.contains("stress: ok") && out.stdout.contains("mismatches=0"),
-        "{what}"
-    );
+    assert!(stress_ok(&out.stdout), "{what}");
     assert!(
         out.stderr
             .contains(&format!("(pid {victim}) ended (signal: 9")),
@@ -558,10 +546,7 @@ fn rmem_run_restarts_a_lost_server_and_the_next_loss_is_survived() {
         "the first server never came back and was rebuilt: {what}"
     );
     assert!(status.success(), "{what}");
-    assert!(
-        stdout.contains("stress: ok") && stdout.contains("mismatches=0"),
-        "{what}"
-    );
+    assert!(stress_ok(&stdout), "{what}");
     assert_eq!(err.matches("started again").count(), 2, "{what}");
     let v = read_json(&stats);
     assert_eq!(v["servers_lost"].as_u64(), Some(2), "{v}\n{what}");

@@ -237,6 +237,18 @@ fn a_shell_s_commands_are_paged_with_children() {
                 && v["local_bytes_max"].as_u64().unwrap() <= 4 << 20),
         "no child was paged within 4 MiB: {children:?}"
     );
+    // Without --children again, to the same --stats-json: the children's files of the run
+    // before are not this run's.
+    let out = run_bounded(
+        &mut rmem_run(&opts, &stats, &["sh", "-c", &pipeline], false),
+        Duration::from_secs(240),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("nothing was paged") && !out.stderr.contains("paged too"),
+        "{}",
+        out.stderr
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -176,6 +176,11 @@ pub fn random_ms(lo: u64, hi: u64) -> Duration {
     Duration::from_millis(lo + x % (hi - lo))
 }
 
+/// Whether the verifying stress (tests/c/stress.c) said it finished with every read right.
+pub fn stress_ok(stdout: &str) -> bool {
+    stdout.contains("stress: ok") && stdout.contains("mismatches=0")
+}
+
 /// The pids of the `n` memory servers `rmem run` (pid `launcher`) started, once they and the
 /// program are all running (bounded: panics after 20 s).
 pub fn launched_servers(launcher: u32, n: usize) -> Vec<u32> {
