@@ -570,8 +570,12 @@ fn summary(json: &str, elapsed: Duration) -> String {
              were replaced (something maps memory in rmem's region behind it: please report)"
         ),
     };
+    let unchanged = match n("dirty_unchanged") {
+        0 => String::new(),
+        u => format!(" ({u} of them dirty pages found unchanged, not written back)"),
+    };
     format!(
-        "rmem: {:.2} s, {} faults ({} swap-ins, {} zero-fills), {} swap-outs, {} evictions\n\
+        "rmem: {:.2} s, {} faults ({} swap-ins, {} zero-fills), {} swap-outs, {} evictions{unchanged}\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
          rmem: fault latency p50 {:.1} us, p99 {:.1} us{replaced}",
         elapsed.as_secs_f64(),

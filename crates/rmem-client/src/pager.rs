@@ -299,6 +299,23 @@ struct Core {
     zeros: Vec<u8>,
 }
 
+/// Where a victim that may be dirty went ([`Core::move_out`]).
+enum Out {
+    /// Into this staging slot, to be written back.
+    Staged(u32),
+    /// Nowhere: a page a fork child inherited and never wrote; drop it like a clean page.
+    Unwritten,
+    /// Out of the region and gone: it was zero-filled and is all zeros, so it is untouched
+    /// again and nothing is written.
+    Unchanged,
+}
+
+/// Whether every byte of `data` is zero.
+fn all_zero(data: &[u8]) -> bool {
+    data.chunks(256)
+        .all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)
+}
+
 /// Pages to evict beyond the one needed: none for small budgets, where every page counts,
 /// up to 15 (one 16-page batch) from 1024 resident pages.
 fn evict_ahead(resident_max: u64) -> u64 {
@@ -950,12 +967,12 @@ impl Core {
             store.fetch(page)?;
             store.flush()?;
         }
-        let slot = match victim {
+        let out = match victim {
             Some(v) if self.pages.get(v).may_be_dirty() => self.move_out(v)?,
-            _ => None,
+            _ => Out::Unwritten,
         };
-        match (victim, slot) {
-            (Some(v), Some(slot)) => {
+        match (victim, out) {
+            (Some(v), Out::Staged(slot)) => {
                 // SAFETY: the slot was just filled by move_out and is released only when the
                 // write-back completes.
                 let data = unsafe { self.staging.bytes(slot) };
@@ -966,13 +983,15 @@ impl Core {
                 }
                 store.flush()?;
             }
-            (victim, _) => {
+            (victim, out) => {
                 if !ahead {
                     store.fetch(page)?;
                     store.flush()?;
                 }
                 if let Some(v) = victim {
-                    self.drops.push(v);
+                    if matches!(out, Out::Unwritten) {
+                        self.drops.push(v);
+                    }
                     let down_to = self.resident_max.saturating_sub(self.evict_ahead);
                     self.evict_down_to(down_to, store)?;
                 }
@@ -1099,18 +1118,19 @@ impl Core {
             let Some(v) = self.pick_victim() else {
                 break;
             };
-            let staged = if self.pages.get(v).may_be_dirty() {
+            let out = if self.pages.get(v).may_be_dirty() {
                 self.move_out(v)?
             } else {
-                None
+                Out::Unwritten
             };
-            match staged {
-                Some(slot) => {
+            match out {
+                Out::Staged(slot) => {
                     // SAFETY: the slot was just filled and is held until the write completes.
                     let data = unsafe { self.staging.bytes(slot) };
                     store.store(v, data)?;
                 }
-                None => self.drops.push(v),
+                Out::Unwritten => self.drops.push(v),
+                Out::Unchanged => {}
             }
         }
         self.drop_clean()
@@ -1138,10 +1158,11 @@ impl Core {
     }
 
     /// Move a victim that may be dirty out of the region into a staging slot, atomically with
-    /// respect to the program: from here on its threads fault on it and wait. None for a page
-    /// a fork child inherited and never wrote (nothing moved): its server copy, or zero, is
-    /// current, and it is dropped like a clean page.
-    fn move_out(&mut self, v: PageIndex) -> Result<Option<u32>, PagerError> {
+    /// respect to the program: from here on its threads fault on it and wait. Nothing moves
+    /// for a page a fork child inherited and never wrote (its server copy, or zero, is
+    /// current: it is dropped like a clean page), and a zero-filled page that is all zeros
+    /// leaves its slot at once, written nowhere.
+    fn move_out(&mut self, v: PageIndex) -> Result<Out, PagerError> {
         let ps = self.ps();
         let forked = self.pages.get(v) != PageState::Dirty;
         let slot = self
@@ -1167,13 +1188,21 @@ impl Core {
         }
         if moved == Moved::Unwritten {
             self.staging.release(slot).map_err(PagerError::Madvise)?;
-            return Ok(None);
+            return Ok(Out::Unwritten);
+        }
+        // SAFETY: the slot was just filled and is ours until released.
+        if self.pages.zero_origin(v) && all_zero(unsafe { self.staging.bytes(slot) }) {
+            self.staging.release(slot).map_err(PagerError::Madvise)?;
+            self.pages.unchanged(v);
+            Stats::add(&self.stats.evictions, 1);
+            Stats::add(&self.stats.dirty_unchanged, 1);
+            return Ok(Out::Unchanged);
         }
         self.pages.begin_leave(v, slot);
         Stats::add(&self.stats.evictions, 1);
         Stats::add(&self.stats.swap_outs, 1);
         Stats::add(&self.stats.bytes_written_back, ps);
-        Ok(Some(slot))
+        Ok(Out::Staged(slot))
     }
 
     /// A store operation finished.

@@ -14,6 +14,7 @@ use crate::PageIndex;
 ///  Clean --write--> Dirty
 ///  Clean --evict--> Remote         ZeroClean --evict--> Untouched
 ///  Dirty --evict(move out)--> Leaving --written--> Remote
+///  Dirty --evict(move out, zero-filled and all zeros again)--> Untouched
 ///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
 ///  Dirty --sync--> Syncing --written--> Clean
 ///  Syncing --write--> SyncingDirty --written--> Dirty

@@ -84,6 +84,10 @@ pub struct PageStates {
     locked: HashSet<PageIndex>,
     /// Most pages pinned at once.
     locked_max: u64,
+    /// Mapped pages that were zero-filled and have no server copy, dirty or not: one that
+    /// is all zeros again when evicted needs no write-back ([`PageStates::unchanged`]).
+    /// Only ever mapped pages: every transition that unmaps one takes it out.
+    zero_origin: HashSet<PageIndex>,
 }
 
 impl PageStates {
@@ -98,6 +102,7 @@ impl PageStates {
             reinstall: VecDeque::new(),
             locked: HashSet::new(),
             locked_max,
+            zero_origin: HashSet::new(),
         }
     }
 
@@ -146,6 +151,12 @@ impl PageStates {
             "the policy disagrees with the mapped pages: {}",
             self.describe()
         );
+        assert!(
+            self.zero_origin.len() as u64 <= self.resident(),
+            "{} zero-filled pages among the mapped: {}",
+            self.zero_origin.len(),
+            self.describe()
+        );
     }
 
     /// The program missed on `page` (a fault on an untouched or remote page).
@@ -176,6 +187,7 @@ impl PageStates {
         };
         self.table.transition(page, to);
         self.admit(page, Admission::ZeroFilled, write);
+        self.zero_origin.insert(page);
         write
     }
 
@@ -249,10 +261,30 @@ impl PageStates {
         }
     }
 
+    /// Whether a mapped page was zero-filled and has no server copy.
+    pub fn zero_origin(&self, page: PageIndex) -> bool {
+        self.zero_origin.contains(&page)
+    }
+
+    /// A dirty victim that was zero-filled, moved out of the region, is all zeros: untouched
+    /// again, as it would be after a clean drop, and nothing is written. Programs clear memory
+    /// that is already zero (a `memset` after `malloc`, a buffer reset before use): such pages
+    /// take neither a write-back nor server memory.
+    pub fn unchanged(&mut self, v: PageIndex) {
+        assert!(
+            self.zero_origin.remove(&v),
+            "page {} found unchanged but was not zero-filled",
+            v.0
+        );
+        assert_eq!(self.get(v), PageState::Dirty, "unchanged page {}", v.0);
+        self.table.transition(v, PageState::Untouched);
+    }
+
     /// A dirty page is written back and stays resident (a flush of a buffer front end): out
     /// of the policy until the write lands ([`PageStates::stored`] answers
     /// [`Landed::Synced`]), so it is never chosen as a victim with a write in flight.
     pub fn begin_sync(&mut self, page: PageIndex) {
+        self.zero_origin.remove(&page);
         self.table.transition(page, PageState::Syncing);
         if !self.locked.contains(&page) {
             self.policy.remove(page);
@@ -287,6 +319,7 @@ impl PageStates {
             PageState::ZeroClean | PageState::ForkedZero => PageState::Untouched,
             s => unreachable!("drop of page {} in state {s:?}", v.0),
         };
+        self.zero_origin.remove(&v);
         self.table.transition(v, to);
     }
 
@@ -299,6 +332,8 @@ impl PageStates {
     /// staging slot: those pages are reinstalled from their slots as dirty pages (the
     /// write-back may not have reached the snapshot). Pins (mlock) are not inherited.
     pub fn after_fork(&mut self, now: Instant) {
+        // Kept simple: a page is found all zeros again only in the process that zero-filled it.
+        self.zero_origin.clear();
         self.table.relabel(|s| match s {
             PageState::Clean => PageState::ForkedClean,
             PageState::ZeroClean => PageState::ForkedZero,
@@ -333,6 +368,7 @@ impl PageStates {
 
     /// A dirty victim was moved out into staging `slot`; its write-back starts.
     pub fn begin_leave(&mut self, v: PageIndex, slot: u32) {
+        self.zero_origin.remove(&v);
         self.table.transition(v, PageState::Leaving);
         self.leaving.insert(v, Leave { slot, wanted: None });
     }
@@ -425,6 +461,7 @@ impl PageStates {
     /// memory is unpinned, as munmap(2) unlocks.
     pub fn free(&mut self, page: PageIndex) -> Freed {
         let pinned = self.locked.remove(&page);
+        self.zero_origin.remove(&page);
         match self.get(page) {
             PageState::Untouched => Freed::Nothing,
             PageState::Remote => {

@@ -31,6 +31,8 @@ pub struct Stats {
     /// 4 KiB pieces found populated on a page the pager held as missing, and replaced by the
     /// page's contents. Always 0 unless something maps memory in the region behind rmem.
     pub pieces_replaced: AtomicU64,
+    /// Dirty victims found holding what they were mapped with: evicted without a write-back.
+    pub dirty_unchanged: AtomicU64,
     latency: [AtomicU64; BUCKETS],
     /// The page store's own counters and its layout (`ec:4+1, encrypted`), once it starts.
     pub store: std::sync::OnceLock<(std::sync::Arc<crate::store::StoreCounters>, String)>,
@@ -55,6 +57,7 @@ impl Default for Stats {
             prefetch_hits: AtomicU64::new(0),
             pieces_zeroed: AtomicU64::new(0),
             pieces_replaced: AtomicU64::new(0),
+            dirty_unchanged: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             store: std::sync::OnceLock::new(),
         }
@@ -157,6 +160,7 @@ impl Stats {
             prefetch_hits: self.prefetch_hits.load(Relaxed),
             pieces_zeroed: self.pieces_zeroed.load(Relaxed),
             pieces_replaced: self.pieces_replaced.load(Relaxed),
+            dirty_unchanged: self.dirty_unchanged.load(Relaxed),
         }
     }
 }
@@ -186,6 +190,9 @@ pub struct StatsSnapshot {
     pub prefetch_hits: u64,
     pub pieces_zeroed: u64,
     pub pieces_replaced: u64,
+    /// Dirty victims that held what they were mapped with: evicted without a write-back
+    /// (counted in `evictions`, not in `swap_outs`).
+    pub dirty_unchanged: u64,
     /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
     pub layout: String,
     /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
@@ -220,6 +227,7 @@ impl StatsSnapshot {
             ("prefetch_hits", self.prefetch_hits),
             ("pieces_zeroed", self.pieces_zeroed),
             ("pieces_replaced", self.pieces_replaced),
+            ("dirty_unchanged", self.dirty_unchanged),
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
             ("pieces_moved", self.pieces_moved),

@@ -85,6 +85,57 @@ fn clean_pages_are_not_written_back() {
 }
 
 #[test]
+fn pages_written_only_with_zeros_are_not_written_back() {
+    for ps in [4096usize, 65536] {
+        let rt = runtime(ps, 8, 1024);
+        let pages = 48;
+        let p = rt.alloc(pages * ps).unwrap();
+        // SAFETY: live allocation of pages*ps bytes.
+        let mem = unsafe { std::slice::from_raw_parts_mut(p, pages * ps) };
+        // Cleared as a program clears a fresh buffer: every page written, with zeros.
+        for c in mem.chunks_mut(ps) {
+            // SAFETY: volatile, so the optimizer cannot drop the stores of zero.
+            unsafe { std::ptr::write_bytes(c.as_mut_ptr(), 0, ps) };
+            std::hint::black_box(&c[0]);
+        }
+        // Every fourth page gets data; one page is written and then zeroed again.
+        for (i, c) in mem.chunks_mut(ps).enumerate() {
+            if i % 4 == 0 {
+                c[ps / 2] = i as u8 + 1;
+            }
+        }
+        mem[ps * 5 + 100] = 9;
+        mem[ps * 5 + 100] = 0;
+        std::hint::black_box(&mem[ps * 5]);
+        // Two more passes over everything: each page evicted and brought back.
+        for _ in 0..2 {
+            for (i, c) in mem.chunks(ps).enumerate() {
+                // SAFETY: volatile reads of live memory, so every page is touched.
+                let (v, w) = unsafe {
+                    (
+                        std::ptr::read_volatile(&c[ps / 2]),
+                        std::ptr::read_volatile(&c[100]),
+                    )
+                };
+                assert_eq!(v, if i % 4 == 0 { i as u8 + 1 } else { 0 }, "page {i}");
+                assert_eq!(w, 0, "page {i}");
+            }
+        }
+        let s = rt.stats();
+        // The data pages are written back once each; the zero ones never (the first 8 are
+        // the last evicted and may still be resident).
+        assert!(s.swap_outs <= 12, "only the data pages written back: {s:?}");
+        assert!(
+            s.dirty_unchanged >= (pages as u64 - 12 - 8),
+            "zero pages found unchanged: {s:?}"
+        );
+        // They were untouched again: nothing to fetch for them.
+        assert!(s.swap_ins <= 2 * 12 + 8, "{s:?}");
+        rt.free(p).unwrap();
+    }
+}
+
+#[test]
 fn threads_share_pages_without_losing_writes() {
     let ps = 4096;
     let rt = runtime(ps, 16, 4096);
