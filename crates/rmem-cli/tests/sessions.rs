@@ -125,6 +125,115 @@ fn the_stress_survives_connections_killed_from_outside() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A program stopped for longer than the lease (SIGSTOP, as Ctrl-Z, a batch scheduler's
+/// suspend or a debugger stop it) sends no heartbeat, but its connections stay open: the server
+/// keeps its session, and the program goes on with its data when continued. It was stopped in
+/// the middle of paging (16 MiB read over and over at 4 MiB local), so requests were in flight.
+#[test]
+fn a_program_stopped_past_the_lease_keeps_its_memory() {
+    use std::io::BufRead;
+    let lease = Duration::from_secs(2);
+    let server = server(&["--lease", "2"]);
+    let mut child = Command::new(build_c("tests/c/touch_forever.c"))
+        .args(["16", "10"])
+        .env("RMEM_SERVERS", &server.addr)
+        .env("RMEM_TOKEN", TOKEN)
+        .env("RMEM_LOCAL", "4M")
+        .env("RMEM_PAGE_SIZE", "16K")
+        .env("RMEM_HEARTBEAT_MS", "500")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let first = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a first line");
+    assert!(first.contains("touch_forever: filled"), "{first:?}");
+    // The server probes an idle client connection (TCP keepalive) rather than drop it.
+    let ss = Command::new("ss")
+        .args(["-t", "-n", "-o", "state", "established"])
+        .output();
+    if let Ok(ss) = ss {
+        let text = String::from_utf8_lossy(&ss.stdout).into_owned();
+        let port = server.addr.rsplit(':').next().unwrap();
+        let from_server: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .nth(2)
+                    .is_some_and(|a| a.ends_with(&format!(":{port}")))
+            })
+            .collect();
+        assert!(
+            !from_server.is_empty(),
+            "no connection of the server's: {text}"
+        );
+        assert!(
+            from_server.iter().all(|l| l.contains("keepalive")),
+            "server connections without keepalive: {from_server:?}"
+        );
+    } else {
+        eprintln!("ss not found: the keepalive check is skipped");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id() as i32;
+    /// Kills the program however the test ends, so that no stopped process is left behind.
+    struct KillOnDrop(i32);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) of the test's child (gone already once it was waited for).
+            unsafe { libc::kill(self.0, libc::SIGKILL) };
+        }
+    }
+    let _guard = KillOnDrop(pid);
+    // SAFETY: kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let stopped = Instant::now();
+    std::thread::sleep(lease * 3);
+    assert!(
+        !server.log().contains("lease expired"),
+        "the session of a stopped program was freed: {}",
+        server.log()
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(stopped.elapsed() > lease * 2);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!(
+                "touch_forever ran over 60 s after SIGCONT: {}",
+                server.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Its output up to the end of the pipe (the program has exited), bounded.
+    let mut rest = Vec::new();
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(10)) {
+        rest.push(l);
+    }
+    assert!(status.success(), "{status:?} {rest:?}\n{}", server.log());
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("finished without interruption")),
+        "{rest:?}"
+    );
+    assert!(!server.log().contains("lease expired"), "{}", server.log());
+}
+
 /// A client killed with SIGKILL never ends its session: the server frees its pages when
 /// the lease (2 s here) runs out, within the lease plus one heartbeat of the kill.
 #[test]

@@ -5,8 +5,8 @@
 //! thread: it authenticates the client by a challenge and response over a shared-secret token
 //! (`rmem_proto::auth`; the token never crosses the network), attaches it to a session
 //! ([`session`]), then answers its requests strictly in order. Pages belong to the session,
-//! which outlives its connections while its lease is renewed; a reaper thread frees the pages
-//! of sessions whose lease ran out. Capacity is global across sessions. `Status` reports
+//! which lives while a connection of it is open (probed by TCP keepalive) and for its lease
+//! after the last one closes; a reaper thread frees the pages of sessions whose lease ran out. Capacity is global across sessions. `Status` reports
 //! them (`rmem status`), [`metrics`] counts requests and serves both to Prometheus. Logs go
 //! through the `log` facade (the `rmem server` binary prints them on stderr, by level). Any malformed frame closes that one connection
 //! with a logged reason; other clients never notice.
@@ -49,6 +49,17 @@ const DIRECT_READ_MIN: usize = 16 * 1024;
 /// Longest a `Pull` may take, whatever its deadline says: the client's other requests on
 /// the connection wait behind it.
 pub const PULL_DEADLINE_MAX_MS: u32 = 10_000;
+/// A client connection that carried nothing for this long is probed by TCP keepalive, every
+/// [`KEEPALIVE_INTERVAL`], and closed after [`KEEPALIVE_PROBES`] unanswered probes; data the
+/// client's host does not acknowledge for [`PEER_TIMEOUT`] closes it too (`TCP_USER_TIMEOUT`).
+/// A session is kept while a connection of it is open (see [`session`]): these bound how long
+/// a client host that died or was cut off holds a session beyond its lease, while a client
+/// that is only stopped (its kernel answers) keeps it however long it stays stopped.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_PROBES: u32 = 3;
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(25);
+
 /// The lease of a session when `--lease` is not given.
 pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
 
@@ -349,6 +360,18 @@ fn accept_loop(
     }
 }
 
+/// TCP keepalive and a user timeout on a client connection ([`KEEPALIVE_IDLE`] and the rest).
+fn keep_alive(sock: &TcpStream) -> io::Result<()> {
+    let s = socket2::SockRef::from(sock);
+    s.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_IDLE)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_PROBES),
+    )?;
+    s.set_tcp_user_timeout(Some(PEER_TIMEOUT))
+}
+
 /// Log why a connection ended: a peer that hangs up is not news; anything else is.
 fn log_close(me: SocketAddr, peer: SocketAddr, r: Result<(), Close>) {
     match r {
@@ -573,6 +596,7 @@ fn accept<R: Read>(
 impl Connection<'_> {
     fn serve(&mut self, sock: TcpStream) -> Result<(), Close> {
         sock.set_nodelay(true)?;
+        keep_alive(&sock)?;
         let handshake = Deadlined {
             sock: sock.try_clone()?,
             deadline: Some(Instant::now() + HANDSHAKE_TIMEOUT),

@@ -1,10 +1,11 @@
 //! Sessions: a client's pages, kept apart from the connections that carry its requests.
 //!
-//! A session is named by the client (a random 128-bit [`SessionId`]) and lives while its
-//! lease is renewed: every request on an attached connection renews it (an idle client pings).
-//! A connection that drops leaves the session and its pages in place, so a client that
-//! reconnects within the lease finds them; [`Sessions::reap`] frees the pages of a session
-//! whose lease ran out (a client killed, or cut off for longer than the lease). Any number of
+//! A session is named by the client (a random 128-bit [`SessionId`]) and lives while a
+//! connection is attached to it, and for its lease after the last one closes: every request
+//! renews the lease (an idle client pings). A connection that drops leaves the session and its
+//! pages in place, so a client that reconnects within the lease finds them;
+//! [`Sessions::reap`] frees the pages of a session with no connection whose lease ran out (a
+//! client killed, or cut off for longer than the keepalive and the lease). Any number of
 //! connections may attach one session; an exclusive attach fences the others (their requests
 //! are refused from then on), which is how a reconnecting client makes sure that nothing still
 //! buffered on its dropped connection lands after what it re-sends.
@@ -217,6 +218,10 @@ impl Attachment {
         let mut family = lock(&self.session.family);
         let m = family.members.get_mut(&self.session.id)?;
         m.connections -= 1;
+        // The lease runs from the last connection's close: a session held open by a client
+        // that sent nothing for a long time (stopped, in a debugger) gets its full lease to
+        // reconnect after a dropped link, as an active one does.
+        m.renewed = Instant::now();
         Some((m.own.slots(), m.pages_max))
     }
 }
@@ -505,14 +510,19 @@ impl Sessions {
         bytes
     }
 
-    /// Free every session whose lease ran out at `now`: (id, bytes freed) of each.
+    /// Free every session whose lease ran out at `now`: (id, bytes freed) of each. A session
+    /// with a connection still open is kept whatever its lease: its client is alive, only
+    /// silent (a program stopped by SIGSTOP, Ctrl-Z, a batch scheduler's suspend or a
+    /// debugger sends no heartbeat, yet its kernel keeps its connections and answers TCP
+    /// keepalive). A connection whose peer's host is gone or cut off is closed by the
+    /// keepalive and the user timeout (`Connection::serve`), and the lease then runs.
     pub fn reap(&self, now: Instant) -> Vec<(SessionId, u64)> {
         let mut table = lock(&self.table);
         let mut reaped = Vec::new();
         table.retain(|id, s| {
             let mut family = lock(&s.family);
             let m = family.member(*id);
-            if now.saturating_duration_since(m.renewed) <= m.lease {
+            if m.connections > 0 || now.saturating_duration_since(m.renewed) <= m.lease {
                 return true;
             }
             reaped.push((*id, self.forget(&mut family, *id)));
@@ -812,9 +822,17 @@ mod tests {
         let t = Instant::now();
         assert!(s.reap(t).is_empty());
         assert_eq!(s.list(t)[0].connections, 3);
+        // Attached, it outlives any lease (its client is silent, not gone).
+        assert!(s.reap(t + 100 * lease).is_empty());
+        let _ = (a.attachment.detach(), b.attachment.detach());
+        assert!(s.reap(t + 100 * lease).is_empty(), "one connection left");
+        let gone = c.attachment.session.clone();
+        assert!(c.attachment.detach().is_some());
+        let t = Instant::now();
+        assert!(s.reap(t).is_empty(), "the lease runs from the last close");
         assert_eq!(s.reap(t + 2 * lease), vec![(SessionId(1), 4096)]);
         assert_eq!(s.used_bytes.load(Ordering::Relaxed), 0);
-        assert!(matches!(c.attachment.lock(), Err(Refusal::Gone(_))));
+        assert!(!lock(&gone.family).members.contains_key(&SessionId(1)));
         assert!(s.list(t).is_empty());
     }
 
