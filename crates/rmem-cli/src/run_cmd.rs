@@ -2,7 +2,7 @@
 
 use crate::launch::{self, ServerProc};
 use rmem_client::config::{Config, Placement};
-use rmem_proto::size::parse_size;
+use rmem_proto::size::{format_size, parse_size};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
@@ -208,6 +208,23 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
     Ok(c)
 }
 
+/// A warning when the budget is more than the memory left to the program on this node (or in
+/// its cgroup, as a batch job's): the kernel would swap the program, or kill it, before rmem
+/// had to page anything, which is what rmem is there to prevent.
+fn budget_warning(local_bytes: u64, from: &str) -> Option<String> {
+    let a = rmem_server::reclaim::available().ok()?;
+    (local_bytes > a.bytes).then(|| {
+        format!(
+            "warning: the local budget ({}, {from}) is more than the memory left to this \
+             program ({}, {}): the kernel may swap the program or kill it before rmem pages \
+             anything; give --local a size under that",
+            format_size(local_bytes),
+            format_size(a.bytes),
+            a.source
+        )
+    })
+}
+
 pub fn run(args: RunArgs) -> i32 {
     let plan = match launch::Plan::new(&args.launch) {
         Ok(p) => p,
@@ -223,6 +240,14 @@ pub fn run(args: RunArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
+    let from = match (&args.local, plan.local_bytes) {
+        (Some(_), _) => "--local",
+        (None, Some(_)) => "the hosts file's first line",
+        (None, None) => "the default",
+    };
+    if let Some(w) = budget_warning(config.local_bytes, from) {
+        eprintln!("rmem run: {w}");
+    }
     let min_alloc = match parse_size(&args.min_alloc) {
         Ok(n) => n,
         Err(e) => {

@@ -1,5 +1,6 @@
 //! `rmem server --lock`: the server's memory is locked (mlockall), and a RLIMIT_MEMLOCK too
-//! small for its capacity is refused at start with the limit named. (The memory per stored
+//! small for its capacity is refused at start with the limit named. A capacity beyond the
+//! node's free memory is warned of. (The memory per stored
 //! page is counted exactly by rmem-server's slab.rs test.) Every wait is bounded.
 
 mod common;
@@ -65,4 +66,31 @@ fn a_locked_server_locks_its_memory_and_serves() {
     assert!(locked_kib(server.child.id()) > 1024);
     let st = status_json(&server.addr, TOKEN);
     assert_eq!(st["capacity_bytes"], 64u64 << 20, "{st}");
+}
+
+/// A capacity beyond what the node has left is warned of at start (the kernel would swap or
+/// kill the server as it fills); a smaller one, or a disk-backed server, is not.
+#[test]
+fn a_capacity_above_the_node_s_free_memory_is_warned_of() {
+    if mem_available_bytes() >= 900 << 30 {
+        eprintln!("skipped: this node has 900 GiB or more available, more than the test asks");
+        return;
+    }
+    let dir = scratch("capacity-warning");
+    let store = format!("file:{}", dir.join("pages").display());
+    for (args, warned) in [
+        (vec!["--capacity", "900G"], true),
+        (vec!["--capacity", "64M"], false),
+        (vec!["--capacity", "900G", "--store", store.as_str()], false),
+    ] {
+        let s = ServerProcess::start(TOKEN, &args);
+        // Logged at start, before the address line start() waited for: a second is plenty
+        // for its reader to have it.
+        let line = s.wait_for(
+            "is more than the memory left to this server",
+            Duration::from_secs(if warned { 10 } else { 1 }),
+        );
+        assert_eq!(line.is_some(), warned, "{args:?}: {}", s.log());
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -281,6 +281,32 @@ fn a_program_rmem_could_not_bound_is_told_so() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A budget above the memory the node has left is said before the program runs: the kernel
+/// would swap or kill the program before rmem paged anything. A budget under it is not.
+#[test]
+fn a_budget_above_the_node_s_free_memory_is_warned_of() {
+    if mem_available_bytes() >= 900 << 30 {
+        eprintln!("skipped: this node has 900 GiB or more available, more than the test asks");
+        return;
+    }
+    let dir = scratch("budget-warning");
+    let stats = dir.join("stats.json");
+    for (local, warned) in [("900G", true), ("16M", false)] {
+        let out = run_bounded(
+            &mut rmem_run(&["--local", local], &stats, &["/bin/true"], false),
+            Duration::from_secs(60),
+        );
+        assert!(out.status.success(), "{}", out.stderr);
+        assert_eq!(
+            out.stderr.contains("is more than the memory left to this program"),
+            warned,
+            "--local {local}: {}",
+            out.stderr
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 const NUMPY_SCRIPT: &str = include_str!("../../../tests/py/numpy_io.py");
 
 #[test]

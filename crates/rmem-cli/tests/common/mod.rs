@@ -366,6 +366,17 @@ pub fn tee_stderr(child: &mut Child) -> Arc<Mutex<String>> {
     log
 }
 
+/// This node's `MemAvailable`, in bytes.
+pub fn mem_available_bytes() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no MemAvailable in {meminfo}"))
+        * 1024
+}
+
 /// The first line a child writes on its (piped) stdout.
 pub fn first_line(child: &mut Child) -> String {
     let mut line = String::new();
