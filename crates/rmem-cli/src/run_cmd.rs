@@ -418,6 +418,13 @@ pub fn run(args: RunArgs) -> i32 {
         // writes its statistics at exit: without them nothing was paged, which a user who
         // asked for a budget should hear about. (Status 69 is the runtime's own fatal exit,
         // a failed start among them, which has said why.)
+        // A program ended by a signal had no exit to write them at: say that, not that
+        // nothing was paged.
+        Err(_) if preload.is_some() && status.signal().is_some() => eprintln!(
+            "rmem: no statistics: {} was ended by {} before it could write them",
+            args.program[0],
+            describe(status)
+        ),
         Err(_)
             if children.is_none()
                 && preload.is_some()

@@ -252,23 +252,27 @@ fn a_shell_s_commands_are_paged_with_children() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `rmem run --local 16M -- /usr/bin/python3 -c SCRIPT`, statistics in `dir`, bounded.
+fn python_at_16m(dir: &Path, script: &str, limit: Duration) -> Output {
+    run_bounded(
+        &mut rmem_run(
+            &["--local", "16M"],
+            &dir.join("stats.json"),
+            &["/usr/bin/python3", "-c", script],
+            false,
+        ),
+        limit,
+    )
+}
+
 /// A program whose memory is all small allocations is not bounded by --local; the summary
 /// says so, with its peak resident set, instead of leaving the user to find out.
 #[test]
 fn a_program_rmem_could_not_bound_is_told_so() {
     let dir = scratch("unpaged");
-    let stats = dir.join("stats.json");
     // 160 MiB in 1000-byte objects (malloc'd by CPython one by one, under --min-alloc).
     let script = "x = [bytearray(1000) for _ in range(160_000)]; print(len(x))";
-    let out = run_bounded(
-        &mut rmem_run(
-            &["--local", "16M"],
-            &stats,
-            &["/usr/bin/python3", "-c", script],
-            false,
-        ),
-        Duration::from_secs(120),
-    );
+    let out = python_at_16m(&dir, script, Duration::from_secs(120));
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(out.stdout.trim(), "160000");
     assert!(
@@ -278,6 +282,25 @@ fn a_program_rmem_could_not_bound_is_told_so() {
         "{}",
         out.stderr
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A program killed by a signal writes no statistics: the summary says so, and does not claim
+/// that nothing was paged (it paged 64 MiB at 16 MiB local here).
+#[test]
+fn a_program_killed_by_a_signal_is_not_said_to_have_paged_nothing() {
+    let dir = scratch("killed");
+    let script = "import os, signal\nb = bytearray(64 << 20)\nb[::4096] = b'x' * (16 << 10)\n\
+                  os.kill(os.getpid(), signal.SIGTERM)";
+    let out = python_at_16m(&dir, script, Duration::from_secs(60));
+    assert!(!out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no statistics: /usr/bin/python3 was ended by signal 15"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("nothing was paged"), "{}", out.stderr);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -298,7 +321,8 @@ fn a_budget_above_the_node_s_free_memory_is_warned_of() {
         );
         assert!(out.status.success(), "{}", out.stderr);
         assert_eq!(
-            out.stderr.contains("is more than the memory left to this program"),
+            out.stderr
+                .contains("is more than the memory left to this program"),
             warned,
             "--local {local}: {}",
             out.stderr

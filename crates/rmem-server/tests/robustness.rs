@@ -281,7 +281,11 @@ fn a_session_outlives_its_connection_until_its_lease_ends() {
     assert_eq!((listed[0].id, listed[0].used_bytes), (id, PS as u64));
     // Silence with the connection open (a client stopped, or in a debugger): kept.
     std::thread::sleep(3 * lease);
-    assert_eq!(state.used_bytes(), PS as u64, "a silent client's session was freed");
+    assert_eq!(
+        state.used_bytes(),
+        PS as u64,
+        "a silent client's session was freed"
+    );
     assert_eq!(c.read(3), Ok(page));
     // The connection closed: freed within the lease and the reaper's period.
     drop(c);
