@@ -234,6 +234,46 @@ fn a_program_stopped_past_the_lease_keeps_its_memory() {
     assert!(!server.log().contains("lease expired"), "{}", server.log());
 }
 
+/// The other side of keeping a stopped program's session: a client whose host is cut off and
+/// never comes back (the link down, then the client killed, so its kernel's close never
+/// arrives) leaves a connection open on the server. TCP keepalive and the user timeout close
+/// it within 25 s of the last thing heard, and the lease (2 s here) then frees the pages.
+/// Needs root (network namespaces); says so when it skips.
+#[test]
+fn a_cut_off_client_s_session_is_freed_after_the_keepalive_and_the_lease() {
+    let Some(nodes) = common::netns::Nodes::new("sessions::cut_off_client", 1) else {
+        return;
+    };
+    let node = &nodes.nodes[0];
+    let server = ServerProcess::start_in(
+        &node.prefix(),
+        TOKEN,
+        &[
+            "--verbose",
+            "--listen",
+            &format!("{}:0", node.addr),
+            "--lease",
+            "2",
+        ],
+    );
+    let mut child = touch_forever(&server.addr, TOKEN, 16, 120, &[]);
+    std::thread::sleep(Duration::from_millis(500));
+    node.cut();
+    let cut = Instant::now();
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = server
+        .wait_for("lease expired", Duration::from_secs(45))
+        .unwrap_or_else(|| {
+            panic!(
+                "a cut-off client's pages were never freed: {}",
+                server.log()
+            )
+        });
+    eprintln!("freed {:?} after the cut: {line}", cut.elapsed());
+    node.mend();
+}
+
 /// A client killed with SIGKILL never ends its session: the server frees its pages when
 /// the lease (2 s here) runs out, within the lease plus one heartbeat of the kill.
 #[test]
