@@ -212,17 +212,15 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
 /// its cgroup, as a batch job's): the kernel would swap the program, or kill it, before rmem
 /// had to page anything, which is what rmem is there to prevent.
 fn budget_warning(local_bytes: u64, from: &str) -> Option<String> {
-    let a = rmem_server::reclaim::available().ok()?;
-    (local_bytes > a.bytes).then(|| {
-        format!(
-            "warning: the local budget ({}, {from}) is more than the memory left to this \
-             program ({}, {}): the kernel may swap the program or kill it before rmem pages \
-             anything; give --local a size under that",
-            format_size(local_bytes),
-            format_size(a.bytes),
-            a.source
-        )
-    })
+    let a = rmem_server::reclaim::short_of(local_bytes)?;
+    Some(format!(
+        "warning: the local budget ({}, {from}) is more than the memory left to this program \
+         ({}, {}): the kernel may swap the program or kill it before rmem pages anything; give \
+         --local a size under that",
+        format_size(local_bytes),
+        format_size(a.bytes),
+        a.source
+    ))
 }
 
 pub fn run(args: RunArgs) -> i32 {
@@ -604,7 +602,7 @@ fn summary(json: &str, elapsed: Duration) -> String {
     };
     let unchanged = match n("dirty_unchanged") {
         0 => String::new(),
-        u => format!(" ({u} of them dirty pages found unchanged, not written back)"),
+        u => format!(" ({u} of them zero pages, not written back)"),
     };
     format!(
         "rmem: {:.2} s, {} faults ({} swap-ins, {} zero-fills), {} swap-outs, {} evictions{unchanged}\n\

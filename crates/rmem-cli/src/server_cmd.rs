@@ -155,23 +155,22 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     })
     .map_err(|e| rmem_client::error_chain(&e))?;
     let disk = store.on_disk();
-    if !disk && floor.is_none() {
-        // A server lending more RAM than its node has left is swapped or killed as it fills,
-        // and every page it holds goes with it.
-        if let Ok(m) = rmem_server::reclaim::available() {
-            if capacity_bytes > m.bytes {
-                log::warn!(
-                    "{}: --capacity {} is more than the memory left to this server ({}, {}): \
-                     as clients fill it the kernel may swap it or kill it, and every page it \
-                     holds with it; give a smaller --capacity, --reclaim-below to shed pages \
-                     when the node runs short, or --store file:PATH",
-                    server.local_addr(),
-                    rmem_proto::size::format_size(capacity_bytes),
-                    rmem_proto::size::format_size(m.bytes),
-                    m.source
-                );
-            }
-        }
+    // A server lending more RAM than its node has left is swapped or killed as it fills, and
+    // every page it holds goes with it.
+    let short = (!disk && floor.is_none())
+        .then(|| rmem_server::reclaim::short_of(capacity_bytes))
+        .flatten();
+    if let Some(m) = short {
+        log::warn!(
+            "{}: --capacity {} is more than the memory left to this server ({}, {}): as \
+             clients fill it the kernel may swap it or kill it, and every page it holds with \
+             it; give a smaller --capacity, --reclaim-below to shed pages when the node runs \
+             short, or --store file:PATH",
+            server.local_addr(),
+            rmem_proto::size::format_size(capacity_bytes),
+            rmem_proto::size::format_size(m.bytes),
+            m.source
+        );
     }
     if let Some(addr) = a.metrics {
         let bound = server

@@ -295,6 +295,12 @@ pub fn available() -> Result<Available, String> {
     })
 }
 
+/// The memory left (as [`available`] reads it) when `bytes` is more than it: what a budget or
+/// a capacity that large is warned of. None when it fits, or when it cannot be read.
+pub fn short_of(bytes: u64) -> Option<Available> {
+    available().ok().filter(|a| bytes > a.bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

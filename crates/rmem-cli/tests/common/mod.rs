@@ -366,15 +366,20 @@ pub fn tee_stderr(child: &mut Child) -> Arc<Mutex<String>> {
     log
 }
 
-/// This node's `MemAvailable`, in bytes.
-pub fn mem_available_bytes() -> u64 {
+/// Whether this node has less than `bytes` available (`MemAvailable`), so that a test asking
+/// for that much is over it; else says loudly that `what` is skipped.
+pub fn available_below(bytes: u64, what: &str) -> bool {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    meminfo
+    let kib: u64 = meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no MemAvailable in {meminfo}"))
-        * 1024
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no MemAvailable in {meminfo}"));
+    let below = kib * 1024 < bytes;
+    if !below {
+        eprintln!("SKIPPED {what}: this node has {bytes} bytes or more available, more than the test asks");
+    }
+    below
 }
 
 /// The first line a child writes on its (piped) stdout.
