@@ -33,6 +33,10 @@ command -v jupyter-nbconvert >/dev/null || need+=(jupyter-nbconvert)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v stress-ng >/dev/null || need+=(stress-ng)
+# Managed runtimes under `--anon-mmap` (the same file): a Java program built with javac and run
+# on the JVM, and a Node.js program (V8).
+[ -x /usr/bin/javac ] || need+=(default-jdk-headless)
+[ -x /usr/bin/node ] || need+=(nodejs)
 # The block device tests (crates/rmem-cli/tests/nbd.rs) and `rmem bench nbd` drive `rmem nbd`
 # with real NBD clients: nbdinfo, nbdcopy and nbdfuse (libnbd-bin), qemu-io (qemu-utils), fio
 # (its nbd engine), mkfs.ext4 and e2fsck (e2fsprogs), and nbdkit's memory and file plugins.

@@ -143,7 +143,7 @@ fn remote(size: usize, align: usize) -> Option<*mut c_void> {
 pub static ANON_MMAP: AtomicBool = AtomicBool::new(false);
 
 /// Remote memory for an anonymous mapping of `len` bytes: page-aligned and zeroed, freed by
-/// `munmap` as a malloc'ed block is. None when transparent mode does not want it (then the
+/// `munmap` as a malloc'ed block is (its protection is the caller's to set). None when transparent mode does not want it (then the
 /// C library maps it); `Some(NULL)` when the mapping must fail (strict accounting).
 pub fn remote_mapping(len: usize) -> Option<*mut c_void> {
     if !ANON_MMAP.load(Relaxed) || len == 0 {

@@ -14,7 +14,7 @@ use crate::io::real;
 use crate::{current, malloc::FORKED, REGION_BASE, REGION_LEN};
 use rmem_client::Runtime;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 /// The kernel's page size: the unit of every address and length these calls take.
 const PIECE: u64 = 4096;
@@ -80,31 +80,37 @@ pub extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
     })
 }
 
-/// A private anonymous read-write mapping at no particular address: what a program's own
-/// allocator asks for (CPython's object arenas, OpenBLAS's buffers). Shared mappings (shared
-/// with fork children), file mappings, executable or inaccessible ones (reservations made
-/// accessible piece by piece), fixed addresses, stacks, huge pages, MAP_LOCKED (resident at
-/// once, never paged) and MAP_NORESERVE stay with the kernel.
-fn plain_anon(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
+/// The protection of a private anonymous mapping rmem serves from the region with
+/// `--anon-mmap`, or None when the kernel keeps it. Two kinds go remote: a read-write mapping
+/// at no particular address (what a program's own allocator asks for: CPython's arenas,
+/// OpenBLAS's buffers), and an inaccessible reservation (PROT_NONE) at any address (a
+/// managed runtime's heap: the JVM and V8 reserve address space so and make it accessible
+/// piece by piece with `mprotect` or `mmap(MAP_FIXED)`, which then act on the region). A
+/// reservation's address hint is not honored, as Linux may not honor one: the JVM then tries
+/// its other addresses and at last takes one anywhere. Shared mappings (shared with fork
+/// children), file mappings, executable or read-only ones, fixed addresses, stacks, huge
+/// pages and MAP_LOCKED (resident at once, never paged) stay with the kernel.
+fn remote_prot(addr: *mut c_void, prot: c_int, flags: c_int) -> Option<c_int> {
     let others = libc::MAP_FIXED
         | libc::MAP_FIXED_NOREPLACE
         | libc::MAP_GROWSDOWN
         | libc::MAP_STACK
         | libc::MAP_HUGETLB
-        | libc::MAP_NORESERVE
         | libc::MAP_LOCKED
         | libc::MAP_32BIT;
-    addr.is_null()
-        && prot == libc::PROT_READ | libc::PROT_WRITE
-        && flags & libc::MAP_TYPE == libc::MAP_PRIVATE
+    let private_anon = flags & libc::MAP_TYPE == libc::MAP_PRIVATE
         && flags & libc::MAP_ANONYMOUS != 0
-        && flags & others == 0
+        && flags & others == 0;
+    let kind = (prot == libc::PROT_READ | libc::PROT_WRITE && addr.is_null())
+        || prot == libc::PROT_NONE;
+    (private_anon && kind).then_some(prot)
 }
 
-/// See mmap(2). With `RMEM_ANON_MMAP=1` in transparent mode, a private anonymous read-write
-/// mapping ([`plain_anon`]) of at least `--min-alloc` bytes is remote memory, zeroed and
-/// page-aligned, as a large malloc'ed block is; `munmap`, `mremap`, `madvise` and `mprotect`
-/// then act on it as they do on the region. Everything else is the C library's mmap.
+/// See mmap(2). With `RMEM_ANON_MMAP=1` in transparent mode, a private anonymous mapping of
+/// at least `--min-alloc` bytes ([`remote_prot`]) is remote memory, zeroed and page-aligned,
+/// as a large malloc'ed block is; `munmap`, `mremap`, `madvise` and `mprotect` then act on it
+/// as they do on the region. A fixed mapping over the region is [`fixed_on_region`]'s.
+/// Everything else is the C library's mmap.
 #[no_mangle]
 pub extern "C" fn mmap(
     addr: *mut c_void,
@@ -114,11 +120,13 @@ pub extern "C" fn mmap(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    if plain_anon(addr, prot, flags) {
-        match crate::malloc::remote_mapping(len) {
-            Some(p) if p.is_null() => return libc::MAP_FAILED,
-            Some(p) => return p,
-            None => {}
+    if flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0 {
+        if let Some((rt, a, b)) = region_part(addr, len) {
+            return fixed_on_region(rt, addr, len, prot, flags, (fd, off), (a, b));
+        }
+    } else if let Some(prot) = remote_prot(addr, prot, flags) {
+        if let Some(p) = remote_with(len, prot) {
+            return p;
         }
     }
     let real = real!(
@@ -128,6 +136,138 @@ pub extern "C" fn mmap(
     // SAFETY: forwarding the caller's arguments unchanged.
     unsafe { real(addr, len, prot, flags, fd, off) }
 }
+
+/// Remote memory for a mapping of `len` bytes with protection `prot`, or None when the
+/// kernel is to map it. A read-write mapping that strict accounting (`--no-overcommit`) cannot
+/// fit fails (MAP_FAILED); a reservation then goes to the kernel, which does not count
+/// inaccessible memory either.
+fn remote_with(len: usize, prot: c_int) -> Option<*mut c_void> {
+    let p = crate::malloc::remote_mapping(len)?;
+    if prot == libc::PROT_READ | libc::PROT_WRITE {
+        return Some(if p.is_null() { libc::MAP_FAILED } else { p });
+    }
+    if p.is_null() {
+        return None;
+    }
+    match current().map(|rt| crate::guard(|| rt.protect(p as u64, round_up(len), prot))) {
+        Some(Ok(())) => Some(p),
+        _ => {
+            munmap(p, len);
+            None
+        }
+    }
+}
+
+/// `len` rounded up to whole pieces (the caller checked that it fits).
+fn round_up(len: usize) -> u64 {
+    (len as u64).div_ceil(PIECE) * PIECE
+}
+
+/// mmap(2) with MAP_FIXED or MAP_FIXED_NOREPLACE over the region (`[a, b)` of it). A private
+/// mapping wholly inside is done as Linux does it, on the pager's mapping, with protection
+/// `prot`: an anonymous one reads as zero (how the JVM commits and uncommits its heap, and
+/// jemalloc decommits), a file's holds a copy of the file's bytes (how V8 places its builtins
+/// and the JVM its class-data archive in a reservation: a private mapping's later changes are
+/// its own either way; bytes past the file's end read as zero where Linux raises SIGBUS).
+/// Anything else, a shared mapping, would replace part of the pager's mapping behind its back
+/// (and stop the program at the next eviction there), so it fails: EEXIST for
+/// MAP_FIXED_NOREPLACE, as on any mapped range; EINVAL otherwise, said once on stderr.
+fn fixed_on_region(
+    rt: &'static Runtime,
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    (fd, off): (c_int, libc::off_t),
+    (a, b): (u64, u64),
+) -> *mut c_void {
+    let fail = |e: c_int| {
+        set_errno(e);
+        libc::MAP_FAILED
+    };
+    if flags & libc::MAP_FIXED_NOREPLACE != 0 {
+        return fail(libc::EEXIST);
+    }
+    let start = addr as u64;
+    let anon = flags & libc::MAP_ANONYMOUS != 0;
+    if !start.is_multiple_of(PIECE) || (!anon && (off < 0 || off as u64 % PIECE != 0)) {
+        return fail(libc::EINVAL);
+    }
+    // Flags Linux ignores, or that only say when pages arrive.
+    let allowed = libc::MAP_FIXED
+        | libc::MAP_ANONYMOUS
+        | libc::MAP_NORESERVE
+        | libc::MAP_POPULATE
+        | libc::MAP_STACK
+        | libc::MAP_DENYWRITE
+        | libc::MAP_EXECUTABLE;
+    let private = flags & libc::MAP_TYPE == libc::MAP_PRIVATE
+        && flags & !(libc::MAP_TYPE | allowed) == 0
+        && prot & !(libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) == 0;
+    if !private || (a, b) != (start, start + round_up(len)) {
+        if !FIXED_REFUSED.swap(true, Relaxed) {
+            crate::report(&format!(
+                "the program's mmap(MAP_FIXED) of {len} bytes at {addr:?} (flags {flags:#x}) \
+                 would replace remote memory with a mapping rmem cannot page; refused with \
+                 EINVAL (reported once)"
+            ));
+        }
+        return fail(libc::EINVAL);
+    }
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let done = crate::guard(|| {
+        // Writable first: the range's partial pages are zeroed by writing them.
+        rt.protect(a, b - a, rw)?;
+        rt.discard(a, b - a, true);
+        if !anon {
+            copy_file(fd, off, start, len)?;
+        }
+        if prot != rw {
+            rt.protect(a, b - a, prot)?;
+        }
+        Ok::<(), c_int>(())
+    });
+    match done {
+        Ok(()) => addr,
+        Err(e) => fail(e),
+    }
+}
+
+/// Write the bytes of `fd` from `off` over `[addr, addr+len)` of the region (writable, zero),
+/// up to the file's end. Err: the errno mmap(2) gives for such a file.
+fn copy_file(fd: c_int, off: libc::off_t, addr: u64, len: usize) -> Result<(), c_int> {
+    // Local memory (librmem's allocator is the C library's), read by the kernel.
+    let mut buf = vec![0u8; len.min(1 << 20)];
+    let mut done = 0;
+    while done < len {
+        let want = buf.len().min(len - done);
+        // SAFETY: `buf` has room for `want` bytes; the kernel validates `fd`.
+        let n = unsafe {
+            libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), want, off + done as i64)
+        };
+        if n < 0 {
+            match std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) {
+                libc::EINTR => continue,
+                libc::EBADF => return Err(libc::EBADF),
+                libc::ESPIPE | libc::EISDIR | libc::EINVAL => return Err(libc::ENODEV),
+                _ => return Err(libc::EACCES),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: the destination lies in the part of the region the program mapped here, now
+        // writable; the pager resolves the faults these writes take.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), (addr + done as u64) as *mut u8, n as usize)
+        };
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// A fixed mapping over the region has been refused (reported once).
+static FIXED_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// See mmap(2): the same call as [`mmap`] under its large-file name.
 #[no_mangle]

@@ -2,8 +2,8 @@
 //! modes, with threads, fork, C++ static initializers, kernel-mode I/O, and real programs
 //! (GNU sort, Python/numpy as `nobody`, Python with many small allocations) whose output is
 //! compared with the same program run without rmem; programs linked with jemalloc and
-//! tcmalloc, redis-server, large alignments, and programs with their own signal handlers
-//! (fork children that reset SIGSEGV, stress-ng).
+//! tcmalloc, redis-server, large alignments, programs with their own signal handlers
+//! (fork children that reset SIGSEGV, stress-ng), and managed runtimes (Java, Node.js).
 
 mod common;
 use common::*;
@@ -423,8 +423,10 @@ fn many_small_allocations_with_min_alloc_zero() {
 }
 
 /// `--anon-mmap`: private anonymous mappings go remote and keep their meaning (munmap of a
-/// part, mremap, MADV_DONTNEED, mprotect), while shared mappings and PROT_NONE reservations
-/// stay the kernel's; without it the same program is not paged at all. Also as `nobody`.
+/// part, mremap, MADV_DONTNEED, mprotect), and a managed runtime's heap (a PROT_NONE
+/// reservation committed with mmap(MAP_FIXED) and mprotect, a file placed in it), while shared
+/// mappings stay the kernel's; without it the same program is not paged at all. Also as
+/// `nobody`.
 #[test]
 fn anonymous_mappings_go_remote_with_anon_mmap() {
     let dir = scratch("anon-mmap");
@@ -462,6 +464,120 @@ fn anonymous_mappings_go_remote_with_anon_mmap() {
     assert!(out.status.success(), "{}", out.stderr);
     assert_eq!(out.stdout, plain.stdout);
     assert_eq!(read_json(&stats)["swap_ins"], 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A MAP_SHARED mapping placed with MAP_FIXED over remote memory is refused (EINVAL, said on
+/// stderr) and the memory under it keeps its data through paging: the kernel would replace part
+/// of the pager's mapping, and the program was stopped at the next eviction there.
+#[test]
+fn a_shared_mapping_fixed_over_remote_memory_is_refused() {
+    let dir = scratch("shared-fixed");
+    let prog = build_plain("tests/c/anon_mmap.c");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "8M", "--anon-mmap"],
+            &stats,
+            &[prog.to_str().unwrap(), "32", "shared-fixed"],
+            false,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout.trim(), "shared-fixed refused errno 22");
+    assert!(out.stderr.contains("refused with EINVAL"), "{}", out.stderr);
+    swapped(&stats);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A program for a managed runtime's heap: arrays filled and summed twice, then a hash map of
+/// small objects looked up at random.
+const JAVA_HEAP: &str = r#"import java.util.*;
+public class Heap {
+  public static void main(String[] a) {
+    int n = Integer.parseInt(a[0]);
+    long[][] arrs = new long[n][];
+    Random r = new Random(42);
+    for (int i = 0; i < n; i++) {
+      arrs[i] = new long[1 << 19];
+      for (int j = 0; j < arrs[i].length; j++) arrs[i][j] = r.nextLong();
+    }
+    long s = 0;
+    for (int k = 0; k < 2; k++) for (long[] x : arrs) for (long v : x) s += v;
+    HashMap<Integer, String> m = new HashMap<>();
+    for (int i = 0; i < 200000; i++) m.put(i, "v" + i);
+    long h = 0;
+    for (int i = 0; i < 200000; i++) h += m.get(r.nextInt(200000)).length();
+    System.out.println("heap ok " + s + " " + h);
+  }
+}
+"#;
+
+/// The same for Node.js (V8).
+const NODE_HEAP: &str = r#"const n = +process.argv[2];
+let seed = 42;
+const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648);
+const arrs = [];
+for (let i = 0; i < n; i++) {
+  const a = new Float64Array(1 << 19);
+  for (let j = 0; j < a.length; j++) a[j] = rnd();
+  arrs.push(a);
+}
+let s = 0;
+for (let k = 0; k < 2; k++) for (const a of arrs) for (let j = 0; j < a.length; j++) s += a[j];
+const m = new Map();
+for (let i = 0; i < 300000; i++) m.set(i, { v: 'x' + i });
+let h = 0;
+for (let i = 0; i < 300000; i++) h += m.get(rnd() % 300000).v.length;
+console.log('heap ok', s, h);
+"#;
+
+/// Managed runtimes reserve their heaps inaccessible (PROT_NONE, at an address hint) and make
+/// them usable with mmap(MAP_FIXED) or mprotect, place files and JIT-compiled code in the
+/// reservations, and run that code while rmem pages it: with `--anon-mmap` the JVM's and V8's
+/// heaps are paged (the program's resident set stays near the budget, so rmem does not say
+/// that most of it was not its to page), as root and as `nobody`, with the plain run's output.
+/// Before, a JVM was not paged at all, and Node.js died at start with `--anon-mmap`.
+#[test]
+fn java_and_node_heaps_are_paged_with_anon_mmap() {
+    require("/usr/bin/javac", "default-jdk-headless");
+    require("/usr/bin/node", "nodejs");
+    let dir = scratch("managed");
+    std::fs::write(dir.join("Heap.java"), JAVA_HEAP).unwrap();
+    std::fs::write(dir.join("heap.js"), NODE_HEAP).unwrap();
+    let javac = run_bounded(
+        Command::new("javac").arg("-d").arg(&dir).arg(dir.join("Heap.java")),
+        Duration::from_secs(120),
+    );
+    assert!(javac.status.success(), "{}", javac.stderr);
+    let (d, js) = (dir.to_str().unwrap(), dir.join("heap.js"));
+    let programs: [&[&str]; 2] = [
+        &["/usr/bin/java", "-cp", d, "Heap", "24"],
+        &["/usr/bin/node", js.to_str().unwrap(), "24"],
+    ];
+    for prog in programs {
+        let plain = run_bounded(Command::new(prog[0]).args(&prog[1..]), Duration::from_secs(120));
+        assert!(plain.status.success(), "{prog:?}: {}", plain.stderr);
+        assert!(plain.stdout.starts_with("heap ok "), "{}", plain.stdout);
+        for as_nobody in [false, true] {
+            let stats = dir.join(format!("stats-{as_nobody}.json"));
+            let out = run_bounded(
+                &mut rmem_run(&["--local", "32M", "--anon-mmap"], &stats, prog, as_nobody),
+                Duration::from_secs(300),
+            );
+            assert!(
+                out.status.success(),
+                "{prog:?} as nobody {as_nobody}: {:?}\n{}\n{}",
+                out.status,
+                out.stdout,
+                out.stderr
+            );
+            assert_eq!(out.stdout, plain.stdout, "{prog:?} as nobody {as_nobody}");
+            assert!(!out.stderr.contains("not rmem's to page"), "{}", out.stderr);
+            swapped(&stats);
+        }
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

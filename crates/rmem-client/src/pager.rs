@@ -22,7 +22,7 @@
 
 use crate::pages::PageState;
 use crate::prefetch::Prefetcher;
-use crate::protect::{Protections, READ_WRITE};
+use crate::protect::{Protected, Protections, READ_WRITE};
 use crate::region::{Dropper, Geometry, Mapping, Staging};
 use crate::state::{Fill, Freed, Landed, PageStates};
 use crate::stats::Stats;
@@ -88,11 +88,16 @@ pub enum Command {
     },
     /// mprotect(2) of `[addr, addr+len)` (4 KiB-aligned, inside the region) to `prot`, done by
     /// the pager so that no eviction is halfway through a page meanwhile; the outcome (0 or an
-    /// errno) lands in `errno` before `done` is signalled.
+    /// errno) lands in `errno` before `done` is signalled. With `widen`, each part of the range
+    /// that is not read-write gets `prot` added to its protection instead (parts that are
+    /// read-write stay so). With `old`, the parts of the range that were not read-write before,
+    /// with their protection, land there too.
     Protect {
         addr: u64,
         len: u64,
         prot: i32,
+        widen: bool,
+        old: Option<Arc<Mutex<Protected>>>,
         errno: Arc<std::sync::atomic::AtomicI32>,
         done: Arc<Done>,
     },
@@ -455,10 +460,25 @@ impl Pager {
                             addr,
                             len,
                             prot,
+                            widen,
+                            old,
                             errno,
                             done,
                         } => {
-                            errno.store(self.core.protect(addr, len, prot), Ordering::Release);
+                            let parts = self.core.protections.within(addr, addr + len);
+                            let e = if widen {
+                                parts
+                                    .iter()
+                                    .map(|&(s, e, p)| self.core.protect(s, e - s, p | prot))
+                                    .find(|&e| e != 0)
+                                    .unwrap_or(0)
+                            } else {
+                                self.core.protect(addr, len, prot)
+                            };
+                            if let Some(old) = old {
+                                *old.lock().unwrap() = parts;
+                            }
+                            errno.store(e, Ordering::Release);
                             done.signal();
                         }
                         Command::Stop { done } => {
@@ -1170,19 +1190,29 @@ impl Core {
             .take()
             .expect("pick_victim checked for a free slot");
         let addr = self.addr(v);
-        // UFFDIO_MOVE moves only between writable mappings: a page the program made
-        // read-only (or inaccessible) is writable for the move, and gets its protection back
-        // as soon as it is out (a program write in between would not fault: a known gap).
+        // UFFDIO_MOVE moves only between writable mappings with the same access. A page the
+        // program made read-only, inaccessible or executable moves with every access any part
+        // of it has, plus read-write, on both sides (the staging slot too), and gets its
+        // protection back as soon as it is out: for that moment a program access that should
+        // fault would not (a known gap), but none that should succeed faults (a thread running
+        // JIT-compiled code on the page).
         let prot = self.protections.within(addr, addr + ps);
+        let all = prot.iter().fold(READ_WRITE, |all, &(_, _, p)| all | p);
+        let slot_at = self.staging.addr(slot);
         if !prot.is_empty() {
-            mprotect(addr, ps, READ_WRITE).map_err(PagerError::Mprotect)?;
+            mprotect(addr, ps, all).map_err(PagerError::Mprotect)?;
+        }
+        if all != READ_WRITE {
+            mprotect(slot_at, ps, all).map_err(PagerError::Mprotect)?;
         }
         // Parts of the page the program discarded (madvise) arrive as zero pages, so the
         // slot is whole and the pager never faults on it. A page shared with a fork parent or
         // child is copied on the way.
-        let moved = self
-            .uffd
-            .move_range(self.staging.addr(slot), addr, ps, forked)?;
+        let moved = self.uffd.move_range(slot_at, addr, ps, forked)?;
+        if all != READ_WRITE {
+            mprotect(slot_at, ps, READ_WRITE).map_err(PagerError::Mprotect)?;
+            mprotect(addr, ps, READ_WRITE).map_err(PagerError::Mprotect)?;
+        }
         for (s, e, p) in prot {
             mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
         }
@@ -1337,6 +1367,9 @@ impl Core {
 
     /// mprotect(2) for the program (`Command::Protect`): 0 or the errno.
     fn protect(&mut self, addr: u64, len: u64, prot: i32) -> i32 {
+        if prot == READ_WRITE && self.protections.within(addr, addr + len).is_empty() {
+            return 0;
+        }
         match mprotect(addr, len, prot) {
             Ok(()) => {
                 self.protections.set(addr, addr + len, prot);

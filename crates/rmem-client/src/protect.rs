@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 /// Read and write, the region's own protection (never stored).
 pub const READ_WRITE: i32 = libc::PROT_READ | libc::PROT_WRITE;
 
+/// Parts `(start, end, prot)` of a range that are not read-write, in address order.
+pub type Protected = Vec<(u64, u64, i32)>;
+
 /// Disjoint byte ranges `[start, end)` of the region and their protection, none read-write.
 #[derive(Debug, Default)]
 pub struct Protections {
@@ -36,7 +39,7 @@ impl Protections {
     }
 
     /// The stored ranges that overlap `[start, end)`, whole, in address order.
-    pub fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64, i32)> {
+    pub fn overlapping(&self, start: u64, end: u64) -> Protected {
         let mut out = Vec::new();
         if let Some((&s, &(e, p))) = self.ranges.range(..start).next_back() {
             if e > start {
@@ -48,7 +51,7 @@ impl Protections {
     }
 
     /// The parts of `[start, end)` that are not read-write, clipped to it.
-    pub fn within(&self, start: u64, end: u64) -> Vec<(u64, u64, i32)> {
+    pub fn within(&self, start: u64, end: u64) -> Protected {
         self.overlapping(start, end)
             .into_iter()
             .map(|(s, e, p)| (s.max(start), e.min(end), p))

@@ -6,6 +6,22 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 
+/// mmap(2) by system call, with libc's `mmap` signature: librmem interposes the `mmap` symbol
+/// for the program (and acts on the region for it), and rmem's own mappings must not go there.
+///
+/// # Safety
+/// As mmap(2): a fixed mapping replaces whatever was at its range.
+unsafe fn sys_mmap(
+    addr: *mut libc::c_void,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: libc::off_t,
+) -> *mut libc::c_void {
+    libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut libc::c_void
+}
+
 /// Every mapping rmem has reserved and not yet unmapped, as (start, length): what the
 /// program's mlockall(2) must leave alone (locking would populate them and pin them).
 static RESERVED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
@@ -24,7 +40,7 @@ pub fn reserve_no_access(base: u64, len: u64) {
     // SAFETY: replaces exactly the range of the parent's region, which nothing in this
     // process may use without a pager.
     unsafe {
-        libc::mmap(
+        sys_mmap(
             base as *mut libc::c_void,
             len as usize,
             libc::PROT_NONE,
@@ -71,7 +87,7 @@ impl Mapping {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
         // SAFETY: an anonymous mapping at a kernel-chosen address touches no existing memory.
         let p = unsafe {
-            libc::mmap(
+            sys_mmap(
                 hint as *mut libc::c_void,
                 raw_len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -171,7 +187,7 @@ impl Mapping {
         // SAFETY: replacing exactly our own mapping; no pointer into it may be dereferenced
         // successfully afterwards, which is the point.
         let p = unsafe {
-            libc::mmap(
+            sys_mmap(
                 self.raw_base as *mut _,
                 self.raw_len as usize,
                 libc::PROT_NONE,

@@ -614,10 +614,14 @@ impl Runtime {
         if zero_ends {
             for (a, b) in [(start, whole_start), (whole_end, end)] {
                 if a < b {
-                    // SAFETY: [a, b) lies in the region, which stays mapped for the life of
-                    // the process; the program asked for these bytes to read as zero, and the
-                    // pager resolves the faults this write takes.
-                    unsafe { std::ptr::write_bytes(a as *mut u8, 0, (b - a) as usize) };
+                    // Linux drops these bytes whatever their protection; rmem writes zeros.
+                    self.with_writable(a & !4095, b.next_multiple_of(4096) - (a & !4095), || {
+                        // SAFETY: [a, b) lies in the region, which stays mapped for the life
+                        // of the process, and is writable now; the program asked for these
+                        // bytes to read as zero, and the pager resolves the faults this write
+                        // takes.
+                        unsafe { std::ptr::write_bytes(a as *mut u8, 0, (b - a) as usize) };
+                    });
                 }
             }
         }
@@ -782,9 +786,35 @@ impl Runtime {
             addr,
             len,
             prot,
+            widen: false,
+            old: None,
             errno,
             done,
         })
+    }
+
+    /// Run `f` with `[addr, addr+len)` (4 KiB-aligned, inside the region) readable and
+    /// writable (and still executable where it is), then give its parts their protection back:
+    /// for rmem's own writes on the program's behalf into memory the program may have made
+    /// read-only or inaccessible.
+    fn with_writable(&self, addr: u64, len: u64, f: impl FnOnce()) {
+        let old = Arc::new(Mutex::new(Vec::new()));
+        let made = self.ask(|errno, done| Command::Protect {
+            addr,
+            len,
+            prot: crate::protect::READ_WRITE,
+            widen: true,
+            old: Some(old.clone()),
+            errno,
+            done,
+        });
+        f();
+        if made.is_ok() {
+            for (s, e, p) in std::mem::take(&mut *old.lock().unwrap()) {
+                // It was this protection a moment ago: setting it again cannot fail.
+                let _ = self.protect(s, e - s, p);
+            }
+        }
     }
 
     fn release(&self, first: PageIndex, count: u64, unprotect: bool) {

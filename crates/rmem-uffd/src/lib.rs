@@ -822,18 +822,22 @@ impl Uffd {
         let mut stalled_at = None;
         // Pieces shared copy-on-write, skipped for now (offsets from the start).
         let mut shared = Vec::new();
+        // One piece per call once the range is found to straddle mappings.
+        let mut piecewise = false;
         while done < len {
+            let want = if piecewise { PIECE } else { len - done };
             let mut m = UffdioMove {
                 dst: dst + done,
                 src: src + done,
-                len: len - done,
+                len: want,
                 mode: 0,
                 moved: 0,
             };
             // SAFETY: `m` is a valid uffdio_move; the kernel validates both ranges.
             let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
             if rc == 0 {
-                break;
+                done += want;
+                continue;
             }
             let e = errno();
             let moved = m.moved.max(0) as u64;
@@ -854,6 +858,13 @@ impl Uffd {
                     continue;
                 }
                 Some(libc::EAGAIN | libc::EEXIST | libc::ENOENT) => {}
+                // The source range must lie in one mapping (VMA): the program's mprotect may
+                // have split the region inside a page, and the kernel does not always merge
+                // the parts again when they get the same protection. Go on a piece at a time.
+                Some(libc::EINVAL) if !piecewise && moved == 0 && len - done > PIECE => {
+                    piecewise = true;
+                    continue;
+                }
                 _ => return Err(fail(e)),
             }
             let (at_src, at_dst) = match (
