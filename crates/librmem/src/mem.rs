@@ -140,10 +140,17 @@ pub extern "C" fn mmap(
 /// Remote memory for a mapping of `len` bytes with protection `prot`, or None when the
 /// kernel is to map it. A read-write mapping that strict accounting (`--no-overcommit`) cannot
 /// fit fails (MAP_FAILED); a reservation then goes to the kernel, which does not count
-/// inaccessible memory either.
+/// inaccessible memory either. So does a reservation larger than every server holds: that is
+/// address space, not memory the program can fill (ZGC reserves views of 94 GiB at fixed
+/// addresses, maps shared memory into them, and tries other addresses until the kernel gives
+/// the one asked).
 fn remote_with(len: usize, prot: c_int) -> Option<*mut c_void> {
+    let rw = prot == libc::PROT_READ | libc::PROT_WRITE;
+    if !rw && current().is_some_and(|rt| round_up(len) > rt.capacity_bytes()) {
+        return None;
+    }
     let p = crate::malloc::remote_mapping(len)?;
-    if prot == libc::PROT_READ | libc::PROT_WRITE {
+    if rw {
         return Some(if p.is_null() { libc::MAP_FAILED } else { p });
     }
     if p.is_null() {

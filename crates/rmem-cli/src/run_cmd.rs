@@ -407,7 +407,7 @@ pub fn run(args: RunArgs) -> i32 {
             eprintln!("{}", summary(&json, elapsed));
             if let Some(line) = peak
                 .filter(|_| preload.is_some() && !args.children)
-                .and_then(|p| unpaged(p, config.local_bytes, &args.min_alloc))
+                .and_then(|p| unpaged(p, config.local_bytes, &args.min_alloc, args.anon_mmap))
             {
                 eprintln!("{line}");
             }
@@ -480,13 +480,18 @@ pub(crate) fn librmem_path() -> Result<PathBuf, String> {
 /// budget: the memory was not rmem's to page (small allocations, the program's own
 /// mappings), so the budget did not bound it. Allowed above the budget: the program's code
 /// and libraries, rmem's own buffers and small allocations, 64 MiB or the budget again.
-fn unpaged(peak: u64, local: u64, min_alloc: &str) -> Option<String> {
+/// `anon_mmap`: whether the program's private anonymous mappings were remote already.
+fn unpaged(peak: u64, local: u64, min_alloc: &str, anon_mmap: bool) -> Option<String> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let own = if anon_mmap {
+        "shared or file mappings the program makes itself, which rmem cannot page"
+    } else {
+        "mappings the program makes itself: --min-alloc 0 and --anon-mmap page those"
+    };
     (peak > local + (64u64 << 20).max(local)).then(|| {
         format!(
             "rmem: the program's peak resident set was {:.0} MiB against --local {:.0} MiB: most \
-             of it was not rmem's to page (allocations under --min-alloc {min_alloc}, or \
-             mappings the program makes itself: --min-alloc 0 and --anon-mmap page those)",
+             of it was not rmem's to page (allocations under --min-alloc {min_alloc}, or {own})",
             mib(peak),
             mib(local)
         )

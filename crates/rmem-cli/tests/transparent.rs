@@ -538,7 +538,8 @@ console.log('heap ok', s, h);
 /// reservations, and run that code while rmem pages it: with `--anon-mmap` the JVM's and V8's
 /// heaps are paged (the program's resident set stays near the budget, so rmem does not say
 /// that most of it was not its to page), as root and as `nobody`, with the plain run's output.
-/// Before, a JVM was not paged at all, and Node.js died at start with `--anon-mmap`.
+/// Before, a JVM was not paged at all, and Node.js died at start with `--anon-mmap`. With ZGC
+/// (shared memory) the JVM runs unpaged, and rmem says why.
 #[test]
 fn java_and_node_heaps_are_paged_with_anon_mmap() {
     require("/usr/bin/javac", "default-jdk-headless");
@@ -578,6 +579,24 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
             swapped(&stats);
         }
     }
+    // ZGC reserves views of many GiB at fixed addresses (more than the servers hold: they stay
+    // the kernel's) and keeps its heap in shared memory: the JVM runs, unpaged, and rmem says
+    // why. Before, it freed and reserved views in the region until killed.
+    let zgc = ["/usr/bin/java", "-XX:+UseZGC", "-cp", d, "Heap", "8"];
+    let plain = run_bounded(Command::new(zgc[0]).args(&zgc[1..]), Duration::from_secs(120));
+    assert!(plain.status.success(), "{}", plain.stderr);
+    let stats = dir.join("stats-zgc.json");
+    let out = run_bounded(
+        &mut rmem_run(&["--local", "8M", "--anon-mmap"], &stats, &zgc, false),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{:?}\n{}", out.status, out.stderr);
+    assert_eq!(out.stdout, plain.stdout);
+    assert!(
+        out.stderr.contains("shared or file mappings the program makes itself"),
+        "{}",
+        out.stderr
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -460,9 +460,13 @@ impl PageStates {
     /// The program freed `page`: it becomes untouched, now or when its operation lands. Freed
     /// memory is unpinned, as munmap(2) unlocks.
     pub fn free(&mut self, page: PageIndex) -> Freed {
-        let pinned = self.locked.remove(&page);
-        self.zero_origin.remove(&page);
-        match self.get(page) {
+        // Cheap for a page never touched: a program may free a reservation of many GiB.
+        let pinned = !self.locked.is_empty() && self.locked.remove(&page);
+        let state = self.get(page);
+        if state != PageState::Untouched {
+            self.zero_origin.remove(&page);
+        }
+        match state {
             PageState::Untouched => Freed::Nothing,
             PageState::Remote => {
                 self.table.transition(page, PageState::Untouched);
