@@ -21,9 +21,70 @@ pub static PAGE: AtomicUsize = AtomicUsize::new(4096);
 /// A chunk that still fails with EFAULT after this many prefaults gives up with EFAULT.
 const EFAULT_RETRIES: usize = 16;
 
+/// Every C library function librmem forwards to by name, looked up when the library loads
+/// ([`resolve_all`]). dlsym takes the dynamic loader's lock, which a program thread may hold
+/// (in `dlopen`, running a library's constructors) while it faults on remote memory: a pager
+/// that looked up `read` then, to read that very fault, waited for the lock forever (the JVM
+/// hung so in about one start of twenty). A unit test checks that the list names them all.
+const EAGER: [&CStr; 35] = [
+    c"__pread64_chk",
+    c"__read_chk",
+    c"__recv_chk",
+    c"close",
+    c"dup2",
+    c"dup3",
+    c"fork",
+    c"madvise",
+    c"mlock",
+    c"mlock2",
+    c"mlockall",
+    c"mmap",
+    c"mprotect",
+    c"mremap",
+    c"munlock",
+    c"munlockall",
+    c"munmap",
+    c"popen",
+    c"pread",
+    c"pthread_attr_setstack",
+    c"pwrite",
+    c"read",
+    c"readv",
+    c"recv",
+    c"recvfrom",
+    c"recvmmsg",
+    c"recvmsg",
+    c"send",
+    c"sendmsg",
+    c"sendto",
+    c"sigaction",
+    c"sigaltstack",
+    c"system",
+    c"write",
+    c"writev",
+];
+
+/// The addresses of [`EAGER`]'s functions, 0 until [`resolve_all`].
+static EAGER_AT: [AtomicUsize; EAGER.len()] = [const { AtomicUsize::new(0) }; EAGER.len()];
+
+/// Look up every function of [`EAGER`] now: from the library's constructor, while the loader
+/// lock is this thread's own.
+pub fn resolve_all() {
+    for (name, at) in EAGER.iter().zip(&EAGER_AT) {
+        at.store(lookup(name), Relaxed);
+    }
+}
+
 /// The next definition of `name` after this library (glibc's), as an address. Aborts if
 /// there is none: rmem cannot forward the call.
 pub fn next_symbol(name: &CStr) -> usize {
+    match EAGER.iter().position(|n| *n == name) {
+        Some(i) if EAGER_AT[i].load(Relaxed) != 0 => EAGER_AT[i].load(Relaxed),
+        _ => lookup(name),
+    }
+}
+
+fn lookup(name: &CStr) -> usize {
     // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT searches the libraries after ours.
     let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
     if f == 0 {
@@ -1057,3 +1118,37 @@ fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread(3).
     __fread_chk, c"__fread_chk");
 fread_chk!(/// The `_FORTIFY_SOURCE` variant of fread_unlocked(3).
     __fread_unlocked_chk, c"__fread_unlocked_chk");
+
+#[cfg(test)]
+mod tests {
+    /// Every function librmem forwards to by a literal name is looked up at load ([`EAGER`]).
+    #[test]
+    fn every_forwarded_function_is_looked_up_at_load() {
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut missing = Vec::new();
+        let mut stack = vec![std::path::PathBuf::from(src)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                for site in ["real!(", "next_symbol("] {
+                    for (i, _) in text.match_indices(site) {
+                        let rest = text[i + site.len()..].trim_start();
+                        let Some(name) = rest.strip_prefix("c\"") else {
+                            continue;
+                        };
+                        let name = &name[..name.find('"').unwrap()];
+                        if !super::EAGER.iter().any(|n| n.to_str() == Ok(name)) {
+                            missing.push(format!("{name} ({})", p.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not in io::EAGER: {missing:?}");
+    }
+}

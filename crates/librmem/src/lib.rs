@@ -433,6 +433,7 @@ pub unsafe extern "C" fn __rmem_dlm_array(
 static CONSTRUCTOR: extern "C" fn() = constructor;
 
 extern "C" fn constructor() {
+    io::resolve_all();
     fork::install();
     if std::env::var_os("RMEM_MODE").is_none_or(|m| m != "transparent") {
         return;

@@ -101,8 +101,8 @@ fn remote_prot(addr: *mut c_void, prot: c_int, flags: c_int) -> Option<c_int> {
     let private_anon = flags & libc::MAP_TYPE == libc::MAP_PRIVATE
         && flags & libc::MAP_ANONYMOUS != 0
         && flags & others == 0;
-    let kind = (prot == libc::PROT_READ | libc::PROT_WRITE && addr.is_null())
-        || prot == libc::PROT_NONE;
+    let kind =
+        (prot == libc::PROT_READ | libc::PROT_WRITE && addr.is_null()) || prot == libc::PROT_NONE;
     (private_anon && kind).then_some(prot)
 }
 
@@ -250,10 +250,19 @@ fn copy_file(fd: c_int, off: libc::off_t, addr: u64, len: usize) -> Result<(), c
         let want = buf.len().min(len - done);
         // SAFETY: `buf` has room for `want` bytes; the kernel validates `fd`.
         let n = unsafe {
-            libc::syscall(libc::SYS_pread64, fd, buf.as_mut_ptr(), want, off + done as i64)
+            libc::syscall(
+                libc::SYS_pread64,
+                fd,
+                buf.as_mut_ptr(),
+                want,
+                off + done as i64,
+            )
         };
         if n < 0 {
-            match std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) {
+            match std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+            {
                 libc::EINTR => continue,
                 libc::EBADF => return Err(libc::EBADF),
                 libc::ESPIPE | libc::EISDIR | libc::EINVAL => return Err(libc::ENODEV),

@@ -548,7 +548,10 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
     std::fs::write(dir.join("Heap.java"), JAVA_HEAP).unwrap();
     std::fs::write(dir.join("heap.js"), NODE_HEAP).unwrap();
     let javac = run_bounded(
-        Command::new("javac").arg("-d").arg(&dir).arg(dir.join("Heap.java")),
+        Command::new("javac")
+            .arg("-d")
+            .arg(&dir)
+            .arg(dir.join("Heap.java")),
         Duration::from_secs(120),
     );
     assert!(javac.status.success(), "{}", javac.stderr);
@@ -558,7 +561,10 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
         &["/usr/bin/node", js.to_str().unwrap(), "24"],
     ];
     for prog in programs {
-        let plain = run_bounded(Command::new(prog[0]).args(&prog[1..]), Duration::from_secs(120));
+        let plain = run_bounded(
+            Command::new(prog[0]).args(&prog[1..]),
+            Duration::from_secs(120),
+        );
         assert!(plain.status.success(), "{prog:?}: {}", plain.stderr);
         assert!(plain.stdout.starts_with("heap ok "), "{}", plain.stdout);
         for as_nobody in [false, true] {
@@ -583,7 +589,10 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
     // the kernel's) and keeps its heap in shared memory: the JVM runs, unpaged, and rmem says
     // why. Before, it freed and reserved views in the region until killed.
     let zgc = ["/usr/bin/java", "-XX:+UseZGC", "-cp", d, "Heap", "8"];
-    let plain = run_bounded(Command::new(zgc[0]).args(&zgc[1..]), Duration::from_secs(120));
+    let plain = run_bounded(
+        Command::new(zgc[0]).args(&zgc[1..]),
+        Duration::from_secs(120),
+    );
     assert!(plain.status.success(), "{}", plain.stderr);
     let stats = dir.join("stats-zgc.json");
     let out = run_bounded(
@@ -593,7 +602,8 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
     assert!(out.status.success(), "{:?}\n{}", out.status, out.stderr);
     assert_eq!(out.stdout, plain.stdout);
     assert!(
-        out.stderr.contains("shared or file mappings the program makes itself"),
+        out.stderr
+            .contains("shared or file mappings the program makes itself"),
         "{}",
         out.stderr
     );
