@@ -103,7 +103,7 @@ extern "C" fn at_exit() {
     }
     if let Some(rt) = current() {
         rt.flush_trace();
-        write_stats(rt);
+        write_stats(rt, true);
     }
 }
 
@@ -111,13 +111,16 @@ extern "C" fn at_exit() {
 /// go to `RMEM_STATS_JSON.PID`, beside the program's.
 static DESCENDANT: AtomicBool = AtomicBool::new(false);
 
-fn write_stats(rt: &Runtime) {
+/// Write `rt`'s statistics where `rmem run` asked (`RMEM_STATS_JSON`): `complete` at the
+/// program's exit; also when the runtime starts, incomplete, so that a program that ends
+/// without running its exit handlers (`_exit`) is not taken for one that never started it.
+fn write_stats(rt: &Runtime, complete: bool) {
     if let Ok(mut path) = std::env::var("RMEM_STATS_JSON") {
         if !path.is_empty() {
             if DESCENDANT.load(Ordering::Relaxed) {
                 path = format!("{path}.{}", std::process::id());
             }
-            if let Err(e) = rt.write_stats_json(&path) {
+            if let Err(e) = rt.write_stats_json(&path, complete) {
                 eprintln!("rmem: cannot write statistics to {path}: {e}");
             }
         }
@@ -180,6 +183,7 @@ fn init() -> Option<&'static Runtime> {
                 );
             }
             RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);
+            write_stats(rt, false);
             if !ATEXIT_REGISTERED.swap(true, Ordering::AcqRel) {
                 // SAFETY: registering a plain extern "C" fn with no captured state.
                 unsafe { libc::atexit(at_exit) };
@@ -286,7 +290,7 @@ pub extern "C" fn rmem_exit() {
         if !p.is_null() {
             // SAFETY: leaked runtime, never freed.
             let rt = unsafe { &*p };
-            write_stats(rt);
+            write_stats(rt, true);
             rt.shutdown();
         }
         own_servers::stop();

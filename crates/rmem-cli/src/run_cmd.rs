@@ -402,8 +402,19 @@ pub fn run(args: RunArgs) -> i32 {
     let elapsed = started.elapsed();
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     let children = children_summary(&stats_path, args.stats_json.is_some());
-    match std::fs::read_to_string(&stats_path) {
-        Ok(json) => {
+    let stats = std::fs::read_to_string(&stats_path).ok();
+    // Written when the runtime started and not again at the program's exit.
+    let incomplete = stats
+        .as_deref()
+        .is_some_and(|j| j.contains("\"complete\": false"));
+    // The runtime's own fatal exits (69: servers lost or a failed start; 71: its descriptor
+    // closed) have said why.
+    let rmem_exit = matches!(
+        status.code(),
+        Some(rmem_client::EXIT_SERVER_LOST | rmem_client::runtime::EXIT_DESCRIPTOR_LOST)
+    );
+    match stats {
+        Some(json) if !incomplete => {
             eprintln!("{}", summary(&json, elapsed));
             if let Some(line) = peak
                 .filter(|_| preload.is_some() && !args.children)
@@ -412,34 +423,30 @@ pub fn run(args: RunArgs) -> i32 {
                 eprintln!("{line}");
             }
         }
-        // The runtime starts at the program's first allocation of --min-alloc or more, and
-        // writes its statistics at exit: without them nothing was paged, which a user who
-        // asked for a budget should hear about. (Status 69 is the runtime's own fatal exit,
-        // a failed start among them, which has said why.)
         // A program ended by a signal had no exit to write them at: say that, not that
         // nothing was paged.
-        Err(_) if preload.is_some() && status.signal().is_some() => eprintln!(
+        _ if preload.is_some() && status.signal().is_some() => eprintln!(
             "rmem: no statistics: {} was ended by {} before it could write them",
             args.program[0],
             describe(status)
         ),
-        Err(_)
-            if children.is_none()
-                && preload.is_some()
-                && status.code() != Some(rmem_client::EXIT_SERVER_LOST) =>
-        {
-            eprintln!(
-                "rmem: nothing was paged: {} made no allocation of --min-alloc ({}) or more{}",
-                args.program[0],
-                args.min_alloc,
-                if args.children {
-                    ", nor did its child processes"
-                } else {
-                    " (its child processes, as a shell's commands, are paged only with --children)"
-                }
-            )
-        }
-        Err(_) => {}
+        _ if rmem_exit || children.is_some() || preload.is_none() => {}
+        // Shells end so (dash calls _exit).
+        Some(_) => eprintln!(
+            "rmem: no statistics: {} ended without running its exit handlers (it called _exit \
+             or _Exit, where the runtime writes them){}",
+            args.program[0],
+            children_note(args.children)
+        ),
+        // The runtime starts at the program's first allocation of --min-alloc or more: without
+        // a file from it nothing was paged, which a user who asked for a budget should hear
+        // about.
+        None => eprintln!(
+            "rmem: nothing was paged: {} made no allocation of --min-alloc ({}) or more{}",
+            args.program[0],
+            args.min_alloc,
+            children_note(args.children)
+        ),
     }
     if let Some(line) = children {
         eprintln!("{line}");
@@ -474,6 +481,15 @@ pub(crate) fn librmem_path() -> Result<PathBuf, String> {
                 candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
             )
         })
+}
+
+/// The end of a "no statistics" line: whether the program's children were paged.
+fn children_note(children: bool) -> &'static str {
+    if children {
+        ", nor did its child processes"
+    } else {
+        " (its child processes, as a shell's commands, are paged only with --children)"
+    }
 }
 
 /// What to tell a user whose program's peak resident set (`peak` bytes) was far above its

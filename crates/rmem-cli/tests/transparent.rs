@@ -183,8 +183,9 @@ fn gnu_sort_parallel_output_identical_user_mode_only() {
 }
 
 /// A shell's commands are the program's children: without `--children` they run unpaged and
-/// rmem says nothing was paged; with it, sort (a pipeline's stage, so a child of the shell,
-/// not an exec of it) is paged within its own budget and its output is sort's.
+/// rmem says it has no statistics from the shell (dash ends with _exit) and where its commands
+/// went; with it, sort (a pipeline's stage, so a child of the shell, not an exec of it) is paged
+/// within its own budget and its output is sort's.
 #[test]
 fn a_shell_s_commands_are_paged_with_children() {
     let dir = scratch("children");
@@ -204,10 +205,11 @@ fn a_shell_s_commands_are_paged_with_children() {
     );
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout == plain.stdout, "output differs under rmem");
+    // dash ends with _exit: rmem has no statistics from it, and says where its commands went.
     assert!(
         out.stderr
-            .contains("rmem: nothing was paged: sh made no allocation")
-            && out.stderr.contains("--children"),
+            .contains("rmem: no statistics: sh ended without running its exit handlers")
+            && out.stderr.contains("paged only with --children"),
         "{}",
         out.stderr
     );
@@ -245,7 +247,7 @@ fn a_shell_s_commands_are_paged_with_children() {
     );
     assert!(out.status.success(), "{}", out.stderr);
     assert!(
-        out.stderr.contains("nothing was paged") && !out.stderr.contains("paged too"),
+        out.stderr.contains("rmem: no statistics: sh") && !out.stderr.contains("paged too"),
         "{}",
         out.stderr
     );
@@ -297,6 +299,25 @@ fn a_program_killed_by_a_signal_is_not_said_to_have_paged_nothing() {
     assert!(
         out.stderr
             .contains("no statistics: /usr/bin/python3 was ended by signal 15"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("nothing was paged"), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A program that ends with `_exit` (Python's `os._exit`: no exit handlers run, so the
+/// runtime never writes its statistics at exit) is not said to have paged nothing: rmem says it
+/// ended without its exit handlers. Before, "nothing was paged: it made no allocation".
+#[test]
+fn a_program_ending_with_exit_underscore_is_not_said_to_have_paged_nothing() {
+    let dir = scratch("quick-exit");
+    let script = "import os\nb = bytearray(64 << 20)\nb[::4096] = b'x' * (16 << 10)\nos._exit(0)";
+    let out = python_at_16m(&dir, script, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no statistics: /usr/bin/python3 ended without running its exit handlers"),
         "{}",
         out.stderr
     );

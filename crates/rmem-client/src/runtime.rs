@@ -836,10 +836,14 @@ impl Runtime {
         self.stats.snapshot(self.page_size as usize, &self.policy)
     }
 
-    /// Write the statistics as JSON (atomically: to a temporary name, then renamed).
-    pub fn write_stats_json(&self, path: &str) -> std::io::Result<()> {
+    /// Write the statistics as JSON (atomically: to a temporary name, then renamed), with
+    /// `"complete": complete`: false for the file written when the runtime starts, which
+    /// stays if the program never runs its exit handlers (`_exit`), true at its exit.
+    pub fn write_stats_json(&self, path: &str, complete: bool) -> std::io::Result<()> {
         let tmp = format!("{path}.tmp");
-        std::fs::write(&tmp, self.stats().to_json())?;
+        let json = self.stats().to_json();
+        let json = json.replacen("{\n", &format!("{{\n  \"complete\": {complete},\n"), 1);
+        std::fs::write(&tmp, json)?;
         std::fs::rename(&tmp, path)
     }
 
