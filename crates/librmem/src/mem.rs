@@ -145,24 +145,20 @@ pub extern "C" fn mmap(
 /// addresses, maps shared memory into them, and tries other addresses until the kernel gives
 /// the one asked).
 fn remote_with(len: usize, prot: c_int) -> Option<*mut c_void> {
-    let rw = prot == libc::PROT_READ | libc::PROT_WRITE;
-    if !rw && current().is_some_and(|rt| round_up(len) > rt.capacity_bytes()) {
-        return None;
-    }
-    let p = crate::malloc::remote_mapping(len)?;
-    if rw {
+    if prot == libc::PROT_READ | libc::PROT_WRITE {
+        let p = crate::malloc::remote_mapping(len)?;
         return Some(if p.is_null() { libc::MAP_FAILED } else { p });
     }
-    if p.is_null() {
+    let rt = current()?;
+    if round_up(len) > rt.capacity_bytes() {
         return None;
     }
-    match current().map(|rt| crate::guard(|| rt.protect(p as u64, round_up(len), prot))) {
-        Some(Ok(())) => Some(p),
-        _ => {
-            munmap(p, len);
-            None
-        }
+    let p = crate::malloc::remote_mapping(len).filter(|p| !p.is_null())?;
+    if crate::guard(|| rt.protect(p as u64, round_up(len), prot)).is_err() {
+        munmap(p, len);
+        return None;
     }
+    Some(p)
 }
 
 /// `len` rounded up to whole pieces (the caller checked that it fits).
@@ -221,18 +217,13 @@ fn fixed_on_region(
         }
         return fail(libc::EINVAL);
     }
-    let rw = libc::PROT_READ | libc::PROT_WRITE;
     let done = crate::guard(|| {
-        // Writable first: the range's partial pages are zeroed by writing them.
-        rt.protect(a, b - a, rw)?;
         rt.discard(a, b - a, true);
         if !anon {
+            rt.protect(a, b - a, libc::PROT_READ | libc::PROT_WRITE)?;
             copy_file(fd, off, start, len)?;
         }
-        if prot != rw {
-            rt.protect(a, b - a, prot)?;
-        }
-        Ok::<(), c_int>(())
+        rt.protect(a, b - a, prot)
     });
     match done {
         Ok(()) => addr,
@@ -241,7 +232,7 @@ fn fixed_on_region(
 }
 
 /// Write the bytes of `fd` from `off` over `[addr, addr+len)` of the region (writable, zero),
-/// up to the file's end. Err: the errno mmap(2) gives for such a file.
+/// up to the file's end. Err: the errno of the read (ENODEV where the file cannot be mapped).
 fn copy_file(fd: c_int, off: libc::off_t, addr: u64, len: usize) -> Result<(), c_int> {
     // Local memory (librmem's allocator is the C library's), read by the kernel.
     let mut buf = vec![0u8; len.min(1 << 20)];
@@ -264,9 +255,9 @@ fn copy_file(fd: c_int, off: libc::off_t, addr: u64, len: usize) -> Result<(), c
                 .unwrap_or(libc::EIO)
             {
                 libc::EINTR => continue,
-                libc::EBADF => return Err(libc::EBADF),
+                // Not a file that can be mapped.
                 libc::ESPIPE | libc::EISDIR | libc::EINVAL => return Err(libc::ENODEV),
-                _ => return Err(libc::EACCES),
+                e => return Err(e),
             }
         }
         if n == 0 {

@@ -406,7 +406,8 @@ pub fn run(args: RunArgs) -> i32 {
     // Written when the runtime started and not again at the program's exit.
     let incomplete = stats
         .as_deref()
-        .is_some_and(|j| j.contains("\"complete\": false"));
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())
+        .is_some_and(|v| v["complete"] == false);
     // The runtime's own fatal exits (69: servers lost or a failed start; 71: its descriptor
     // closed) have said why.
     let rmem_exit = matches!(

@@ -841,9 +841,7 @@ impl Runtime {
     /// stays if the program never runs its exit handlers (`_exit`), true at its exit.
     pub fn write_stats_json(&self, path: &str, complete: bool) -> std::io::Result<()> {
         let tmp = format!("{path}.tmp");
-        let json = self.stats().to_json();
-        let json = json.replacen("{\n", &format!("{{\n  \"complete\": {complete},\n"), 1);
-        std::fs::write(&tmp, json)?;
+        std::fs::write(&tmp, self.stats().to_json_complete(complete))?;
         std::fs::rename(&tmp, path)
     }
 

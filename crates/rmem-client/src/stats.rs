@@ -211,7 +211,19 @@ pub struct StatsSnapshot {
 impl StatsSnapshot {
     /// The JSON report written by `--stats-json`.
     pub fn to_json(&self) -> String {
+        self.json(None)
+    }
+
+    /// The report with `"complete"` first: whether it was written at the program's exit.
+    pub fn to_json_complete(&self, complete: bool) -> String {
+        self.json(Some(complete))
+    }
+
+    fn json(&self, complete: Option<bool>) -> String {
         let mut s = String::from("{\n");
+        if let Some(c) = complete {
+            let _ = writeln!(s, "  \"complete\": {c},");
+        }
         let ints = [
             ("swap_ins", self.swap_ins),
             ("swap_outs", self.swap_outs),
@@ -354,5 +366,10 @@ mod tests {
             snap.fault_us_p99
         );
         assert!(snap.to_json().contains("\"policy\": \"fifo\""));
+        assert!(!snap.to_json().contains("complete"));
+        for c in [true, false] {
+            let j = snap.to_json_complete(c);
+            assert!(j.starts_with(&format!("{{\n  \"complete\": {c},\n")), "{j}");
+        }
     }
 }
