@@ -53,6 +53,12 @@ pub struct RunArgs {
     /// Prefetch ahead of sequential and strided fault streams: on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub prefetch: String,
+    /// Fetch a read fault's 4 KiB piece alone where no stream of faults reaches it (random
+    /// access), the rest of the page only when more of it is wanted: on or off. Works where
+    /// every page is one unsealed copy (`--redundancy none`, not encrypted); elsewhere
+    /// pages are always fetched whole.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub sub_page: String,
     /// Strict accounting: an allocation beyond the servers' capacity fails (malloc and
     /// rmem_alloc return NULL) instead of taking capacity only when its pages are written
     /// back (overcommit, the default).
@@ -310,6 +316,7 @@ pub fn run(args: RunArgs) -> i32 {
             config.policy_params.history_ratio.to_string(),
         )
         .env("RMEM_PREFETCH", &args.prefetch)
+        .env("RMEM_SUB_PAGE", &args.sub_page)
         .env(
             "RMEM_OVERCOMMIT",
             if args.no_overcommit { "0" } else { "1" },
@@ -626,8 +633,12 @@ fn summary(json: &str, elapsed: Duration) -> String {
         0 => String::new(),
         u => format!(" ({u} of them zero pages, not written back)"),
     };
+    let pieces = match n("sub_page_fetches") {
+        0 => String::new(),
+        p => format!(", {p} pieces of 4 KiB"),
+    };
     format!(
-        "rmem: {:.2} s, {} faults ({} swap-ins, {} zero-fills), {} swap-outs, {} evictions{unchanged}\n\
+        "rmem: {:.2} s, {} faults ({} swap-ins{pieces}, {} zero-fills), {} swap-outs, {} evictions{unchanged}\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
          rmem: fault latency p50 {:.1} us, p99 {:.1} us{replaced}",
         elapsed.as_secs_f64(),

@@ -266,6 +266,7 @@ impl BlockCache {
                         write: true,
                         t0: Instant::now(),
                         prefetched: false,
+                        piece: None,
                     },
                 );
                 return Ok(Step::Wait);
@@ -282,8 +283,11 @@ impl BlockCache {
                 self.c.buffer_of[&page]
             }
             PageState::SyncingDirty => self.c.buffer_of[&page],
-            PageState::ForkedClean | PageState::ForkedZero => {
-                unreachable!("page {} forked: the block cache never forks", page.0)
+            PageState::ForkedClean | PageState::ForkedZero | PageState::Partial => {
+                unreachable!(
+                    "page {} forked or partial: the block cache never forks or maps pieces",
+                    page.0
+                )
             }
         };
         rmem_copy::copy(&mut self.c.buf_mut(b)[off..off + data.len()], data);
@@ -326,8 +330,11 @@ impl BlockCache {
             | PageState::LeavingWanted
             | PageState::Syncing
             | PageState::SyncingDirty => return Ok(Step::Wait),
-            PageState::ForkedClean | PageState::ForkedZero => {
-                unreachable!("page {} forked: the block cache never forks", page.0)
+            PageState::ForkedClean | PageState::ForkedZero | PageState::Partial => {
+                unreachable!(
+                    "page {} forked or partial: the block cache never forks or maps pieces",
+                    page.0
+                )
             }
         }
         Ok(Step::Done)
@@ -406,6 +413,7 @@ impl BlockCache {
                 write,
                 t0: Instant::now(),
                 prefetched: false,
+                piece: None,
             },
         );
         self.c.buffer_of.insert(page, b);

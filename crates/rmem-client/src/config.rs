@@ -74,6 +74,9 @@ pub struct Config {
     pub trace: Option<String>,
     /// Prefetch ahead of sequential and strided fault streams.
     pub prefetch: bool,
+    /// A read fault away from every fault stream fetches its 4 KiB piece alone, where pages
+    /// are kept unsealed on one server (`RMEM_SUB_PAGE`).
+    pub sub_page: bool,
     /// Capacity is taken when pages are written back, not when memory is allocated (like
     /// Linux's overcommit); off (`RMEM_OVERCOMMIT=0`), an allocation beyond the servers'
     /// capacity fails.
@@ -113,6 +116,7 @@ impl Default for Config {
             policy_params: rmem_policy::PolicyParams::default(),
             trace: None,
             prefetch: true,
+            sub_page: true,
             overcommit: true,
             pull: true,
             redundancy: None,
@@ -350,6 +354,7 @@ impl Config {
                 }
             },
             prefetch: on_off_var("RMEM_PREFETCH", d.prefetch)?,
+            sub_page: on_off_var("RMEM_SUB_PAGE", d.sub_page)?,
             overcommit: on_off_var("RMEM_OVERCOMMIT", d.overcommit)?,
             pull: on_off_var("RMEM_PULL", d.pull)?,
             redundancy: match var("RMEM_REDUNDANCY").as_deref() {

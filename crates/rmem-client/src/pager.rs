@@ -299,6 +299,15 @@ struct Core {
     blocked: VecDeque<(Fault, Instant)>,
     /// Stride detector, when prefetching is on.
     prefetcher: Option<Prefetcher>,
+    /// A read fault on a remote page away from any fault stream fetches only its 4 KiB
+    /// piece (`--sub-page`, where the store has part reads).
+    sub_page: bool,
+    /// Per [`DENSITY_PAGES`] pages of the region, whether its partial pages are wanted
+    /// whole soon after (+1 each) or leave with their few pieces (-1 each), saturating at
+    /// [`DENSITY_MAX`]: above 0, faults there fetch whole pages from the start.
+    density: Vec<i8>,
+    /// Scattered faults in dense regions so far (see [`Core::dense`]).
+    probe: u64,
     /// Parts of the region the program made other than read-write (mprotect).
     protections: Protections,
     zeros: Vec<u8>,
@@ -320,6 +329,19 @@ fn all_zero(data: &[u8]) -> bool {
     data.chunks(256)
         .all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
+
+/// A partial page faulted on again within this many fetches of its last piece is fetched
+/// whole: the program works on it (a sort's merge on the lines of a few pages), where random
+/// access over many pages comes back to a page only after many faults elsewhere.
+const DENSE_WITHIN: u64 = 64;
+
+/// Pages per region of [`Core::density`] (16 MiB of 64 KiB pages): an allocation's worth,
+/// small enough that a program's arrays and its random-access structures mostly fall apart.
+const DENSITY_PAGES: u64 = 256;
+/// Bound of a region's density score: this many more outcomes of the other kind turn it.
+const DENSITY_MAX: i8 = 8;
+/// One scattered fault in this many in a dense region fetches a piece all the same.
+const DENSE_PROBE: u64 = 8;
 
 /// Pages to evict beyond the one needed: none for small budgets, where every page counts,
 /// up to 15 (one 16-page batch) from 1024 resident pages.
@@ -363,6 +385,9 @@ pub struct PagerSetup {
     pub trace: Option<TraceOut>,
     /// Most pages to prefetch ahead of a fault stream; 0: no prefetching.
     pub prefetch_window_max: u64,
+    /// Fetch a scattered read fault's 4 KiB piece alone, where the store can
+    /// ([`PageStore::part_reads`]) and a page has 2 to 64 pieces.
+    pub sub_page: bool,
 }
 
 impl Pager {
@@ -373,6 +398,12 @@ impl Pager {
             page_size: s.page_size,
         };
         let slots = s.staging.available() as u64;
+        let pieces = s.page_size / PIECE;
+        let sub_page = s.sub_page && s.store.part_reads() && (2..=64).contains(&pieces);
+        let mut pages = PageStates::new(s.policy, locked_max(s.budget_pages - slots));
+        if sub_page {
+            pages.set_pieces(pieces);
+        }
         assert!(
             s.budget_pages > slots,
             "budget must exceed the staging slots"
@@ -384,7 +415,7 @@ impl Pager {
                 staging: s.staging,
                 uffd: s.uffd,
                 geo,
-                pages: PageStates::new(s.policy, locked_max(s.budget_pages - slots)),
+                pages,
                 resident_max: s.budget_pages - slots,
                 evict_ahead: evict_ahead(s.budget_pages - slots),
                 drops: Vec::new(),
@@ -395,6 +426,13 @@ impl Pager {
                 blocked: VecDeque::new(),
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
+                sub_page,
+                density: if sub_page {
+                    vec![0; (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1]
+                } else {
+                    Vec::new()
+                },
+                probe: 0,
                 protections: Protections::default(),
             },
             store: s.store,
@@ -636,6 +674,7 @@ impl Pager {
     /// pager's own table (None where that fails: the snapshot is then freed by its lease).
     fn park_for_fork(&mut self, watch: RawFd) -> Result<(Parked, Option<OwnedFd>), PagerError> {
         assert!(self.core.drops.is_empty(), "clean victims left undropped");
+        self.core.drop_pieces()?;
         for p in self.core.frees.drain(..) {
             self.store.free(p)?;
         }
@@ -841,8 +880,21 @@ impl Core {
         src: *const u8,
         write_protect: bool,
     ) -> Result<(), PagerError> {
-        let addr = self.addr(page);
-        let Copied::Around(present) = self.uffd.copy(addr, src, self.ps(), write_protect)? else {
+        self.install_at(page, 0, src, self.ps(), write_protect)
+    }
+
+    /// Install `len` bytes of `page` from offset `at` (whole 4 KiB pieces), from `src` (the
+    /// bytes of that part), as [`Core::install`] does for a whole page.
+    fn install_at(
+        &mut self,
+        page: PageIndex,
+        at: u64,
+        src: *const u8,
+        len: u64,
+        write_protect: bool,
+    ) -> Result<(), PagerError> {
+        let addr = self.addr(page) + at;
+        let Copied::Around(present) = self.uffd.copy(addr, src, len, write_protect)? else {
             return Ok(());
         };
         Stats::add(&self.stats.pieces_replaced, present.len() as u64);
@@ -862,6 +914,44 @@ impl Core {
                     addr: addr + off,
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// Map a partial page fetched whole: its missing pieces from `src`, around the pieces
+    /// `present` (mapped write-protected from the same server copy, and unwritten: a write
+    /// to one is what fetched the page whole). Writable if `write`: the present pieces lose
+    /// their write protection then, which wakes the thread that wrote.
+    fn install_around(
+        &mut self,
+        page: PageIndex,
+        src: *const u8,
+        present: u64,
+        write: bool,
+    ) -> Result<(), PagerError> {
+        let n = self.pieces();
+        let mut i = 0;
+        while i < n {
+            if present & (1 << i) != 0 {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && present & (1 << i) == 0 {
+                i += 1;
+            }
+            let at = start * PIECE;
+            self.install_at(
+                page,
+                at,
+                src.wrapping_add(at as usize),
+                (i - start) * PIECE,
+                !write,
+            )?;
+        }
+        if write {
+            self.uffd
+                .write_protect(self.addr(page), self.ps(), false, false)?;
         }
         Ok(())
     }
@@ -905,10 +995,15 @@ impl Core {
             write: f.write,
             t0,
             prefetched: false,
+            piece: None,
         };
         match self.pages.get(page) {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
-            PageState::Remote => self.fault_remote(store, page, f, t0),
+            PageState::Remote => {
+                let piece = self.piece_for(page, &f);
+                self.fault_remote(store, page, f, t0, piece)
+            }
+            PageState::Partial => self.fault_partial(store, page, f, t0),
             PageState::Filling => self.fault_filling(store, page, fill),
             PageState::ZeroClean
             | PageState::Clean
@@ -947,44 +1042,207 @@ impl Core {
         Ok(())
     }
 
-    /// A page only a server holds: fetch it and, if the budget is full, evict a victim while
-    /// the fetch travels.
-    fn fault_remote(
+    /// The piece of `page` a fault on it fetches alone, or None to fetch the whole page: a
+    /// read away from every fault stream (random access: a hash table's lookup, a sort's
+    /// comparison, a garbage collector's mark) brings 4 KiB in a round trip of its own size
+    /// where the whole page would bring 16 times that for one word. A write fetches the
+    /// whole page, as does a fault that continues a stream (or starts one beside pages on
+    /// their way); the first page of a new stream costs one piece's round trip more.
+    fn piece_for(&mut self, page: PageIndex, f: &Fault) -> Option<u8> {
+        let piece = (f.address - self.addr(page)) / PIECE;
+        if !self.sub_page || f.write || self.near_stream(page, piece) || self.dense(page) {
+            return None;
+        }
+        Some(piece as u8)
+    }
+
+    /// Whether the pages around `page` have been wanted whole after a first piece. Every
+    /// [`DENSE_PROBE`]th scattered fault there takes a piece all the same, so that what is
+    /// learnt follows the program's phases (a matrix product over an array, then random
+    /// gathers from it).
+    fn dense(&mut self, page: PageIndex) -> bool {
+        if self.density[(page.0 / DENSITY_PAGES) as usize] <= 0 {
+            return false;
+        }
+        self.probe += 1;
+        !self.probe.is_multiple_of(DENSE_PROBE)
+    }
+
+    /// A partial page was wanted whole (`true`) or left with only its pieces.
+    fn learn_density(&mut self, page: PageIndex, whole: bool) {
+        let d = &mut self.density[(page.0 / DENSITY_PAGES) as usize];
+        *d = if whole {
+            (*d + 1).min(DENSITY_MAX)
+        } else {
+            (*d - 1).max(-DENSITY_MAX)
+        };
+    }
+
+    /// Whether a fault on piece `piece` of `page` continues a stream of faults: the
+    /// prefetcher follows one there, or the fault is at the edge of the page next to a
+    /// neighbour that is here whole or on its way whole (a scan enters a page at its first
+    /// piece going up, its last going down). The prefetcher follows 16 streams, and a
+    /// program's random faults push its sequential ones out of them (a sort's merge reads its
+    /// runs in order between thousands of random faults on the lines they point to); a random
+    /// fault is at a page's edge one time in eight.
+    fn near_stream(&self, page: PageIndex, piece: u64) -> bool {
+        if self.prefetcher.as_ref().is_some_and(|p| p.near(page.0)) {
+            return true;
+        }
+        let whole = |q: u64| {
+            let q = PageIndex(q);
+            match self.pages.get(q) {
+                PageState::Filling => self.pages.present(q) == 0,
+                PageState::Partial => false,
+                s => s.is_mapped(),
+            }
+        };
+        (piece == 0 && page.0 > 0 && whole(page.0 - 1))
+            || (piece + 1 == self.pieces() && whole(page.0 + 1))
+    }
+
+    /// A fault on a page that holds some of its pieces: a read of another piece fetches
+    /// that piece, unless the page is wanted densely (its last piece came fewer than
+    /// [`DENSE_WITHIN`] fetches ago, or was its neighbour: a scan; or half the page is here;
+    /// or a stream of faults reaches it): then the whole page comes, as it does for a
+    /// write (the only thing a write-protect fault here can be), and is mapped around the
+    /// pieces already there. Room is made first; where that drops this very page, the fault
+    /// is served as one on a remote page.
+    fn fault_partial(
         &mut self,
         store: &mut dyn PageStore,
         page: PageIndex,
         f: Fault,
         t0: Instant,
     ) -> Result<(), PagerError> {
+        let i = (f.address - self.addr(page)) / PIECE;
+        let write = f.write || f.write_protect;
+        if self.pages.present(page) & (1 << i) != 0 && !write {
+            if !self.piece_missing(f.address) {
+                // A message queued before the piece was mapped: the thread retries.
+                self.uffd.wake(self.addr(page), self.ps())?;
+                return Ok(());
+            }
+            // The program dropped the piece with a raw madvise(2) system call (librmem's
+            // madvise never lets one reach the region): it comes again from the server's copy
+            // (Linux would give zeros; a piece never fetched and dropped so cannot be told
+            // from one not fetched yet, so both read the copy: docs/configuration.md).
+            self.pages.lose_piece(page, i as u8);
+        }
+        let have = self.pages.present(page);
+        let soon = self
+            .pages
+            .last_piece(page)
+            .is_some_and(|(_, ago)| ago < DENSE_WITHIN);
+        let whole = write
+            || soon
+            || u64::from(have.count_ones()) * 2 >= self.pieces()
+            || self.near_stream(page, i);
+        let piece = (!whole).then_some(i as u8);
+        // Room first, as for a remote page. It may be made by dropping this very page (it is
+        // in the policy): the fault is then one on a remote page.
+        let need = match piece {
+            Some(_) => 1,
+            None => self.pieces() - u64::from(have.count_ones()),
+        };
+        let room = self.resident_max * self.pages.pieces();
+        if self.pages.resident_units() + need > room {
+            let ahead = self.evict_ahead * self.pages.pieces();
+            self.evict_down_to_units(room.saturating_sub(need + ahead), store)?;
+            if self.pages.get(page) != PageState::Partial {
+                return self.fault(store, f, t0);
+            }
+            if self.pages.resident_units() + need > room {
+                self.blocked.push_back((f, t0));
+                return Ok(());
+            }
+        }
+        if soon {
+            self.learn_density(page, true);
+        }
+        self.pages.missed(page);
+        self.pages.begin_fill(
+            page,
+            Fill {
+                write,
+                t0,
+                prefetched: false,
+                piece,
+            },
+        );
+        match piece {
+            Some(i) => store.fetch_part(page, u32::from(i) * PIECE as u32, PIECE as u32)?,
+            None => store.fetch(page)?,
+        }
+        store.flush()?;
+        self.update_local_bytes();
+        self.prefetch_after(page, store, t0)
+    }
+
+    fn pieces(&self) -> u64 {
+        self.ps() / PIECE
+    }
+
+    /// A page only a server holds: fetch it (or only its piece `piece`) and, if the budget
+    /// is full, evict a victim while the fetch travels.
+    fn fault_remote(
+        &mut self,
+        store: &mut dyn PageStore,
+        page: PageIndex,
+        f: Fault,
+        t0: Instant,
+        piece: Option<u8>,
+    ) -> Result<(), PagerError> {
         self.pages.missed(page);
         if !self.shrink_to(self.resident_max, store)? {
             self.blocked.push_back((f, t0));
             return Ok(());
         }
-        let victim = if self.resident() >= self.resident_max {
+        // One victim makes room for a page, unless it is partial: it gives back only its
+        // pieces, so partial victims (clean, dropped together below) are taken until there is
+        // room or a whole victim comes.
+        let need = if piece.is_some() {
+            1
+        } else {
+            self.pages.pieces()
+        };
+        let room = self.resident_max * self.pages.pieces();
+        let mut dropping: u64 = self.drops.iter().map(|&v| self.pages.units_of(v)).sum();
+        let mut victim = None;
+        while self.pages.resident_units() - dropping + need > room {
             match self.pick_victim() {
-                Some(v) => Some(v),
+                Some(v) if self.pages.get(v) == PageState::Partial => {
+                    dropping += self.pages.units_of(v);
+                    self.drops.push(v);
+                }
+                Some(v) => {
+                    victim = Some(v);
+                    break;
+                }
                 None => {
+                    self.drop_clean()?;
                     self.blocked.push_back((f, t0));
                     return Ok(());
                 }
             }
-        } else {
-            None
-        };
+        }
         let fill = Fill {
             write: f.write,
             t0,
             prefetched: false,
+            piece,
         };
         self.pages.begin_fill(page, fill);
         // Where the store sends a fetch as cheaply alone as with the victim's write-back, it
         // goes out first and the victim is dealt with while it travels: a dirty one moved out
         // of the program's view (a TLB flush), sealed and queued, a clean one dropped with a
-        // few more, so the next faults need not evict.
-        let ahead = store.fetch_ahead();
+        // few more, so the next faults need not evict. A piece's fetch always goes first.
+        let ahead = piece.is_some() || store.fetch_ahead();
         if ahead {
-            store.fetch(page)?;
+            match piece {
+                Some(i) => store.fetch_part(page, u32::from(i) * PIECE as u32, PIECE as u32)?,
+                None => store.fetch(page)?,
+            }
             store.flush()?;
         }
         let out = match victim {
@@ -1017,6 +1275,8 @@ impl Core {
                 }
             }
         }
+        // Partial victims taken above and not dropped yet.
+        self.drop_clean()?;
         self.update_local_bytes();
         self.prefetch_after(page, store, t0)
     }
@@ -1100,6 +1360,7 @@ impl Core {
                     write: false,
                     t0: now,
                     prefetched: true,
+                    piece: None,
                 },
             );
             store.fetch(q)?;
@@ -1134,10 +1395,22 @@ impl Core {
     /// Evict until at most `target` pages are resident or no victim is free, then drop the
     /// clean victims (with any already in `drops`) together.
     fn evict_down_to(&mut self, target: u64, store: &mut dyn PageStore) -> Result<(), PagerError> {
-        while self.resident() - self.drops.len() as u64 > target {
+        self.evict_down_to_units(target * self.pages.pieces(), store)
+    }
+
+    /// [`Core::evict_down_to`] counted in the units of [`PageStates::resident_units`]
+    /// (pieces where a partial page gives back only its own).
+    fn evict_down_to_units(
+        &mut self,
+        target: u64,
+        store: &mut dyn PageStore,
+    ) -> Result<(), PagerError> {
+        let mut dropping: u64 = self.drops.iter().map(|&v| self.pages.units_of(v)).sum();
+        while self.pages.resident_units() - dropping > target {
             let Some(v) = self.pick_victim() else {
                 break;
             };
+            dropping += self.pages.units_of(v);
             let out = if self.pages.get(v).may_be_dirty() {
                 self.move_out(v)?
             } else {
@@ -1145,12 +1418,13 @@ impl Core {
             };
             match out {
                 Out::Staged(slot) => {
+                    dropping -= self.pages.pieces();
                     // SAFETY: the slot was just filled and is held until the write completes.
                     let data = unsafe { self.staging.bytes(slot) };
                     store.store(v, data)?;
                 }
                 Out::Unwritten => self.drops.push(v),
-                Out::Unchanged => {}
+                Out::Unchanged => dropping -= self.pages.pieces(),
             }
         }
         self.drop_clean()
@@ -1165,6 +1439,12 @@ impl Core {
         let mut addrs = std::mem::take(&mut self.drop_addrs);
         addrs.clear();
         addrs.extend(self.drops.iter().map(|&v| self.geo.addr_of(v)));
+        for i in 0..self.drops.len() {
+            let v = self.drops[i];
+            if self.pages.get(v) == PageState::Partial {
+                self.learn_density(v, false);
+            }
+        }
         // A thread writing one right now is blocked on write protection; after the drop its
         // write-protect fault finds the page gone, is woken, and faults it back in.
         let r = self.dropper.discard(&self.region, &addrs, self.ps());
@@ -1175,6 +1455,25 @@ impl Core {
             Stats::add(&self.stats.evictions, 1);
         }
         Ok(())
+    }
+
+    /// Before a fork: no page keeps some of its pieces. A fork child's pages are mapped
+    /// without write protection, so a piece the child inherited could be written unseen and
+    /// then overwritten by the rest of its page. Partial pages are dropped (they are clean);
+    /// those being fetched lose their pieces, and their fetch installs every piece.
+    fn drop_pieces(&mut self) -> Result<(), PagerError> {
+        for p in self.pages.pieced_pages() {
+            if self.pages.get(p) == PageState::Partial {
+                self.pages.take_out(p);
+                self.drops.push(p);
+            } else {
+                self.region
+                    .discard(self.addr(p), self.ps())
+                    .map_err(PagerError::Madvise)?;
+                self.pages.forget_pieces(p);
+            }
+        }
+        self.drop_clean()
     }
 
     /// Move a victim that may be dirty out of the region into a staging slot, atomically with
@@ -1268,14 +1567,34 @@ impl Core {
                 }
                 self.uffd.wake(self.addr(page), self.ps())?;
             }
-            Landed::Map { write, fill, slot } => {
+            Landed::Piece { piece, fill } => {
+                let data = data.expect("a piece comes from a fetch");
+                assert_eq!(data.len() as u64, PIECE, "page {} piece {piece}", page.0);
+                self.install_at(page, u64::from(piece) * PIECE, data.as_ptr(), PIECE, true)?;
+                // Threads that wait on other pieces of the page fault again, on them.
+                self.uffd.wake(self.addr(page), self.ps())?;
+                Stats::add(&self.stats.sub_page_fetches, 1);
+                Stats::add(&self.stats.bytes_fetched, PIECE);
+                Stats::add(&self.stats.faults, 1);
+                self.stats.record_fault(fill.t0.elapsed());
+            }
+            Landed::Map {
+                write,
+                fill,
+                slot,
+                present,
+            } => {
                 let src = match (data, slot) {
                     (Some(d), _) => d.as_ptr(),
                     // SAFETY: the slot holds the page's contents until released just below.
                     (None, Some(s)) => unsafe { self.staging.bytes(s) }.as_ptr(),
                     (None, None) => unreachable!("a page mapped from nothing"),
                 };
-                self.install(page, src, !write)?;
+                if present == 0 {
+                    self.install(page, src, !write)?;
+                } else {
+                    self.install_around(page, src, present, write)?;
+                }
                 if let Some(slot) = slot {
                     self.staging.release(slot).map_err(PagerError::Madvise)?;
                 }

@@ -61,6 +61,9 @@ pub enum PageState {
     /// As `ForkedClean` for a page the parent had zero-filled and never written: no server
     /// copy.
     ForkedZero = 11,
+    /// Some 4 KiB pieces of a remote page are mapped, write-protected, from the server's
+    /// copy; the rest are not populated (a sub-page fetch: state.rs keeps which).
+    Partial = 12,
 }
 
 impl PageState {
@@ -78,6 +81,7 @@ impl PageState {
             9 => PageState::SyncingDirty,
             10 => PageState::ForkedClean,
             11 => PageState::ForkedZero,
+            12 => PageState::Partial,
             _ => unreachable!("corrupt page state {v}"),
         }
     }
@@ -96,6 +100,7 @@ impl PageState {
                 | PageState::Dirty
                 | PageState::ForkedClean
                 | PageState::ForkedZero
+                | PageState::Partial
         )
     }
 
@@ -136,6 +141,9 @@ impl PageState {
                 | (ForkedClean, Dirty)
                 | (ForkedZero, Leaving)
                 | (ForkedZero, Dirty)
+                | (Filling, Partial)
+                | (Partial, Filling)
+                | (Partial, Remote)
                 | (_, Untouched)
         )
     }

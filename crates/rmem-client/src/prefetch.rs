@@ -139,6 +139,14 @@ impl Prefetcher {
         }
     }
 
+    /// Whether a fault on `page` would continue a stream, or is next to one's last fault (it
+    /// may be the second fault of a new one).
+    pub fn near(&self, page: u64) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.continued_by(page) || s.last.abs_diff(page) == 1)
+    }
+
     /// A remote fault on `page`; `here(q)`: page `q` is resident or on its way. Returns the
     /// pages to prefetch now, nearest first.
     pub fn on_fault(&mut self, page: u64, here: impl Fn(u64) -> bool) -> Plan {

@@ -259,6 +259,7 @@ impl Runtime {
             heartbeat: config.heartbeat,
             trace,
             prefetch_window_max,
+            sub_page: config.sub_page && !tracing,
         });
         let on_fatal: Arc<dyn Fn(&str) + Send + Sync> = Arc::from(on_fatal);
         let (handle, shared) = spawn_pager(pager, on_fatal.clone(), Start::Wait)?;

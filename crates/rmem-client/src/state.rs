@@ -26,6 +26,8 @@ pub struct Fill {
     pub t0: Instant,
     /// Fetched ahead by the prefetcher, and no thread has touched it yet.
     pub prefetched: bool,
+    /// A sub-page fetch: only this 4 KiB piece of the page is on its way.
+    pub piece: Option<u8>,
 }
 
 /// A write-back in flight: the staging slot that holds the page, and the fault that wants it
@@ -48,7 +50,12 @@ pub enum Landed {
         write: bool,
         fill: Fill,
         slot: Option<u32>,
+        /// The 4 KiB pieces already mapped (a partial page fetched whole): only the others
+        /// are to be installed.
+        present: u64,
     },
+    /// One 4 KiB piece arrived: map it write-protected; the page is [`PageState::Partial`].
+    Piece { piece: u8, fill: Fill },
     /// Written back and not wanted: it is remote now; free its slot.
     Remote { slot: u32 },
     /// Written back and wanted: it waits in the reinstall queue.
@@ -67,6 +74,14 @@ pub enum Freed {
     Remote,
     /// A fetch or write-back is in flight: finished when it lands ([`Landed::Released`]).
     Later,
+}
+
+/// The pieces a page holds (a bit each), the one fetched last, and when (in fetches).
+#[derive(Clone, Copy, Debug, Default)]
+struct Part {
+    mask: u64,
+    last: u8,
+    at: u64,
 }
 
 pub struct PageStates {
@@ -88,6 +103,20 @@ pub struct PageStates {
     /// is all zeros again when evicted needs no write-back ([`PageStates::unchanged`]).
     /// Only ever mapped pages: every transition that unmaps one takes it out.
     zero_origin: HashSet<PageIndex>,
+    /// The 4 KiB pieces mapped of each page that has some but is not mapped whole: a Partial
+    /// page, or one being filled after it was Partial. Pages here count against the budget by
+    /// their pieces (`part_pages`, `part_units`), not as whole pages, except while a whole
+    /// fetch is in flight for them (`promoting`).
+    parts: HashMap<PageIndex, Part>,
+    /// Pages in `parts` being fetched whole: they count as whole pages.
+    promoting: HashSet<PageIndex>,
+    /// Pages counted by pieces, and their pieces (mapped, or in flight).
+    part_pages: u64,
+    part_units: u64,
+    /// 4 KiB pieces per page (1: no sub-page fetches).
+    pieces: u64,
+    /// Fetches landed so far: the clock of `Part::at`.
+    fetches: u64,
 }
 
 impl PageStates {
@@ -103,6 +132,47 @@ impl PageStates {
             locked: HashSet::new(),
             locked_max,
             zero_origin: HashSet::new(),
+            parts: HashMap::new(),
+            promoting: HashSet::new(),
+            part_pages: 0,
+            part_units: 0,
+            pieces: 1,
+            fetches: 0,
+        }
+    }
+
+    /// Pages may be fetched a 4 KiB piece at a time: `pieces` per page (at most 64).
+    pub fn set_pieces(&mut self, pieces: u64) {
+        assert!((1..=64).contains(&pieces), "{pieces} pieces per page");
+        self.pieces = pieces;
+    }
+
+    /// The pieces of `page` mapped now (0 for a page not partial).
+    pub fn present(&self, page: PageIndex) -> u64 {
+        self.parts.get(&page).map_or(0, |p| p.mask)
+    }
+
+    /// The piece of `page` fetched last, if it holds any, and how many fetches landed since.
+    pub fn last_piece(&self, page: PageIndex) -> Option<(u8, u64)> {
+        self.parts
+            .get(&page)
+            .filter(|p| p.mask != 0)
+            .map(|p| (p.last, self.fetches - p.at))
+    }
+
+    /// The pages that hold some pieces: Partial, or being fetched after they were.
+    pub fn pieced_pages(&self) -> Vec<PageIndex> {
+        let mut v: Vec<PageIndex> = self.parts.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Take a mapped page out of the policy to drop it (as a victim is).
+    pub fn take_out(&mut self, page: PageIndex) {
+        assert!(self.get(page).is_mapped(), "page {} taken out", page.0);
+        if !self.locked.contains(&page) {
+            self.policy.remove(page);
+            self.in_policy -= 1;
         }
     }
 
@@ -110,9 +180,32 @@ impl PageStates {
         self.table.get(page)
     }
 
-    /// Pages holding local memory: mapped, being filled, or staged.
+    /// Pages holding local memory: mapped, being filled, or staged; a page that holds only
+    /// some 4 KiB pieces counts as that part of a page (rounded up over all such pages).
     pub fn local(&self) -> u64 {
-        self.table.local_pages()
+        self.table.local_pages() - self.part_pages + self.part_units.div_ceil(self.pieces)
+    }
+
+    /// What is mapped or being filled, in 4 KiB pieces where pages may be fetched by the
+    /// piece (else in pages): the budget's exact count, where [`PageStates::resident`]
+    /// rounds up.
+    pub fn resident_units(&self) -> u64 {
+        (self.table.local_pages() - self.leaving.len() as u64 - self.part_pages) * self.pieces
+            + self.part_units
+    }
+
+    /// What dropping the mapped `page` gives back, in the units of
+    /// [`PageStates::resident_units`].
+    pub fn units_of(&self, page: PageIndex) -> u64 {
+        match self.get(page) {
+            PageState::Partial => u64::from(self.present(page).count_ones()),
+            _ => self.pieces,
+        }
+    }
+
+    /// Pieces per page: the unit of [`PageStates::resident_units`] (1: whole pages).
+    pub fn pieces(&self) -> u64 {
+        self.pieces
     }
 
     /// Pages mapped or being filled.
@@ -157,6 +250,19 @@ impl PageStates {
             self.zero_origin.len(),
             self.describe()
         );
+        debug_assert_eq!(
+            self.part_units,
+            self.parts
+                .iter()
+                .filter(|(p, _)| !self.promoting.contains(p))
+                .map(|(p, m)| {
+                    let fetching = self.filling.get(p).is_some_and(|f| f.piece.is_some());
+                    u64::from(m.mask.count_ones()) + u64::from(fetching)
+                })
+                .sum::<u64>(),
+            "pieces counted: {}",
+            self.describe()
+        );
     }
 
     /// The program missed on `page` (a fault on an untouched or remote page).
@@ -191,10 +297,76 @@ impl PageStates {
         write
     }
 
-    /// A fetch of a remote page starts.
+    /// A fetch of a remote page starts: the whole page, or one piece (`fill.piece`). A
+    /// partial page leaves the policy while its fetch is in flight; fetched whole it counts
+    /// as a whole page from now on.
     pub fn begin_fill(&mut self, page: PageIndex, fill: Fill) {
+        let from = self.get(page);
+        if from == PageState::Partial && !self.locked.contains(&page) {
+            self.policy.remove(page);
+            self.in_policy -= 1;
+        }
+        match (fill.piece, from) {
+            (None, PageState::Partial) => {
+                self.part_pages -= 1;
+                self.part_units -= u64::from(self.present(page).count_ones());
+                self.promoting.insert(page);
+            }
+            (Some(i), _) => {
+                assert!(
+                    u64::from(i) < self.pieces && self.present(page) & (1 << i) == 0,
+                    "page {} piece {i} fetched again",
+                    page.0
+                );
+                if from == PageState::Remote {
+                    self.parts.insert(page, Part::default());
+                    self.part_pages += 1;
+                }
+                self.part_units += 1;
+            }
+            (None, _) => {}
+        }
         self.table.transition(page, PageState::Filling);
         self.filling.insert(page, fill);
+    }
+
+    /// Forget the pieces of a partial page being fetched (the pager dropped them from the
+    /// region): its fetch installs what it brings over every piece.
+    pub fn forget_pieces(&mut self, page: PageIndex) {
+        let Some(part) = self.parts.get_mut(&page) else {
+            return;
+        };
+        let had = u64::from(part.mask.count_ones());
+        part.mask = 0;
+        if !self.promoting.contains(&page) {
+            self.part_units -= had;
+        }
+    }
+
+    /// Piece `i` of a partial page is no longer mapped (the program dropped it with a raw
+    /// madvise(2) system call): it is fetched again when touched.
+    pub fn lose_piece(&mut self, page: PageIndex, i: u8) {
+        assert_eq!(self.get(page), PageState::Partial, "page {}", page.0);
+        let part = self.parts.get_mut(&page).expect("a partial page's pieces");
+        assert!(
+            part.mask & (1 << i) != 0,
+            "page {} piece {i} not held",
+            page.0
+        );
+        part.mask &= !(1 << i);
+        self.part_units -= 1;
+    }
+
+    /// A page that holds some pieces leaves `parts` (its accounting with it).
+    fn leave_parts(&mut self, page: PageIndex, fill: Option<&Fill>) {
+        let Some(Part { mask, .. }) = self.parts.remove(&page) else {
+            return;
+        };
+        if !self.promoting.remove(&page) {
+            self.part_pages -= 1;
+            let fetching = fill.is_some_and(|f| f.piece.is_some());
+            self.part_units -= u64::from(mask.count_ones()) + u64::from(fetching);
+        }
     }
 
     /// The fill of a page being fetched (a fault on it joins the fetch).
@@ -210,9 +382,23 @@ impl PageStates {
             .filling
             .remove(&page)
             .expect("fetched page was being filled");
+        self.fetches += 1;
         if self.released.remove(&page) {
+            self.leave_parts(page, Some(&fill));
             self.table.transition(page, PageState::Untouched);
             return Landed::Released { slot: None };
+        }
+        if let Some(piece) = fill.piece {
+            let part = self
+                .parts
+                .get_mut(&page)
+                .expect("a piece's page is partial");
+            part.mask |= 1 << piece;
+            part.last = piece;
+            part.at = self.fetches;
+            self.table.transition(page, PageState::Partial);
+            self.admit(page, Admission::Fetched, false);
+            return Landed::Piece { piece, fill };
         }
         // A prefetch nothing has touched yet is not a reference: the policy keeps it apart.
         let how = if fill.prefetched {
@@ -231,9 +417,16 @@ impl PageStates {
         } else {
             PageState::Clean
         };
+        let present = self.present(page);
+        self.leave_parts(page, None);
         self.table.transition(page, to);
         self.admit(page, how, write);
-        Landed::Map { write, fill, slot }
+        Landed::Map {
+            write,
+            fill,
+            slot,
+            present,
+        }
     }
 
     /// A page just mapped may be evicted from now on, unless the program pinned it.
@@ -317,6 +510,10 @@ impl PageStates {
         let to = match self.get(v) {
             PageState::Clean | PageState::ForkedClean => PageState::Remote,
             PageState::ZeroClean | PageState::ForkedZero => PageState::Untouched,
+            PageState::Partial => {
+                self.leave_parts(v, None);
+                PageState::Remote
+            }
             s => unreachable!("drop of page {} in state {s:?}", v.0),
         };
         self.zero_origin.remove(&v);
@@ -334,7 +531,17 @@ impl PageStates {
     pub fn after_fork(&mut self, now: Instant) {
         // Kept simple: a page is found all zeros again only in the process that zero-filled it.
         self.zero_origin.clear();
+        // The parent dropped its partial pages' pieces before the fork (`partial_pages`,
+        // `forget_pieces`): none of the child's remote pages has a piece mapped.
+        assert!(
+            self.parts.values().all(|p| p.mask == 0) && self.promoting.len() <= self.parts.len(),
+            "pieces mapped at a fork"
+        );
+        self.parts.clear();
+        self.promoting.clear();
+        (self.part_pages, self.part_units) = (0, 0);
         self.table.relabel(|s| match s {
+            PageState::Partial => unreachable!("a partial page at a fork"),
             PageState::Clean => PageState::ForkedClean,
             PageState::ZeroClean => PageState::ForkedZero,
             PageState::Filling => PageState::Remote,
@@ -350,6 +557,7 @@ impl PageStates {
             write: true,
             t0: now,
             prefetched: false,
+            piece: None,
         };
         let mut leaving: Vec<PageIndex> = self.leaving.keys().copied().collect();
         leaving.sort_unstable();
@@ -476,11 +684,13 @@ impl PageStates {
             | PageState::Clean
             | PageState::Dirty
             | PageState::ForkedClean
-            | PageState::ForkedZero => {
+            | PageState::ForkedZero
+            | PageState::Partial => {
                 if !pinned {
                     self.policy.remove(page);
                     self.in_policy -= 1;
                 }
+                self.leave_parts(page, None);
                 self.table.transition(page, PageState::Untouched);
                 Freed::Remote
             }
@@ -548,6 +758,7 @@ mod tests {
             write,
             t0: Instant::now(),
             prefetched: false,
+            piece: None,
         }
     }
 
@@ -689,6 +900,107 @@ mod tests {
             (s.get(clean), s.get(zero)),
             (PageState::Remote, PageState::Untouched)
         );
+    }
+
+    fn piece(i: u8) -> Fill {
+        Fill {
+            piece: Some(i),
+            ..fill(false)
+        }
+    }
+
+    /// A remote page, as after a write-back.
+    fn remote(s: &mut PageStates, p: PageIndex) {
+        s.zero_fill(p, true);
+        assert_eq!(s.take_victim(true), Some(p));
+        s.begin_leave(p, 0);
+        assert_eq!(s.stored(p), Landed::Remote { slot: 0 });
+    }
+
+    #[test]
+    fn pieces_count_against_the_budget_by_the_piece_until_the_page_comes_whole() {
+        let mut s = states();
+        s.set_pieces(16);
+        let (a, b) = (PageIndex(1), PageIndex(2));
+        remote(&mut s, a);
+        remote(&mut s, b);
+        assert_eq!(s.local(), 0);
+        s.begin_fill(a, piece(3));
+        assert_eq!(s.local(), 1, "one piece in flight rounds up to a page");
+        assert!(matches!(s.fetched(a), Landed::Piece { piece: 3, .. }));
+        assert_eq!((s.get(a), s.present(a)), (PageState::Partial, 1 << 3));
+        s.begin_fill(b, piece(0));
+        s.fetched(b);
+        assert_eq!(s.local(), 1, "two pieces of two pages are one page's worth");
+        s.check();
+        // A second piece: out of the policy while in flight.
+        s.begin_fill(a, piece(9));
+        assert_eq!(
+            s.take_victim(true),
+            Some(b),
+            "the page in flight is no victim"
+        );
+        s.dropped(b);
+        assert_eq!((s.get(b), s.present(b)), (PageState::Remote, 0));
+        s.fetched(a);
+        assert_eq!(s.present(a), (1 << 3) | (1 << 9));
+        assert_eq!(s.last_piece(a).map(|(l, _)| l), Some(9));
+        s.check();
+        // Fetched whole: mapped around the two pieces, a whole page from then on.
+        s.begin_fill(a, fill(true));
+        assert_eq!(s.local(), 1);
+        match s.fetched(a) {
+            Landed::Map {
+                write: true,
+                present,
+                ..
+            } => assert_eq!(present, (1 << 3) | (1 << 9)),
+            l => panic!("{l:?}"),
+        }
+        assert_eq!((s.get(a), s.present(a)), (PageState::Dirty, 0));
+        assert_eq!(s.local(), 1);
+        s.check();
+    }
+
+    #[test]
+    fn a_partial_page_freed_or_forked_keeps_no_pieces() {
+        let mut s = states();
+        s.set_pieces(16);
+        let (a, b, c) = (PageIndex(1), PageIndex(2), PageIndex(3));
+        for p in [a, b, c] {
+            remote(&mut s, p);
+            s.begin_fill(p, piece(1));
+            s.fetched(p);
+        }
+        assert_eq!(s.free(a), Freed::Remote);
+        assert_eq!((s.get(a), s.present(a)), (PageState::Untouched, 0));
+        // Freed with a piece in flight: untouched when it lands.
+        s.begin_fill(b, piece(2));
+        assert_eq!(s.free(b), Freed::Later);
+        assert_eq!(s.fetched(b), Landed::Released { slot: None });
+        assert_eq!(s.local(), 1, "c's piece");
+        s.check();
+        // Before a fork the pager drops partial pages and forgets the pieces of those in
+        // flight; the child then finds no piece anywhere.
+        s.begin_fill(c, fill(false));
+        assert_eq!(s.pieced_pages(), vec![c]);
+        s.forget_pieces(c);
+        s.after_fork(Instant::now());
+        assert_eq!((s.get(c), s.present(c)), (PageState::Remote, 0));
+        assert_eq!(s.local(), 0);
+        s.check();
+    }
+
+    #[test]
+    #[should_panic(expected = "fetched again")]
+    fn a_piece_held_is_never_fetched_again() {
+        let mut s = states();
+        s.set_pieces(16);
+        let a = PageIndex(1);
+        remote(&mut s, a);
+        s.begin_fill(a, piece(4));
+        s.fetched(a);
+        s.begin_fill(a, piece(4));
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct Stats {
     pub pieces_replaced: AtomicU64,
     /// Dirty victims found holding what they were mapped with: evicted without a write-back.
     pub dirty_unchanged: AtomicU64,
+    /// Faults served by fetching the faulting 4 KiB piece alone (sub-page fetches; not in
+    /// `swap_ins`, which counts whole pages).
+    pub sub_page_fetches: AtomicU64,
     latency: [AtomicU64; BUCKETS],
     /// The page store's own counters and its layout (`ec:4+1, encrypted`), once it starts.
     pub store: std::sync::OnceLock<(std::sync::Arc<crate::store::StoreCounters>, String)>,
@@ -58,6 +61,7 @@ impl Default for Stats {
             pieces_zeroed: AtomicU64::new(0),
             pieces_replaced: AtomicU64::new(0),
             dirty_unchanged: AtomicU64::new(0),
+            sub_page_fetches: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             store: std::sync::OnceLock::new(),
         }
@@ -161,6 +165,7 @@ impl Stats {
             pieces_zeroed: self.pieces_zeroed.load(Relaxed),
             pieces_replaced: self.pieces_replaced.load(Relaxed),
             dirty_unchanged: self.dirty_unchanged.load(Relaxed),
+            sub_page_fetches: self.sub_page_fetches.load(Relaxed),
         }
     }
 }
@@ -193,6 +198,8 @@ pub struct StatsSnapshot {
     /// Dirty victims that held what they were mapped with: evicted without a write-back
     /// (counted in `evictions`, not in `swap_outs`).
     pub dirty_unchanged: u64,
+    /// 4 KiB pieces fetched alone (sub-page fetches), not counted in `swap_ins`.
+    pub sub_page_fetches: u64,
     /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
     pub layout: String,
     /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
@@ -240,6 +247,7 @@ impl StatsSnapshot {
             ("pieces_zeroed", self.pieces_zeroed),
             ("pieces_replaced", self.pieces_replaced),
             ("dirty_unchanged", self.dirty_unchanged),
+            ("sub_page_fetches", self.sub_page_fetches),
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
             ("pieces_moved", self.pieces_moved),

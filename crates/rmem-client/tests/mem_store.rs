@@ -280,6 +280,9 @@ fn dropped_piece(by_signal: bool) {
         local_bytes: 8 * ps as u64,
         region_bytes: 1 << 32,
         fault_by_signal: by_signal,
+        // Whole pages: a piece never fetched of a partial page, dropped so, cannot be told
+        // from one not fetched yet, and reads the server's copy (docs/configuration.md).
+        sub_page: false,
         ..Config::default()
     };
     let rt = Runtime::start(
@@ -339,6 +342,98 @@ fn dropped_piece(by_signal: bool) {
 /// mprotect through the runtime: dirty pages made read-only (one in part: the region's
 /// mapping is split inside a page) are written back and fetched again with their data and
 /// their protection; memory freed read-only is read-write again.
+/// Scattered reads fetch single 4 KiB pieces (sub-page fetches); pieces count against the
+/// budget by their size; a piece dropped by a raw madvise, writes to partial pages and
+/// threads faulting on the same pages at once never lose or invent a byte.
+#[test]
+fn scattered_reads_fetch_pieces_and_every_byte_stays_right() {
+    const PS: usize = 65536;
+    const PAGES: usize = 512;
+    let (ps, pages, local) = (PS, PAGES, 32);
+    let rt = runtime(ps, local, 1024);
+    let p = rt.alloc(pages * ps).unwrap() as usize;
+    let word = |i: usize| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mem = |p: usize| {
+        // SAFETY: p points to pages*ps bytes of live rmem memory, read and written as u64
+        // words at offsets the threads below split between them for writes.
+        unsafe { std::slice::from_raw_parts_mut(p as *mut u64, PAGES * PS / 8) }
+    };
+    for (i, w) in mem(p).iter_mut().enumerate() {
+        *w = word(i);
+    }
+    // Once pages 400.. are read through (a stream: whole pages), most pages below are long
+    // evicted and no fault stream is near them: a read there brings one piece. Find one (the
+    // policy may keep some of them; the pager counts a fetch just after it wakes the thread).
+    let m = mem(p);
+    let sum = m[400 * ps / 8..]
+        .iter()
+        .fold(0u64, |a, &w| a.wrapping_add(w));
+    assert_ne!(sum, 0);
+    let at = (10..90)
+        .step_by(7)
+        .map(|page| page * ps + 5 * 4096)
+        .find(|&at| {
+            let before = rt.stats().sub_page_fetches;
+            assert_eq!(m[at / 8], word(at / 8));
+            let t = std::time::Instant::now();
+            while t.elapsed().as_millis() < 100 {
+                if rt.stats().sub_page_fetches > before {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            false
+        })
+        .expect("a scattered read fetches a piece");
+    // Dropped by a raw madvise system call, the piece is fetched again (not zeros: a piece
+    // never fetched cannot be told from a dropped one, so neither reads as zeros).
+    // SAFETY: a 4 KiB piece of our own region page; the raw system call.
+    let r = unsafe { libc::syscall(libc::SYS_madvise, p + at, 4096, libc::MADV_DONTNEED) };
+    assert_eq!(r, 0);
+    assert_eq!(
+        m[at / 8 + 3],
+        word(at / 8 + 3),
+        "a dropped piece comes back"
+    );
+    let words = pages * ps / 8;
+    let threads: Vec<_> = (0..4usize)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let m = mem(p);
+                let mut x = 0x1234_5678u64 + t as u64;
+                for n in 0..20_000usize {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = (x as usize) % words;
+                    if n % 64 == 0 && i % 4 == t {
+                        // This thread's words only: a write to a partial page.
+                        m[i] = !word(i);
+                        m[i] = word(i);
+                    } else {
+                        assert_eq!(m[i], word(i), "word {i} (thread {t}, read {n})");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for (i, &w) in m.iter().enumerate().step_by(509) {
+        assert_eq!(w, word(i), "word {i}");
+    }
+    let s = rt.stats();
+    assert!(
+        s.sub_page_fetches > 1000,
+        "scattered reads fetch pieces: {s:?}"
+    );
+    assert!(
+        s.local_bytes_max <= local * ps as u64,
+        "budget respected: {s:?}"
+    );
+}
+
 #[test]
 fn protection_is_kept_across_eviction() {
     let ps = 16384;

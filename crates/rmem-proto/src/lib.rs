@@ -47,7 +47,7 @@ pub const HEADER_LEN: usize = 16;
 pub const MAGIC: [u8; 4] = *b"RMEM";
 /// Protocol version spoken by this build. Bumped on any incompatible change (4: units of any
 /// size; 5: snapshots; 6: byte ranges; 7: pulls between servers).
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// Largest error message carried in an `Error` frame.
 pub const MESSAGE_LEN_MAX: usize = 1024;
 /// Default upper bound on a frame body: 16 MiB of pages plus room for the fixed fields.
@@ -144,6 +144,7 @@ pub enum Op {
     ReadRange = 0x0D,
     WriteRange = 0x0E,
     Pull = 0x0F,
+    ReadPart = 0x10,
     /// The pool manager's protocol ([`pool`]): same frames and handshake, its own version.
     PoolServerBeat = 0x20,
     PoolClientBeat = 0x21,
@@ -188,6 +189,7 @@ impl Op {
             0x0D => Op::ReadRange,
             0x0E => Op::WriteRange,
             0x0F => Op::Pull,
+            0x10 => Op::ReadPart,
             0x20 => Op::PoolServerBeat,
             0x21 => Op::PoolClientBeat,
             0x22 => Op::PoolStatus,
@@ -456,6 +458,13 @@ pub enum Request<'a> {
         offset: u32,
         len: u32,
     },
+    /// As `ReadRange`, of a page the session must hold: `NotFound` if it does not (version
+    /// 8). A paging client's sub-page fetch, where a missing page is a lost one, never zeros.
+    ReadPart {
+        key: PageKey,
+        offset: u32,
+        len: u32,
+    },
     /// Write `data` at `offset` of page `key` (within the page, at least one byte); the rest
     /// of the page keeps its bytes, or zeros if the session did not hold it (it is created,
     /// taking a page of capacity).
@@ -496,6 +505,7 @@ impl Request<'_> {
             Request::Snapshot { .. } => Op::Snapshot,
             Request::EndSnapshot { .. } => Op::EndSnapshot,
             Request::ReadRange { .. } => Op::ReadRange,
+            Request::ReadPart { .. } => Op::ReadPart,
             Request::WriteRange { .. } => Op::WriteRange,
             Request::Pull { .. } => Op::Pull,
         }
@@ -563,7 +573,7 @@ impl Request<'_> {
             Request::Snapshot { session } | Request::EndSnapshot { session } => {
                 out.extend_from_slice(&session.0.to_le_bytes())
             }
-            Request::ReadRange { key, offset, len } => {
+            Request::ReadRange { key, offset, len } | Request::ReadPart { key, offset, len } => {
                 out.extend_from_slice(&key.0.to_le_bytes());
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(&len.to_le_bytes());
@@ -652,6 +662,11 @@ impl Request<'_> {
                 session: SessionId(u128::from_le_bytes(c.array()?)),
             },
             Op::ReadRange => Request::ReadRange {
+                key: PageKey(c.u64()?),
+                offset: c.u32()?,
+                len: c.u32()?,
+            },
+            Op::ReadPart => Request::ReadPart {
                 key: PageKey(c.u64()?),
                 offset: c.u32()?,
                 len: c.u32()?,
@@ -1107,6 +1122,11 @@ mod tests {
             offset: 4001,
             len: 95,
         });
+        roundtrip_req(Request::ReadPart {
+            key: PageKey(5),
+            offset: 4001,
+            len: 95,
+        });
         roundtrip_req(Request::WriteRange {
             key: PageKey(u64::MAX),
             offset: 3,
@@ -1250,12 +1270,15 @@ mod tests {
         // ones refuse a byte more, the ones with data take the rest as data.
         for (op, fixed, data_rest) in [
             (Op::ReadRange, 16, false),
+            (Op::ReadPart, 16, false),
             (Op::WriteRange, 12, true),
             (Op::ReadRangeOk, 12, true),
             (Op::WriteRangeOk, 16, false),
         ] {
             let decode = |body: &[u8]| match op {
-                Op::ReadRange | Op::WriteRange => Request::decode(op, body).map(|_| ()),
+                Op::ReadRange | Op::ReadPart | Op::WriteRange => {
+                    Request::decode(op, body).map(|_| ())
+                }
                 _ => Response::decode(op, body).map(|_| ()),
             };
             for n in 0..fixed {

@@ -897,7 +897,8 @@ impl Connection<'_> {
                 }
                 self.scratch = page;
             }
-            Request::ReadRange { key, offset, len } => {
+            Request::ReadRange { key, offset, len } | Request::ReadPart { key, offset, len } => {
+                let part = matches!(req, Request::ReadPart { .. });
                 self.check_range(offset, len as usize)?;
                 // Encoded straight into `out`: the header, then the range's bytes from the
                 // page (no copy of the page in between).
@@ -910,6 +911,11 @@ impl Connection<'_> {
                 .encode(tag, out);
                 match pages.read_range(key.0, offset as usize, len as usize, out) {
                     Ok(true) => {}
+                    Ok(false) if part => {
+                        out.truncate(start);
+                        Self::not_found(key.0, out, tag);
+                        return Ok(());
+                    }
                     // A page this session does not hold reads as zeros.
                     Ok(false) => out.resize(out.len() + len as usize, 0),
                     Err(e) => {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Operations counted, in exposition order, with their label.
-const OPS: [(Op, &str); 12] = [
+const OPS: [(Op, &str); 13] = [
     (Op::Read, "read"),
     (Op::Write, "write"),
     (Op::Swap, "swap"),
@@ -26,6 +26,7 @@ const OPS: [(Op, &str); 12] = [
     (Op::Snapshot, "snapshot"),
     (Op::EndSnapshot, "end_snapshot"),
     (Op::ReadRange, "read_range"),
+    (Op::ReadPart, "read_part"),
     (Op::WriteRange, "write_range"),
 ];
 

@@ -187,6 +187,8 @@ struct Fetch {
     /// are read, from their own servers, and written elsewhere as they are. A piece that
     /// cannot be read turns it into a repair (0): rebuilt from any pieces.
     moving: u32,
+    /// A sub-page fetch: `len` bytes at `offset` (unsealed pages only).
+    part: Option<(u32, u32)>,
 }
 
 /// What a fetch is for.
@@ -1303,6 +1305,7 @@ impl RemoteStore {
                     Purpose::Move(m) => m,
                     _ => 0,
                 },
+                part: None,
             }),
         );
         self.ask(op)?;
@@ -1418,6 +1421,27 @@ impl RemoteStore {
 
     /// Ask server `s` for piece `piece` of `page`, for fetch `op`.
     fn read_piece(&mut self, s: u16, op: u64, piece: usize, page: u64) {
+        if let Some(Op::Fetch(Fetch {
+            part: Some((offset, len)),
+            ..
+        })) = self.book.ops.get(&op)
+        {
+            let (offset, len) = (*offset, *len);
+            self.conns[s as usize].submit(
+                Request::ReadPart {
+                    key: PageKey(page),
+                    offset,
+                    len,
+                },
+                Kind::ReadRange {
+                    op,
+                    key: page,
+                    offset,
+                    len,
+                },
+            );
+            return;
+        }
         self.conns[s as usize].submit(
             Request::Read {
                 key: PageKey(page),
@@ -1560,8 +1584,10 @@ impl RemoteStore {
                     why: "the server was lost".into(),
                 }),
                 Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
-                Kind::ReadRange { .. } | Kind::WriteRange { .. } => {
-                    unreachable!("the cluster layer sends no byte ranges")
+                // A sub-page fetch's.
+                Kind::ReadRange { op, .. } => self.lost_read(op, 0),
+                Kind::WriteRange { .. } => {
+                    unreachable!("the cluster layer writes no byte ranges")
                 }
             }
         }
@@ -2137,6 +2163,45 @@ impl PageStore for RemoteStore {
 
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
         let op = self.start_fetch(page.0, Purpose::Page)?;
+        self.book.busy.insert(page.0, op);
+        Ok(())
+    }
+
+    /// Where every page is one unsealed copy (`none`, not encrypted): a range of it read
+    /// alone is what the page holds there.
+    fn part_reads(&self) -> bool {
+        self.book.codec.plain()
+    }
+
+    fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
+        assert!(self.book.codec.plain(), "part reads of sealed pages");
+        let op = self.book.op_id();
+        let g = self
+            .book
+            .meta
+            .group(page.0)
+            .ok_or_else(|| StoreError::Protocol {
+                server: "(none)".into(),
+                what: format!("page {} has no remote copy to fetch", page.0),
+            })?;
+        self.book.ops.insert(
+            op,
+            Op::Fetch(Fetch {
+                page: page.0,
+                stamp: self.book.meta.stamp(page.0),
+                group: g,
+                buf: Vec::new(),
+                have: 0,
+                asked: 0,
+                answered: 0,
+                bad: 0,
+                all: false,
+                repair: false,
+                moving: 0,
+                part: Some((offset, len)),
+            }),
+        );
+        self.ask(op)?;
         self.book.busy.insert(page.0, op);
         Ok(())
     }

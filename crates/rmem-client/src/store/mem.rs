@@ -9,6 +9,7 @@ use std::time::Instant;
 
 enum Done {
     Fetched(PageIndex),
+    Part(PageIndex, u32, u32),
     Stored(PageIndex),
 }
 
@@ -48,6 +49,16 @@ impl PageStore for MemStore {
         Ok(())
     }
 
+    fn part_reads(&self) -> bool {
+        true
+    }
+
+    fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
+        assert!(offset as usize + len as usize <= self.page_size);
+        self.done.push_back(Done::Part(page, offset, len));
+        Ok(())
+    }
+
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError> {
         assert_eq!(data.len(), self.page_size);
         let mut pages = self.pages.lock().unwrap();
@@ -77,18 +88,22 @@ impl PageStore for MemStore {
         let n = self.done.len();
         while let Some(d) = self.done.pop_front() {
             match d {
-                Done::Fetched(page) => {
+                Done::Fetched(page) | Done::Part(page, ..) => {
+                    let (off, len) = match d {
+                        Done::Part(_, off, len) => (off as usize, len as usize),
+                        _ => (0, self.page_size),
+                    };
                     let pages = self.pages.lock().unwrap();
                     let data = pages.get(&page.0).ok_or_else(|| StoreError::Server {
                         server: "in-process".into(),
                         code: rmem_proto::ErrorCode::NotFound,
                         message: format!("page {} was never stored", page.0),
                     })?;
-                    rmem_copy::copy(&mut self.buf, data);
+                    rmem_copy::copy(&mut self.buf[..len], &data[off..off + len]);
                     drop(pages);
                     f(Completion::Fetched {
                         page,
-                        data: &self.buf,
+                        data: &self.buf[..len],
                     });
                 }
                 Done::Stored(page) => f(Completion::Stored { page }),

@@ -127,6 +127,17 @@ pub trait PageStore: Send {
     /// goes out at the next [`PageStore::flush`] or [`PageStore::poll`], so that the fetches
     /// of one batch (a block device request's pages, a prefetch window) leave together.
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError>;
+    /// Whether [`PageStore::fetch_part`] works: the servers keep each page as it is (no
+    /// seal, no fragments), so a byte range of it can be read and trusted alone.
+    fn part_reads(&self) -> bool {
+        false
+    }
+    /// Start fetching `len` bytes of `page` from `offset` (where [`PageStore::part_reads`]);
+    /// completes with [`Completion::Fetched`] carrying those bytes alone.
+    fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
+        let _ = (offset, len);
+        unreachable!("page {}: this store has no part reads", page.0)
+    }
     /// Start storing `data` as `page`'s contents; completes with [`Completion::Stored`].
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError>;
     /// Whether a fault's fetch should go out before the write-back of the victim it replaces

@@ -1061,6 +1061,14 @@ impl Conn {
                             ..
                         },
                     ) => f(Answer::Missing { op, piece }),
+                    // A sub-page fetch (`ReadPart`) of a page the server does not hold.
+                    (
+                        Kind::ReadRange { op, .. },
+                        Response::Error {
+                            code: rmem_proto::ErrorCode::NotFound,
+                            ..
+                        },
+                    ) => f(Answer::Missing { op, piece: 0 }),
                     (
                         Kind::Write { op, piece, .. },
                         Response::Error {
