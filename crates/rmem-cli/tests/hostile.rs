@@ -162,6 +162,7 @@ fn serve(mut sock: TcpStream, how: Misbehavior, link: usize, store: &Mutex<Store
     );
     while let Some(h) = read_frame(&mut sock, &mut body) {
         let req = Request::decode(h.op, &body).unwrap();
+        let mut part = None;
         let read = match req {
             Request::Attach { session, .. } => {
                 let existed = !store.lock().unwrap().sessions.insert(session.0);
@@ -202,6 +203,11 @@ fn serve(mut sock: TcpStream, how: Misbehavior, link: usize, store: &Mutex<Store
                 continue;
             }
             Request::Read { key, .. } => key,
+            // A sub-page fetch: the same misbehaviors, on the part asked.
+            Request::ReadPart { key, offset, len } => {
+                part = Some((offset as usize, len as usize));
+                key
+            }
             Request::Swap {
                 write_key,
                 read_key,
@@ -219,32 +225,38 @@ fn serve(mut sock: TcpStream, how: Misbehavior, link: usize, store: &Mutex<Store
         let op = h.op;
         let page = store.lock().unwrap().pages.get(&read.0).cloned();
         let page = page.unwrap_or_else(|| vec![0; PAGE]);
+        let asked = |page: &[u8]| match part {
+            Some((o, l)) => page[o..o + l].to_vec(),
+            None => page.to_vec(),
+        };
+        let page = asked(&page);
+        let offset = part.map_or(0, |(o, _)| o as u32);
         let mut out = Vec::new();
         match how {
             Misbehavior::Garbage => out.extend((0..64u32).map(|i| (i * 37 + 11) as u8)),
-            Misbehavior::ShortPage => answer(op, h.tag, read, &page[1..], &mut out),
+            Misbehavior::ShortPage => answer((op, offset), h.tag, read, &page[1..], &mut out),
             Misbehavior::Truncated => {
-                answer(op, h.tag, read, &page, &mut out);
+                answer((op, offset), h.tag, read, &page, &mut out);
                 out.truncate(HEADER_LEN + 100);
                 let _ = sock.write_all(&out);
                 return;
             }
             Misbehavior::Oversized | Misbehavior::BeyondBuffer => {
-                answer(op, h.tag, read, &page, &mut out);
+                answer((op, offset), h.tag, read, &page, &mut out);
                 let len = match how {
                     Misbehavior::Oversized => FRAME_LEN_MAX_DEFAULT + 1,
                     _ => 1 << 30,
                 };
                 out[0..4].copy_from_slice(&len.to_le_bytes());
             }
-            Misbehavior::WrongTag => answer(op, h.tag + 1, read, &page, &mut out),
+            Misbehavior::WrongTag => answer((op, offset), h.tag + 1, read, &page, &mut out),
             Misbehavior::OtherPage => {
                 let (key, other) = {
                     let s = store.lock().unwrap();
                     let (k, p) = s.pages.iter().find(|(&k, _)| k != read.0).unwrap();
-                    (PageKey(*k), p.clone())
+                    (PageKey(*k), asked(p))
                 };
-                answer(op, h.tag, key, &other, &mut out);
+                answer((op, offset), h.tag, key, &other, &mut out);
             }
             Misbehavior::Stall
             | Misbehavior::StallThenSilentHandshake
@@ -256,13 +268,20 @@ fn serve(mut sock: TcpStream, how: Misbehavior, link: usize, store: &Mutex<Store
     }
 }
 
-/// The answer to a read or a swap (`op`) of `key`, with `data`.
-fn answer(op: rmem_proto::Op, tag: u64, key: PageKey, data: &[u8], out: &mut Vec<u8>) {
+/// The answer to a read, a part read or a swap (`op`) of `key`, with `data`.
+fn answer(
+    (op, offset): (rmem_proto::Op, u32),
+    tag: u64,
+    key: PageKey,
+    data: &[u8],
+    out: &mut Vec<u8>,
+) {
     let r = match op {
         rmem_proto::Op::Swap => Response::SwapOk {
             read_key: key,
             data,
         },
+        rmem_proto::Op::ReadPart => Response::ReadRangeOk { key, offset, data },
         _ => Response::ReadOk {
             key,
             count: 1,
