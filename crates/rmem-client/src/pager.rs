@@ -929,7 +929,7 @@ impl Core {
         present: u64,
         write: bool,
     ) -> Result<(), PagerError> {
-        let n = self.pieces();
+        let n = self.pages.pieces();
         let mut i = 0;
         while i < n {
             if present & (1 << i) != 0 {
@@ -1098,7 +1098,7 @@ impl Core {
             }
         };
         (piece == 0 && page.0 > 0 && whole(page.0 - 1))
-            || (piece + 1 == self.pieces() && whole(page.0 + 1))
+            || (piece + 1 == self.pages.pieces() && whole(page.0 + 1))
     }
 
     /// A fault on a page that holds some of its pieces: a read of another piece fetches
@@ -1136,14 +1136,14 @@ impl Core {
             .is_some_and(|(_, ago)| ago < DENSE_WITHIN);
         let whole = write
             || soon
-            || u64::from(have.count_ones()) * 2 >= self.pieces()
+            || u64::from(have.count_ones()) * 2 >= self.pages.pieces()
             || self.near_stream(page, i);
         let piece = (!whole).then_some(i as u8);
         // Room first, as for a remote page. It may be made by dropping this very page (it is
         // in the policy): the fault is then one on a remote page.
         let need = match piece {
             Some(_) => 1,
-            None => self.pieces() - u64::from(have.count_ones()),
+            None => self.pages.pieces() - u64::from(have.count_ones()),
         };
         let room = self.resident_max * self.pages.pieces();
         if self.pages.resident_units() + need > room {
@@ -1179,10 +1179,6 @@ impl Core {
         self.prefetch_after(page, store, t0)
     }
 
-    fn pieces(&self) -> u64 {
-        self.ps() / PIECE
-    }
-
     /// A page only a server holds: fetch it (or only its piece `piece`) and, if the budget
     /// is full, evict a victim while the fetch travels.
     fn fault_remote(
@@ -1207,7 +1203,7 @@ impl Core {
             self.pages.pieces()
         };
         let room = self.resident_max * self.pages.pieces();
-        let mut dropping: u64 = self.drops.iter().map(|&v| self.pages.units_of(v)).sum();
+        let mut dropping = self.drops_units();
         let mut victim = None;
         while self.pages.resident_units() - dropping + need > room {
             match self.pick_victim() {
@@ -1398,6 +1394,12 @@ impl Core {
         self.evict_down_to_units(target * self.pages.pieces(), store)
     }
 
+    /// What the clean victims chosen and not yet dropped give back, in the units of
+    /// [`PageStates::resident_units`].
+    fn drops_units(&self) -> u64 {
+        self.drops.iter().map(|&v| self.pages.units_of(v)).sum()
+    }
+
     /// [`Core::evict_down_to`] counted in the units of [`PageStates::resident_units`]
     /// (pieces where a partial page gives back only its own).
     fn evict_down_to_units(
@@ -1405,7 +1407,7 @@ impl Core {
         target: u64,
         store: &mut dyn PageStore,
     ) -> Result<(), PagerError> {
-        let mut dropping: u64 = self.drops.iter().map(|&v| self.pages.units_of(v)).sum();
+        let mut dropping = self.drops_units();
         while self.pages.resident_units() - dropping > target {
             let Some(v) = self.pick_victim() else {
                 break;
