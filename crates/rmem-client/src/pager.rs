@@ -302,10 +302,8 @@ struct Core {
     /// A read fault on a remote page away from any fault stream fetches only its 4 KiB
     /// piece (`--sub-page`, where the store has part reads).
     sub_page: bool,
-    /// Per [`DENSITY_PAGES`] pages of the region, whether its partial pages are wanted
-    /// whole soon after (+1 each) or leave with their few pieces (-1 each), saturating at
-    /// [`DENSITY_MAX`]: above 0, faults there fetch whole pages from the start.
-    density: Vec<i8>,
+    /// Per [`DENSITY_PAGES`] pages of the region, what was learnt of its partial pages.
+    density: Vec<Density>,
     /// Scattered faults in dense regions so far (see [`Core::dense`]).
     probe: u64,
     /// Parts of the region the program made other than read-write (mprotect).
@@ -340,8 +338,26 @@ const DENSE_WITHIN: u64 = 64;
 const DENSITY_PAGES: u64 = 256;
 /// Bound of a region's density score: this many more outcomes of the other kind turn it.
 const DENSITY_MAX: i8 = 8;
-/// One scattered fault in this many in a dense region fetches a piece all the same.
+/// One scattered fault in this many in a dense region fetches a piece all the same; where the
+/// region was learnt dense from writes, the interval doubles with every two points of
+/// density (one in 128 at [`DENSITY_MAX`]). A program that reads a word and then writes it
+/// (`x[i] += 1` as a load and a store: a hash table's update) makes every probe a piece
+/// fetched and then the whole page for the write, two round trips where one would do: on one
+/// fault in eight, random updates ran 1.1x slower than without pieces. A region learnt dense
+/// from reads (an array a matrix product swept) keeps probing one in eight, so that random
+/// gathers from it afterwards are learnt quickly.
 const DENSE_PROBE: u64 = 8;
+
+/// What one region of [`DENSITY_PAGES`] pages has shown of its partial pages.
+#[derive(Clone, Copy, Default)]
+struct Density {
+    /// Partial pages wanted whole soon after their first piece (+1 each) or leaving with
+    /// their few pieces (-1 each), saturating at [`DENSITY_MAX`]: above 0, faults there fetch
+    /// whole pages from the start (see [`DENSE_PROBE`]).
+    score: i8,
+    /// Whether the last page wanted whole was wanted for a write.
+    written: bool,
+}
 
 /// Pages to evict beyond the one needed: none for small budgets, where every page counts,
 /// up to 15 (one 16-page batch) from 1024 resident pages.
@@ -428,7 +444,10 @@ impl Pager {
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 sub_page,
                 density: if sub_page {
-                    vec![0; (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1]
+                    vec![
+                        Density::default();
+                        (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1
+                    ]
                 } else {
                     Vec::new()
                 },
@@ -1056,26 +1075,35 @@ impl Core {
         Some(piece as u8)
     }
 
-    /// Whether the pages around `page` have been wanted whole after a first piece. Every
-    /// [`DENSE_PROBE`]th scattered fault there takes a piece all the same, so that what is
-    /// learnt follows the program's phases (a matrix product over an array, then random
-    /// gathers from it).
+    /// Whether the pages around `page` have been wanted whole after a first piece. One
+    /// scattered fault there in [`DENSE_PROBE`] (or fewer: see there) takes a piece all the
+    /// same, so that what is learnt follows the program's phases (a matrix product over an
+    /// array, then random gathers from it).
     fn dense(&mut self, page: PageIndex) -> bool {
-        if self.density[(page.0 / DENSITY_PAGES) as usize] <= 0 {
+        let d = self.density[(page.0 / DENSITY_PAGES) as usize];
+        if d.score <= 0 {
             return false;
         }
         self.probe += 1;
-        !self.probe.is_multiple_of(DENSE_PROBE)
+        let every = if d.written {
+            DENSE_PROBE << (d.score / 2)
+        } else {
+            DENSE_PROBE
+        };
+        !self.probe.is_multiple_of(every)
     }
 
-    /// A partial page was wanted whole (`true`) or left with only its pieces.
-    fn learn_density(&mut self, page: PageIndex, whole: bool) {
+    /// A partial page was wanted whole (`Some(write)`: for a write or not) or left with only
+    /// its pieces (`None`).
+    fn learn_density(&mut self, page: PageIndex, whole: Option<bool>) {
         let d = &mut self.density[(page.0 / DENSITY_PAGES) as usize];
-        *d = if whole {
-            (*d + 1).min(DENSITY_MAX)
-        } else {
-            (*d - 1).max(-DENSITY_MAX)
-        };
+        match whole {
+            Some(write) => {
+                d.score = (d.score + 1).min(DENSITY_MAX);
+                d.written = write;
+            }
+            None => d.score = (d.score - 1).max(-DENSITY_MAX),
+        }
     }
 
     /// Whether a fault on piece `piece` of `page` continues a stream of faults: the
@@ -1139,6 +1167,10 @@ impl Core {
             || u64::from(have.count_ones()) * 2 >= self.pages.pieces()
             || self.near_stream(page, i);
         let piece = (!whole).then_some(i as u8);
+        if soon {
+            // Learnt before room is made: that may drop this very page.
+            self.learn_density(page, Some(write));
+        }
         // Room first, as for a remote page. It may be made by dropping this very page (it is
         // in the policy): the fault is then one on a remote page.
         let need = match piece {
@@ -1156,9 +1188,6 @@ impl Core {
                 self.blocked.push_back((f, t0));
                 return Ok(());
             }
-        }
-        if soon {
-            self.learn_density(page, true);
         }
         self.pages.missed(page);
         self.pages.begin_fill(
@@ -1444,7 +1473,7 @@ impl Core {
         for i in 0..self.drops.len() {
             let v = self.drops[i];
             if self.pages.get(v) == PageState::Partial {
-                self.learn_density(v, false);
+                self.learn_density(v, None);
             }
         }
         // A thread writing one right now is blocked on write protection; after the drop its

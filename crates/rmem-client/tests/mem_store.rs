@@ -434,6 +434,63 @@ fn scattered_reads_fetch_pieces_and_every_byte_stays_right() {
     );
 }
 
+/// A word read and then written back (a load and a store, as `x[i] += 1` often compiles, or a
+/// hash table's update) at random: the page's first fault is a read, which could fetch a
+/// piece, and the write right after then needs the whole page. Once that is learnt, nearly
+/// every such fault fetches the whole page at once (a probe now and then keeps learning).
+#[test]
+fn random_read_then_write_fetches_whole_pages() {
+    const PS: usize = 65536;
+    const PAGES: usize = 1024;
+    let rt = runtime(PS, 256, 2048);
+    let p = rt.alloc(PAGES * PS).unwrap() as *mut u64;
+    let words = PAGES * PS / 8;
+    for i in 0..words {
+        // SAFETY: i < words, within the allocation.
+        unsafe { p.add(i).write(i as u64) };
+    }
+    let before = rt.stats();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let updates = 6000;
+    for _ in 0..updates {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = (x % words as u64) as usize;
+        // SAFETY: i < words. The value passes through black_box so that the load and the
+        // store stay two instructions (LLVM folds a volatile load and store into one `add`).
+        unsafe {
+            let w = p.add(i);
+            let v = std::hint::black_box(w.read_volatile());
+            w.write_volatile(v + (1 << 40));
+        }
+    }
+    let s = rt.stats();
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut count = std::collections::HashMap::new();
+    for _ in 0..updates {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *count.entry((x % words as u64) as usize).or_insert(0u64) += 1;
+    }
+    for i in (0..words).step_by(101).chain(count.keys().copied()) {
+        let want = i as u64 + (count.get(&i).copied().unwrap_or(0) << 40);
+        // SAFETY: i < words.
+        assert_eq!(unsafe { p.add(i).read() }, want, "word {i}");
+    }
+    let (ins, pieces) = (
+        s.swap_ins - before.swap_ins,
+        s.sub_page_fetches - before.sub_page_fetches,
+    );
+    assert!(ins > 4000, "the updates miss: {s:?}");
+    // One fault in eight fetched a piece and then the whole page before probes backed off.
+    assert!(
+        pieces * 25 < ins,
+        "{pieces} pieces fetched for {ins} whole pages: {s:?}"
+    );
+}
+
 #[test]
 fn protection_is_kept_across_eviction() {
     let ps = 16384;
