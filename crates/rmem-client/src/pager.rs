@@ -302,10 +302,13 @@ struct Core {
     /// A read fault on a remote page away from any fault stream fetches only its 4 KiB
     /// piece (`--sub-page`, where the store has part reads).
     sub_page: bool,
-    /// Per [`DENSITY_PAGES`] pages of the region, what was learnt of its partial pages.
-    density: Vec<Density>,
+    /// Per [`DENSITY_PAGES`] pages of the region, what was learnt of the program's use of
+    /// its pages.
+    learnt: Vec<Learnt>,
     /// Scattered faults in dense regions so far (see [`Core::dense`]).
     probe: u64,
+    /// Read faults in regions where writes follow reads so far (see [`Core::writes_follow`]).
+    write_probe: u64,
     /// Parts of the region the program made other than read-write (mprotect).
     protections: Protections,
     zeros: Vec<u8>,
@@ -333,7 +336,7 @@ fn all_zero(data: &[u8]) -> bool {
 /// access over many pages comes back to a page only after many faults elsewhere.
 const DENSE_WITHIN: u64 = 64;
 
-/// Pages per region of [`Core::density`] (16 MiB of 64 KiB pages): an allocation's worth,
+/// Pages per region of [`Core::learnt`] (16 MiB of 64 KiB pages): an allocation's worth,
 /// small enough that a program's arrays and its random-access structures mostly fall apart.
 const DENSITY_PAGES: u64 = 256;
 /// Bound of a region's density score: this many more outcomes of the other kind turn it.
@@ -348,15 +351,26 @@ const DENSITY_MAX: i8 = 8;
 /// gathers from it afterwards are learnt quickly.
 const DENSE_PROBE: u64 = 8;
 
-/// What one region of [`DENSITY_PAGES`] pages has shown of its partial pages.
+/// A region whose fetched pages were written this many times more often than they left
+/// unwritten (of at most [`DENSITY_MAX`]) maps the pages its read faults fetch writable.
+const WRITES_SURE: i8 = 4;
+/// One read fault in this many there maps its page write-protected all the same, so that
+/// what is learnt follows the program (a page mapped writable teaches nothing: it is never
+/// write-protect faulted, and leaves dirty whether written or not).
+const WRITES_PROBE: u64 = 16;
+
+/// What one region of [`DENSITY_PAGES`] pages has shown of the program's use of its pages.
 #[derive(Clone, Copy, Default)]
-struct Density {
+struct Learnt {
     /// Partial pages wanted whole soon after their first piece (+1 each) or leaving with
     /// their few pieces (-1 each), saturating at [`DENSITY_MAX`]: above 0, faults there fetch
     /// whole pages from the start (see [`DENSE_PROBE`]).
     score: i8,
     /// Whether the last page wanted whole was wanted for a write.
     written: bool,
+    /// Pages fetched write-protected that the program then wrote (+1 each) or that left
+    /// unwritten (-1 each), saturating at [`DENSITY_MAX`] (see [`WRITES_SURE`]).
+    writes: i8,
 }
 
 /// Pages to evict beyond the one needed: none for small budgets, where every page counts,
@@ -443,15 +457,12 @@ impl Pager {
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 sub_page,
-                density: if sub_page {
-                    vec![
-                        Density::default();
-                        (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1
-                    ]
-                } else {
-                    Vec::new()
-                },
+                learnt: vec![
+                    Learnt::default();
+                    (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1
+                ],
                 probe: 0,
+                write_probe: 0,
                 protections: Protections::default(),
             },
             store: s.store,
@@ -1019,8 +1030,9 @@ impl Core {
         match self.pages.get(page) {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
             PageState::Remote => {
-                let piece = self.piece_for(page, &f);
-                self.fault_remote(store, page, f, t0, piece)
+                let write = f.write || self.writes_follow(page);
+                let piece = if write { None } else { self.piece_for(page, &f) };
+                self.fault_remote(store, page, f, t0, piece, write)
             }
             PageState::Partial => self.fault_partial(store, page, f, t0),
             PageState::Filling => self.fault_filling(store, page, fill),
@@ -1080,7 +1092,7 @@ impl Core {
     /// same, so that what is learnt follows the program's phases (a matrix product over an
     /// array, then random gathers from it).
     fn dense(&mut self, page: PageIndex) -> bool {
-        let d = self.density[(page.0 / DENSITY_PAGES) as usize];
+        let d = self.learnt[(page.0 / DENSITY_PAGES) as usize];
         if d.score <= 0 {
             return false;
         }
@@ -1096,7 +1108,7 @@ impl Core {
     /// A partial page was wanted whole (`Some(write)`: for a write or not) or left with only
     /// its pieces (`None`).
     fn learn_density(&mut self, page: PageIndex, whole: Option<bool>) {
-        let d = &mut self.density[(page.0 / DENSITY_PAGES) as usize];
+        let d = &mut self.learnt[(page.0 / DENSITY_PAGES) as usize];
         match whole {
             Some(write) => {
                 d.score = (d.score + 1).min(DENSITY_MAX);
@@ -1104,6 +1116,30 @@ impl Core {
             }
             None => d.score = (d.score - 1).max(-DENSITY_MAX),
         }
+    }
+
+    /// Whether a read fault on `page` should map it writable: the pages around it that were
+    /// fetched write-protected were mostly written soon after (a program that reads a word
+    /// and then writes it: a hash table's update, a database's page cache, which touches a
+    /// page's header on every read), so that its write would cost a write-protect fault of
+    /// its own, a second trip through the pager for the thread. One such fault in
+    /// [`WRITES_PROBE`] is mapped write-protected all the same, to keep learning.
+    fn writes_follow(&mut self, page: PageIndex) -> bool {
+        if self.learnt[(page.0 / DENSITY_PAGES) as usize].writes < WRITES_SURE {
+            return false;
+        }
+        self.write_probe += 1;
+        !self.write_probe.is_multiple_of(WRITES_PROBE)
+    }
+
+    /// A page fetched write-protected was written (`true`) or leaves unwritten.
+    fn learn_writes(&mut self, page: PageIndex, written: bool) {
+        let w = &mut self.learnt[(page.0 / DENSITY_PAGES) as usize].writes;
+        *w = if written {
+            (*w + 1).min(DENSITY_MAX)
+        } else {
+            (*w - 1).max(-DENSITY_MAX)
+        };
     }
 
     /// Whether a fault on piece `piece` of `page` continues a stream of faults: the
@@ -1209,7 +1245,8 @@ impl Core {
     }
 
     /// A page only a server holds: fetch it (or only its piece `piece`) and, if the budget
-    /// is full, evict a victim while the fetch travels.
+    /// is full, evict a victim while the fetch travels. It is mapped writable (dirty) if
+    /// `write`: the fault is a write, or writes follow reads where it is.
     fn fault_remote(
         &mut self,
         store: &mut dyn PageStore,
@@ -1217,6 +1254,7 @@ impl Core {
         f: Fault,
         t0: Instant,
         piece: Option<u8>,
+        write: bool,
     ) -> Result<(), PagerError> {
         self.pages.missed(page);
         if !self.shrink_to(self.resident_max, store)? {
@@ -1252,7 +1290,7 @@ impl Core {
             }
         }
         let fill = Fill {
-            write: f.write,
+            write,
             t0,
             prefetched: false,
             piece,
@@ -1335,6 +1373,9 @@ impl Core {
         if maybe_missing && self.piece_missing(f.address) {
             self.zero_piece(page, f.address)?;
         } else if f.write_protect && !dirty {
+            if self.pages.get(page) == PageState::Clean {
+                self.learn_writes(page, true);
+            }
             self.pages.dirty(page);
             self.uffd
                 .write_protect(self.addr(page), self.ps(), false, false)?;
@@ -1472,8 +1513,10 @@ impl Core {
         addrs.extend(self.drops.iter().map(|&v| self.geo.addr_of(v)));
         for i in 0..self.drops.len() {
             let v = self.drops[i];
-            if self.pages.get(v) == PageState::Partial {
-                self.learn_density(v, None);
+            match self.pages.get(v) {
+                PageState::Partial => self.learn_density(v, None),
+                PageState::Clean => self.learn_writes(v, false),
+                _ => {}
             }
         }
         // A thread writing one right now is blocked on write protection; after the drop its

@@ -436,8 +436,10 @@ fn scattered_reads_fetch_pieces_and_every_byte_stays_right() {
 
 /// A word read and then written back (a load and a store, as `x[i] += 1` often compiles, or a
 /// hash table's update) at random: the page's first fault is a read, which could fetch a
-/// piece, and the write right after then needs the whole page. Once that is learnt, nearly
-/// every such fault fetches the whole page at once (a probe now and then keeps learning).
+/// piece, and the write right after then needs the whole page and a write-protect fault of
+/// its own. Once that is learnt, nearly every such fault fetches the whole page at once and
+/// maps it writable (a probe now and then keeps learning); when the program then only reads,
+/// that is unlearnt: its pages leave clean again, not written back.
 #[test]
 fn random_read_then_write_fetches_whole_pages() {
     const PS: usize = 65536;
@@ -489,6 +491,83 @@ fn random_read_then_write_fetches_whole_pages() {
         pieces * 25 < ins,
         "{pieces} pieces fetched for {ins} whole pages: {s:?}"
     );
+    // Before writes were learnt to follow reads, nearly every update took a write-protect
+    // fault after its fetch.
+    let wp = s.wp_faults - before.wp_faults;
+    assert!(wp * 4 < ins, "{wp} write-protect faults for {ins} pages: {s:?}");
+}
+
+/// Where pages fetched for a read are written soon after, a read fault maps its page writable
+/// (no write-protect fault for the write that follows); when the program then only reads,
+/// that is unlearnt and its pages leave clean again, not written back. Whole pages only
+/// (`--sub-page off`), so that every fault fetches a page and every victim is one.
+#[test]
+fn writes_after_reads_are_learnt_and_unlearnt() {
+    const PS: usize = 65536;
+    const PAGES: usize = 1024;
+    let config = Config {
+        page_size: PS,
+        local_bytes: 256 * PS as u64,
+        region_bytes: 1 << 32,
+        sub_page: false,
+        ..Config::default()
+    };
+    let store = MemStore::new(PS, 2048 * PS as u64);
+    let rt = Runtime::start(
+        &config,
+        Box::new(store),
+        Box::new(|m: &str| panic!("pager failed: {m}")),
+    )
+    .unwrap();
+    let p = rt.alloc(PAGES * PS).unwrap() as *mut u64;
+    let words = PAGES * PS / 8;
+    for i in 0..words {
+        // SAFETY: i < words, within the allocation.
+        unsafe { p.add(i).write(i as u64) };
+    }
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % words as u64) as usize
+    };
+    let before = rt.stats();
+    for _ in 0..6000 {
+        let i = next();
+        // SAFETY: i < words; black_box keeps the load and the store two instructions.
+        unsafe {
+            let w = p.add(i);
+            let v = std::hint::black_box(w.read_volatile());
+            w.write_volatile(v + (1 << 40));
+        }
+    }
+    let s = rt.stats();
+    let (ins, wp) = (s.swap_ins - before.swap_ins, s.wp_faults - before.wp_faults);
+    assert!(ins > 4000, "the updates miss: {s:?}");
+    // Without the rule every update took a write-protect fault after its fetch.
+    assert!(wp * 4 < ins, "{wp} write-protect faults for {ins} pages: {s:?}");
+    let before = rt.stats();
+    let mut sum = 0u64;
+    for _ in 0..20_000 {
+        // SAFETY: the index is below words.
+        sum = sum.wrapping_add(unsafe { p.add(next()).read_volatile() });
+    }
+    assert_ne!(sum, 0);
+    let s = rt.stats();
+    let (ins, outs) = (s.swap_ins - before.swap_ins, s.swap_outs - before.swap_outs);
+    assert!(ins > 10_000, "the reads miss: {s:?}");
+    // The 256 resident pages the updates dirtied, and the guesses before unlearning; without
+    // unlearning nearly every page read would be written back.
+    assert!(
+        outs < 256 + ins / 10,
+        "{outs} pages written back for {ins} read: {s:?}"
+    );
+    for i in (0..words).step_by(4099) {
+        // SAFETY: i < words.
+        let w = unsafe { p.add(i).read() };
+        assert_eq!(w & ((1 << 40) - 1), i as u64, "word {i}");
+    }
 }
 
 #[test]
