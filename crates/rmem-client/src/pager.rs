@@ -1560,7 +1560,8 @@ impl Core {
         let forked = self.pages.get(v) != PageState::Dirty;
         let slot = self
             .staging
-            .take()
+            .take(&mut self.dropper)
+            .map_err(PagerError::Madvise)?
             .expect("pick_victim checked for a free slot");
         let addr = self.addr(v);
         // UFFDIO_MOVE moves only between writable mappings with the same access. A page the
@@ -1590,12 +1591,12 @@ impl Core {
             mprotect(s, e - s, p).map_err(PagerError::Mprotect)?;
         }
         if moved == Moved::Unwritten {
-            self.staging.release(slot).map_err(PagerError::Madvise)?;
+            self.staging.release(slot);
             return Ok(Out::Unwritten);
         }
         // SAFETY: the slot was just filled and is ours until released.
         if self.pages.zero_origin(v) && all_zero(unsafe { self.staging.bytes(slot) }) {
-            self.staging.release(slot).map_err(PagerError::Madvise)?;
+            self.staging.release(slot);
             self.pages.unchanged(v);
             Stats::add(&self.stats.evictions, 1);
             Stats::add(&self.stats.dirty_unchanged, 1);
@@ -1637,7 +1638,7 @@ impl Core {
             Landed::Released { slot } => {
                 self.frees.push(page);
                 if let Some(slot) = slot {
-                    self.staging.release(slot).map_err(PagerError::Madvise)?;
+                    self.staging.release(slot);
                 }
                 self.uffd.wake(self.addr(page), self.ps())?;
             }
@@ -1670,7 +1671,7 @@ impl Core {
                     self.install_around(page, src, present, write)?;
                 }
                 if let Some(slot) = slot {
-                    self.staging.release(slot).map_err(PagerError::Madvise)?;
+                    self.staging.release(slot);
                 }
                 if data.is_some() {
                     Stats::add(&self.stats.swap_ins, 1);
@@ -1682,7 +1683,7 @@ impl Core {
                 }
             }
             Landed::Remote { slot } => {
-                self.staging.release(slot).map_err(PagerError::Madvise)?;
+                self.staging.release(slot);
             }
             Landed::Queued => {}
             Landed::Synced { .. } => unreachable!("the pager never syncs a resident page"),
