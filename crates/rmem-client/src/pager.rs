@@ -341,14 +341,10 @@ const DENSE_WITHIN: u64 = 64;
 const DENSITY_PAGES: u64 = 256;
 /// Bound of a region's density score: this many more outcomes of the other kind turn it.
 const DENSITY_MAX: i8 = 8;
-/// One scattered fault in this many in a dense region fetches a piece all the same; where the
-/// region was learnt dense from writes, the interval doubles with every two points of
-/// density (one in 128 at [`DENSITY_MAX`]). A program that reads a word and then writes it
-/// (`x[i] += 1` as a load and a store: a hash table's update) makes every probe a piece
-/// fetched and then the whole page for the write, two round trips where one would do: on one
-/// fault in eight, random updates ran 1.1x slower than without pieces. A region learnt dense
-/// from reads (an array a matrix product swept) keeps probing one in eight, so that random
-/// gathers from it afterwards are learnt quickly.
+/// One scattered fault in this many in a dense region fetches a piece all the same. (Where
+/// the region's reads are followed by writes, [`Core::writes_follow`] fetches whole pages
+/// before this is asked, save one fault in [`WRITES_PROBE`]: a probe there, a piece fetched
+/// and then the page for the write, comes one fault in 128.)
 const DENSE_PROBE: u64 = 8;
 
 /// A region whose fetched pages were written this many times more often than they left
@@ -366,11 +362,18 @@ struct Learnt {
     /// their few pieces (-1 each), saturating at [`DENSITY_MAX`]: above 0, faults there fetch
     /// whole pages from the start (see [`DENSE_PROBE`]).
     score: i8,
-    /// Whether the last page wanted whole was wanted for a write.
-    written: bool,
     /// Pages fetched write-protected that the program then wrote (+1 each) or that left
     /// unwritten (-1 each), saturating at [`DENSITY_MAX`] (see [`WRITES_SURE`]).
     writes: i8,
+}
+
+/// One more outcome of a kind in a learnt score: +1 or -1, saturating at [`DENSITY_MAX`].
+fn nudge(score: &mut i8, up: bool) {
+    *score = if up {
+        (*score + 1).min(DENSITY_MAX)
+    } else {
+        (*score - 1).max(-DENSITY_MAX)
+    };
 }
 
 /// Pages to evict beyond the one needed: none for small budgets, where every page counts,
@@ -1031,7 +1034,11 @@ impl Core {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
             PageState::Remote => {
                 let write = f.write || self.writes_follow(page);
-                let piece = if write { None } else { self.piece_for(page, &f) };
+                let piece = if write {
+                    None
+                } else {
+                    self.piece_for(page, &f)
+                };
                 self.fault_remote(store, page, f, t0, piece, write)
             }
             PageState::Partial => self.fault_partial(store, page, f, t0),
@@ -1088,34 +1095,22 @@ impl Core {
     }
 
     /// Whether the pages around `page` have been wanted whole after a first piece. One
-    /// scattered fault there in [`DENSE_PROBE`] (or fewer: see there) takes a piece all the
-    /// same, so that what is learnt follows the program's phases (a matrix product over an
+    /// scattered fault there in [`DENSE_PROBE`] takes a piece all the same, so that what is learnt follows the program's phases (a matrix product over an
     /// array, then random gathers from it).
     fn dense(&mut self, page: PageIndex) -> bool {
-        let d = self.learnt[(page.0 / DENSITY_PAGES) as usize];
-        if d.score <= 0 {
+        if self.learnt[(page.0 / DENSITY_PAGES) as usize].score <= 0 {
             return false;
         }
         self.probe += 1;
-        let every = if d.written {
-            DENSE_PROBE << (d.score / 2)
-        } else {
-            DENSE_PROBE
-        };
-        !self.probe.is_multiple_of(every)
+        !self.probe.is_multiple_of(DENSE_PROBE)
     }
 
-    /// A partial page was wanted whole (`Some(write)`: for a write or not) or left with only
-    /// its pieces (`None`).
-    fn learn_density(&mut self, page: PageIndex, whole: Option<bool>) {
-        let d = &mut self.learnt[(page.0 / DENSITY_PAGES) as usize];
-        match whole {
-            Some(write) => {
-                d.score = (d.score + 1).min(DENSITY_MAX);
-                d.written = write;
-            }
-            None => d.score = (d.score - 1).max(-DENSITY_MAX),
-        }
+    /// A partial page was wanted whole (`true`) or left with only its pieces.
+    fn learn_density(&mut self, page: PageIndex, whole: bool) {
+        nudge(
+            &mut self.learnt[(page.0 / DENSITY_PAGES) as usize].score,
+            whole,
+        );
     }
 
     /// Whether a read fault on `page` should map it writable: the pages around it that were
@@ -1134,12 +1129,10 @@ impl Core {
 
     /// A page fetched write-protected was written (`true`) or leaves unwritten.
     fn learn_writes(&mut self, page: PageIndex, written: bool) {
-        let w = &mut self.learnt[(page.0 / DENSITY_PAGES) as usize].writes;
-        *w = if written {
-            (*w + 1).min(DENSITY_MAX)
-        } else {
-            (*w - 1).max(-DENSITY_MAX)
-        };
+        nudge(
+            &mut self.learnt[(page.0 / DENSITY_PAGES) as usize].writes,
+            written,
+        );
     }
 
     /// Whether a fault on piece `piece` of `page` continues a stream of faults: the
@@ -1205,7 +1198,7 @@ impl Core {
         let piece = (!whole).then_some(i as u8);
         if soon {
             // Learnt before room is made: that may drop this very page.
-            self.learn_density(page, Some(write));
+            self.learn_density(page, true);
         }
         // Room first, as for a remote page. It may be made by dropping this very page (it is
         // in the policy): the fault is then one on a remote page.
@@ -1514,7 +1507,7 @@ impl Core {
         for i in 0..self.drops.len() {
             let v = self.drops[i];
             match self.pages.get(v) {
-                PageState::Partial => self.learn_density(v, None),
+                PageState::Partial => self.learn_density(v, false),
                 PageState::Clean => self.learn_writes(v, false),
                 _ => {}
             }

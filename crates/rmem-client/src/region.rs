@@ -279,7 +279,8 @@ impl Staging {
         if self.free.is_empty() && !self.used.is_empty() {
             self.addrs.clear();
             for &slot in &self.used {
-                self.addrs.push(self.mapping.base() + slot as u64 * self.slot_size);
+                self.addrs
+                    .push(self.mapping.base() + slot as u64 * self.slot_size);
             }
             dropper.discard(&self.mapping, &self.addrs, self.slot_size)?;
             self.free.append(&mut self.used);

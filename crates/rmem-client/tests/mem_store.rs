@@ -486,7 +486,8 @@ fn random_read_then_write_fetches_whole_pages() {
         s.sub_page_fetches - before.sub_page_fetches,
     );
     assert!(ins > 4000, "the updates miss: {s:?}");
-    // One fault in eight fetched a piece and then the whole page before probes backed off.
+    // One fault in eight fetched a piece and then the whole page before such faults were
+    // learnt to fetch whole pages (writes follow reads there).
     assert!(
         pieces * 25 < ins,
         "{pieces} pieces fetched for {ins} whole pages: {s:?}"
@@ -494,7 +495,10 @@ fn random_read_then_write_fetches_whole_pages() {
     // Before writes were learnt to follow reads, nearly every update took a write-protect
     // fault after its fetch.
     let wp = s.wp_faults - before.wp_faults;
-    assert!(wp * 4 < ins, "{wp} write-protect faults for {ins} pages: {s:?}");
+    assert!(
+        wp * 4 < ins,
+        "{wp} write-protect faults for {ins} pages: {s:?}"
+    );
 }
 
 /// Where pages fetched for a read are written soon after, a read fault maps its page writable
@@ -546,7 +550,10 @@ fn writes_after_reads_are_learnt_and_unlearnt() {
     let (ins, wp) = (s.swap_ins - before.swap_ins, s.wp_faults - before.wp_faults);
     assert!(ins > 4000, "the updates miss: {s:?}");
     // Without the rule every update took a write-protect fault after its fetch.
-    assert!(wp * 4 < ins, "{wp} write-protect faults for {ins} pages: {s:?}");
+    assert!(
+        wp * 4 < ins,
+        "{wp} write-protect faults for {ins} pages: {s:?}"
+    );
     let before = rt.stats();
     let mut sum = 0u64;
     for _ in 0..20_000 {
