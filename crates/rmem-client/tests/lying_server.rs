@@ -152,6 +152,40 @@ fn store_on(servers: &[String], redundancy: &str, encrypt: bool) -> RemoteStore 
     RemoteStore::connect_with(servers, TOKEN, PS, layout, timing).unwrap()
 }
 
+/// Store pages `0..pages` as `round` writes them, and wait until every one is stored.
+fn store_all(s: &mut RemoteStore, pages: u64, round: u64) {
+    for p in 0..pages {
+        s.store(PageIndex(p), &page(p, round)).unwrap();
+    }
+    s.flush().unwrap();
+    let (mut stored, deadline) = (0, Instant::now() + Duration::from_secs(10));
+    while stored < pages {
+        assert!(Instant::now() < deadline, "{stored} of {pages} stored");
+        s.poll(&mut |c| stored += u64::from(matches!(c, Completion::Stored { .. })))
+            .unwrap();
+    }
+}
+
+/// Page `p` read back, or the error that ended the read.
+fn fetch_one(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
+    s.fetch(PageIndex(p)).map_err(|e| e.to_string())?;
+    let mut got = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "page {p} never came");
+        s.poll(&mut |c| {
+            if let Completion::Fetched { page, data } = c {
+                got = Some((page.0, data.to_vec()));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        s.tick(Instant::now()).map_err(|e| e.to_string())?;
+    }
+    let (gp, data) = got.unwrap();
+    assert_eq!(gp, p);
+    Ok(data)
+}
+
 /// Write `pages` pages, read them back, write them again, read again: every read correct.
 fn check(redundancy: &str, encrypt: bool) {
     let (lying, lies) = liar(server());
@@ -160,37 +194,9 @@ fn check(redundancy: &str, encrypt: bool) {
     let counters = s.counters().unwrap();
     let pages = 60u64;
     for round in 0..2 {
+        store_all(&mut s, pages, round);
         for p in 0..pages {
-            s.store(PageIndex(p), &page(p, round)).unwrap();
-        }
-        s.flush().unwrap();
-        let mut stored = 0;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while stored < pages {
-            assert!(Instant::now() < deadline, "{stored} of {pages} stored");
-            s.poll(&mut |c| {
-                if let Completion::Stored { .. } = c {
-                    stored += 1
-                }
-            })
-            .unwrap();
-        }
-        for p in 0..pages {
-            s.fetch(PageIndex(p)).unwrap();
-            let mut got = None;
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while got.is_none() {
-                assert!(Instant::now() < deadline, "page {p} never came");
-                s.poll(&mut |c| {
-                    if let Completion::Fetched { page, data } = c {
-                        got = Some((page.0, data.to_vec()));
-                    }
-                })
-                .unwrap();
-                s.tick(Instant::now()).unwrap();
-            }
-            let (gp, data) = got.unwrap();
-            assert_eq!(gp, p);
+            let data = fetch_one(&mut s, p).unwrap();
             assert!(
                 data == page(p, round),
                 "{redundancy}: page {p} round {round} wrong"
@@ -276,4 +282,31 @@ fn a_bad_frame_buries_its_server_and_the_writes_behind_it_go_on() {
         s.fetch(PageIndex(p)).unwrap();
     }
     pump(&mut s, 0, pages, 1);
+}
+
+/// One encrypted copy (`none`): a page is opened where it comes, in the link's receive
+/// buffer. From an honest server every version reads back right; from one that lies, the
+/// first lie ends the read with an error naming the page, and no altered byte is handed on.
+#[test]
+fn one_encrypted_copy_reads_back_right_and_a_lie_is_an_error() {
+    let mut honest = store_on(&[server()], "none", true);
+    for round in 0..3 {
+        store_all(&mut honest, 20, round);
+        for p in 0..20 {
+            let data = fetch_one(&mut honest, p).unwrap();
+            assert!(data == page(p, round), "page {p} round {round} wrong");
+        }
+    }
+    let (lying, lies) = liar(server());
+    let lying_name = lying.clone();
+    let mut s = store_on(&[lying], "none", true);
+    store_all(&mut s, 4, 0);
+    let e = fetch_one(&mut s, 3).expect_err("a lie was handed on as the page");
+    assert!(lies.load(Relaxed) >= 1, "no lie told: {e}");
+    assert!(e.contains("page 3"), "{e}");
+    assert_eq!(s.counters().unwrap().pieces_bad.load(Relaxed), 1, "{e}");
+    assert!(
+        e.contains(&format!("from {lying_name}")),
+        "the liar is not named: {e}"
+    );
 }

@@ -202,6 +202,16 @@ enum Purpose {
     Move(u32),
 }
 
+/// What a store sends its servers.
+#[derive(Clone, Copy)]
+enum Outgoing<'a> {
+    /// The pieces as the servers keep them ([`Codec::encode`]), or a page that goes as it is.
+    Units(&'a [u8]),
+    /// A page of a layout of one copy, to seal as `stamp` in the frame that carries it:
+    /// copied once, into the frame, and sealed there.
+    ToSeal { data: &'a [u8], stamp: Stamp },
+}
+
 struct Store {
     page: u64,
     stamp: Stamp,
@@ -423,9 +433,14 @@ impl Book {
                 if fe.have & !bit(p) != 0 && self.codec.slots() == 1 {
                     return; // a second copy: the first is being decoded
                 }
-                rmem_copy::copy(&mut fe.buf[slot * unit..(slot + 1) * unit], data);
                 fe.have |= bit(p);
-                self.try_decode(op, f, todo);
+                if self.codec.slots() == 1 && !fe.repair {
+                    // A copy for the pager: opened where it came, not copied first.
+                    self.try_decode(op, data, f, todo);
+                    return;
+                }
+                rmem_copy::copy(&mut fe.buf[slot * unit..(slot + 1) * unit], data);
+                self.try_decode(op, &mut [], f, todo);
             }
             Answer::Missing { op, piece } => {
                 if let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) {
@@ -500,8 +515,15 @@ impl Book {
     }
 
     /// A fetch with a new piece in: decode when enough are (a repair: rebuild every piece);
-    /// a bad seal asks for more.
-    fn try_decode(&mut self, op: u64, f: &mut dyn FnMut(Completion<'_>), todo: &mut Vec<Todo>) {
+    /// a bad seal asks for more. The pieces are in the fetch's buffer, or (a copy for the
+    /// pager) `came` is the one that came, where it came: it is opened there.
+    fn try_decode(
+        &mut self,
+        op: u64,
+        came: &mut [u8],
+        f: &mut dyn FnMut(Completion<'_>),
+        todo: &mut Vec<Todo>,
+    ) {
         let needed = self.codec.redundancy().needed();
         let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
             return;
@@ -533,14 +555,19 @@ impl Book {
         }
         let codec = &self.codec;
         let (page, stamp) = (fe.page, fe.stamp);
+        let pieces = if came.is_empty() {
+            &mut fe.buf[..]
+        } else {
+            &mut came[..]
+        };
         let ok = if !fe.all {
             // In place: a repair leaves the pieces as they came whatever the seal says; a
             // fetch decrypts them, so under encryption a bad seal leaves the data fragments
             // to be asked again.
             let r = if fe.repair {
-                codec.rebuild(page, stamp, &mut fe.buf, fe.have, &mut self.scratch)
+                codec.rebuild(page, stamp, pieces, fe.have, &mut self.scratch)
             } else {
-                codec.decode(page, stamp, &mut fe.buf, fe.have)
+                codec.decode(page, stamp, pieces, fe.have)
             };
             if r.is_err() && !fe.repair && codec.encrypted() && needed > 1 {
                 let data = (1u32 << needed) - 1;
@@ -592,9 +619,10 @@ impl Book {
                 });
             } else {
                 self.unbusy(page, op);
+                let pieces = if came.is_empty() { &fe.buf } else { &*came };
                 f(Completion::Fetched {
                     page: PageIndex(page),
-                    data: &fe.buf[..self.codec.page_size()],
+                    data: &pieces[..self.codec.page_size()],
                 });
                 self.give_buf(fe.buf);
             }
@@ -1161,7 +1189,7 @@ impl RemoteStore {
     }
 
     /// Write the pieces of `page` in `mask` to their group's members.
-    fn send_pieces(&mut self, op: u64, page: u64, g: u16, mask: u32, units: &[u8]) {
+    fn send_pieces(&mut self, op: u64, page: u64, g: u16, mask: u32, out: Outgoing<'_>) {
         let unit = self.book.unit();
         let members = self.book.groups.members[g as usize].clone();
         let replicated = !matches!(self.book.codec.redundancy(), Redundancy::Ec { .. });
@@ -1169,6 +1197,22 @@ impl RemoteStore {
             if mask & bit(i) == 0 || s == NONE {
                 continue;
             }
+            let kind = Kind::Write {
+                op,
+                piece: i as u8,
+                key: page,
+            };
+            let units = match out {
+                Outgoing::Units(units) => units,
+                Outgoing::ToSeal { data, stamp } => {
+                    let codec = &self.book.codec;
+                    let pad = codec.sealed_len() - data.len();
+                    let sealed =
+                        self.conns[s as usize].submit_write_in_place(page, data, pad, kind);
+                    codec.seal_unit(page, stamp, sealed);
+                    continue;
+                }
+            };
             let data = if replicated {
                 &units[..unit]
             } else {
@@ -1180,11 +1224,7 @@ impl RemoteStore {
                     count: 1,
                     data,
                 },
-                Kind::Write {
-                    op,
-                    piece: i as u8,
-                    key: page,
-                },
+                kind,
             );
         }
     }
@@ -1208,13 +1248,19 @@ impl RemoteStore {
             self.book.meta.set_stamp(page, v);
             v
         };
-        let all = (1u32 << self.book.codec.redundancy().width()) - 1;
-        if self.book.codec.plain() {
-            return Ok(self.send_store(page, g, stamp, all, data, false));
+        let codec = &self.book.codec;
+        let all = (1u32 << codec.redundancy().width()) - 1;
+        if codec.plain() {
+            return Ok(self.send_store(page, g, stamp, all, Outgoing::Units(data), false));
+        }
+        if codec.redundancy().width() == 1 {
+            // One copy: sealed in the frame that carries it, so copied once.
+            let out = Outgoing::ToSeal { data, stamp };
+            return Ok(self.send_store(page, g, stamp, all, out, false));
         }
         let mut units = std::mem::take(&mut self.units);
-        self.book.codec.encode(page, stamp, data, &mut units);
-        let op = self.send_store(page, g, stamp, all, &units, false);
+        codec.encode(page, stamp, data, &mut units);
+        let op = self.send_store(page, g, stamp, all, Outgoing::Units(&units), false);
         self.units = units;
         Ok(op)
     }
@@ -1229,7 +1275,7 @@ impl RemoteStore {
         units: &[u8],
     ) -> Result<u64, StoreError> {
         let (g, changed) = self.target(page)?;
-        Ok(self.send_store(page, g, stamp, changed, units, true))
+        Ok(self.send_store(page, g, stamp, changed, Outgoing::Units(units), true))
     }
 
     /// Send the pieces in `mask` of `page` to group `g`'s members (those that are servers)
@@ -1240,7 +1286,7 @@ impl RemoteStore {
         g: u16,
         stamp: Stamp,
         mask: u32,
-        units: &[u8],
+        out: Outgoing<'_>,
         repair: bool,
     ) -> u64 {
         let real = self.book.groups.members[g as usize]
@@ -1250,7 +1296,7 @@ impl RemoteStore {
             .fold(0, |m, (i, _)| m | bit(i));
         let mask = mask & real;
         let op = self.book.op_id();
-        self.send_pieces(op, page, g, mask, units);
+        self.send_pieces(op, page, g, mask, out);
         self.book.ops.insert(
             op,
             Op::Store(Store {
@@ -1282,7 +1328,9 @@ impl RemoteStore {
                 server: "(none)".into(),
                 what: format!("page {page} has no remote copy to fetch"),
             })?;
-        let buf = if self.book.codec.plain() {
+        let codec = &self.book.codec;
+        // A copy for the pager is opened where it comes (see `try_decode`).
+        let buf = if codec.plain() || (codec.slots() == 1 && purpose == Purpose::Page) {
             Vec::new()
         } else {
             self.book.take_buf()
@@ -1395,13 +1443,25 @@ impl RemoteStore {
                 fe.answered &= !waiting;
                 return Ok(());
             }
+            // Name the servers whose pieces failed their check: with none lost, they are
+            // why the page is gone.
+            let bad: Vec<&str> = (0..members.len())
+                .filter(|&i| fe.bad & bit(i) != 0 && members[i] != NONE)
+                .map(|i| self.conns[members[i] as usize].name.as_str())
+                .collect();
+            let bad = if bad.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {} failed its check (altered, stale or another page's), from {}",
+                    bad.len(),
+                    bad.join(", ")
+                )
+            };
+            let dead = self.dead_list();
             return Err(StoreError::Lost {
-                servers: self.dead_list(),
-                detail: format!(
-                    "page {page}: too few of its pieces could be read back ({}, {} found bad)",
-                    r,
-                    fe.bad.count_ones()
-                ),
+                servers: if dead.is_empty() { "none".into() } else { dead },
+                detail: format!("page {page}: too few of its pieces could be read back ({r}{bad})"),
             });
         }
         if fe.asked != 0 && !asked.is_empty() {

@@ -252,26 +252,44 @@ impl Codec {
     pub fn encode(&self, page: u64, stamp: Stamp, data: &[u8], out: &mut Vec<u8>) {
         assert_eq!(data.len(), self.page_size);
         out.clear();
+        rmem_copy::extend(out, data);
+        // Zeros only where the page is not: the seal's room, a fragment's padding and the
+        // parity fragments.
         out.resize(self.slots() * self.unit_len, 0);
-        rmem_copy::copy(&mut out[..data.len()], data);
-        let ps = self.page_size;
-        match &self.seal {
-            Seal::Plain => {}
-            Seal::Checksum => {
-                out[ps..ps + SEAL_LEN].copy_from_slice(&Self::checksum(page, stamp.version, data))
-            }
-            Seal::Aead(keys) => {
-                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
-                let tag = keys[stamp.key as usize]
-                    .seal_in_place_separate_tag(nonce, Aad::from(&[]), &mut out[..ps])
-                    .expect("a page is far below AES-GCM's limit");
-                out[ps..ps + SEAL_LEN].copy_from_slice(tag.as_ref());
-            }
-        }
+        let sealed = self.sealed_len();
+        self.seal_unit(page, stamp, &mut out[..sealed]);
         if let Some(rs) = &self.rs {
             let mut shards: Vec<&mut [u8]> = out.chunks_mut(self.unit_len).collect();
             rs.encode(&mut shards).expect("equal shards");
         }
+    }
+
+    /// Seal a page where it lies: `sealed` is the page followed by [`SEAL_LEN`] bytes of room
+    /// (none where pages go as they are), such as the frame that carries a copy, so that its
+    /// bytes are not copied again to be sealed.
+    pub fn seal_unit(&self, page: u64, stamp: Stamp, sealed: &mut [u8]) {
+        let ps = self.page_size;
+        assert_eq!(sealed.len(), sealed_len(ps, &self.seal));
+        match &self.seal {
+            Seal::Plain => {}
+            Seal::Checksum => {
+                let sum = Self::checksum(page, stamp.version, &sealed[..ps]);
+                sealed[ps..].copy_from_slice(&sum);
+            }
+            Seal::Aead(keys) => {
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
+                let tag = keys[stamp.key as usize]
+                    .seal_in_place_separate_tag(nonce, Aad::from(&[]), &mut sealed[..ps])
+                    .expect("a page is far below AES-GCM's limit");
+                sealed[ps..].copy_from_slice(tag.as_ref());
+            }
+        }
+    }
+
+    /// Bytes of a sealed page: the page and its seal's room (the unit a copy is; a fragment
+    /// of `ec` is smaller).
+    pub fn sealed_len(&self) -> usize {
+        sealed_len(self.page_size, &self.seal)
     }
 
     /// Fill the slots of `buf` that `have` (a mask of pieces) lacks from the others: the data
@@ -467,6 +485,22 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A copy sealed where its frame holds it is the unit `encode` makes, and opens.
+    #[test]
+    fn a_copy_sealed_in_place_is_the_encoded_unit() {
+        for (redundancy, encrypt) in [("none", true), ("replicas:2", false), ("replicas:2", true)] {
+            let c = Codec::new(4096, Redundancy::parse(redundancy).unwrap(), encrypt).unwrap();
+            let (data, stamp) = (page(5), v(3));
+            let mut units = Vec::new();
+            c.encode(9, stamp, &data, &mut units);
+            let mut frame = data.clone();
+            frame.resize(c.sealed_len(), 0);
+            c.seal_unit(9, stamp, &mut frame);
+            assert_eq!(frame, units, "{redundancy} encrypt={encrypt}");
+            assert_eq!(decoded(&c, 9, stamp, &frame).unwrap(), data);
         }
     }
 

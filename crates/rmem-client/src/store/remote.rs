@@ -97,10 +97,12 @@ pub(crate) enum Kind {
 /// One server's answer to one piece of a store operation.
 #[derive(Debug)]
 pub(crate) enum Answer<'a> {
+    /// `data` lies in the link's receive buffer, which the answer may change (a seal opened
+    /// where the bytes came, not on a copy).
     Read {
         op: u64,
         piece: u8,
-        data: &'a [u8],
+        data: &'a mut [u8],
     },
     Written {
         op: u64,
@@ -464,6 +466,16 @@ pub(crate) fn dial(server: &str, timeout: Duration) -> Result<TcpStream, StoreEr
     Ok(sock)
 }
 
+/// Where `part`, a slice of `buf` (a frame's payload as decoded), lies in it: to take it
+/// mutably.
+fn within(buf: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let at = (part.as_ptr() as usize)
+        .checked_sub(buf.as_ptr() as usize)
+        .filter(|&at| at + part.len() <= buf.len())
+        .expect("a slice of the receive buffer");
+    at..at + part.len()
+}
+
 impl Conn {
     /// Connect, authenticate, learn the server's limits and open `session` there.
     pub(crate) fn connect(
@@ -657,6 +669,31 @@ impl Conn {
     }
 
     pub(crate) fn submit(&mut self, req: Request<'_>, kind: Kind) {
+        self.submit_padded(req, kind, 0);
+    }
+
+    /// Submit a `Write` of one unit: `data` and `pad` zero bytes after it, which the caller
+    /// fills in the slice returned: the whole unit where the frame waits to go out. A seal
+    /// is made there, on the bytes the frame copied, not on a copy of its own.
+    pub(crate) fn submit_write_in_place(
+        &mut self,
+        key: u64,
+        data: &[u8],
+        pad: usize,
+        kind: Kind,
+    ) -> &mut [u8] {
+        debug_assert!(matches!(kind, Kind::Write { .. }));
+        let req = Request::Write {
+            key: PageKey(key),
+            count: 1,
+            data,
+        };
+        self.submit_padded(req, kind, pad)
+    }
+
+    /// Encode `req` with `pad` zero bytes after its body (only a `Write`'s data may grow so)
+    /// and wait for its answer; the frame's last `data + pad` bytes, for a `Write`.
+    fn submit_padded(&mut self, req: Request<'_>, kind: Kind, pad: usize) -> &mut [u8] {
         if !self.frees.is_empty()
             && matches!(
                 kind,
@@ -669,11 +706,22 @@ impl Conn {
             // keeps them from deleting the new contents.
             self.submit_frees();
         }
+        let data = match req {
+            Request::Write { data, .. } => data.len(),
+            _ => {
+                assert_eq!(pad, 0, "only a write's data may be padded");
+                0
+            }
+        };
         let tag = self.next_tag;
         self.next_tag += 1;
         let buf = self.out.tail();
         let start = buf.len();
         req.encode(tag, buf);
+        if pad > 0 {
+            buf.resize(buf.len() + pad, 0);
+            rmem_proto::patch_len(buf, start);
+        }
         let len = buf.len() - start;
         self.pending.push_back(Pending {
             tag,
@@ -681,6 +729,8 @@ impl Conn {
             sent: Instant::now(),
             len,
         });
+        let end = buf.len();
+        &mut buf[end - data - pad..]
     }
 
     /// The link broke: drop it, keep every unanswered request for the next one. An error a
@@ -989,7 +1039,11 @@ impl Conn {
                             count: 1,
                             data,
                         },
-                    ) if k.0 == key && data.len() == unit => f(Answer::Read { op, piece, data }),
+                    ) if k.0 == key && data.len() == unit => {
+                        let at = within(&self.inbuf, data);
+                        let data = &mut self.inbuf[at];
+                        f(Answer::Read { op, piece, data })
+                    }
                     (Kind::Write { op, piece, key }, Response::WriteOk { key: k, count: 1 })
                         if k.0 == key =>
                     {
@@ -1008,6 +1062,8 @@ impl Conn {
                             data,
                         },
                     ) if k.0 == key && o == offset && data.len() == len as usize => {
+                        let at = within(&self.inbuf, data);
+                        let data = &mut self.inbuf[at];
                         f(Answer::Read { op, piece: 0, data })
                     }
                     (
