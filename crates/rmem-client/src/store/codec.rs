@@ -14,7 +14,7 @@
 //! checked by the page it decodes to.
 
 use reed_solomon_erasure::galois_8::ReedSolomon;
-use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use std::fmt;
 use std::sync::Arc;
 
@@ -374,16 +374,10 @@ impl Codec {
             Seal::Aead(keys) => {
                 let key = keys.get(stamp.key as usize).ok_or(Unsealed)?;
                 let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
-                let tag: [u8; SEAL_LEN] = sealed[ps..ps + SEAL_LEN].try_into().expect("16");
-                key.open_in_place_separate_tag(
-                    nonce,
-                    Aad::from(&[]),
-                    Tag::from(tag),
-                    &mut sealed[..ps],
-                    0..,
-                )
-                .map(|_| ())
-                .map_err(|_| Unsealed)
+                let (data, tag) = sealed.split_at_mut(ps);
+                key.open_in_place_separate_tag(nonce, Aad::from(&[]), &tag[..SEAL_LEN], data)
+                    .map(|_| ())
+                    .map_err(|_| Unsealed)
             }
         }
     }
