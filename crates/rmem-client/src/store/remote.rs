@@ -982,6 +982,10 @@ impl Conn {
         let Some(mut sock) = self.sock.as_ref() else {
             return Ok(());
         };
+        // A read that left room in the buffer took all the socket had: the frames it
+        // completed are handed on, and the next poll of the socket says when more comes (no
+        // read that only finds it empty, one system call per answer saved).
+        let mut drained = false;
         loop {
             // Parse every complete frame already buffered.
             loop {
@@ -1166,6 +1170,9 @@ impl Conn {
                 // An answer: whatever outage there was is over.
                 self.relinked = None;
             }
+            if drained {
+                return Ok(());
+            }
             if self.in_start == self.in_end {
                 self.in_start = 0;
                 self.in_end = 0;
@@ -1174,6 +1181,7 @@ impl Conn {
                 self.in_end -= self.in_start;
                 self.in_start = 0;
             }
+            let room = self.inbuf.len() - self.in_end;
             match sock.read(&mut self.inbuf[self.in_end..]) {
                 Ok(0) => {
                     return Err(StoreError::Closed {
@@ -1181,7 +1189,10 @@ impl Conn {
                         detail: self.describe_inflight(),
                     })
                 }
-                Ok(n) => self.in_end += n,
+                Ok(n) => {
+                    self.in_end += n;
+                    drained = n < room;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
