@@ -71,6 +71,9 @@ pub const REPAIR_WINDOW: usize = 32;
 /// few milliseconds at most), while every server taking pieces pulls at once.
 pub const PULL_KEYS: usize = 16;
 pub const PULL_PER_SERVER: usize = 2 * PULL_KEYS;
+/// A server that failed a pull moves its share through this client for this long, then is
+/// asked to pull again (it may have been full, or cut off from the other server, for a while).
+pub const PULL_REFUSAL_HOLD: Duration = Duration::from_secs(30);
 /// A buried server is tried again this often, with this connect timeout, so that one that
 /// comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
@@ -279,18 +282,46 @@ struct PullBatch {
 }
 
 /// Moves server to server, for drains (see [`PullMove`]).
-#[derive(Default)]
 struct Pulls {
     /// Off (`RMEM_PULL=0`): every move goes through this client.
     off: bool,
     moves: HashMap<u64, PullMove>,
     batches: HashMap<u64, PullBatch>,
     next_batch: u64,
-    /// Servers a pull failed on while its source still answered (they cannot reach it, or
-    /// do not know the token): their pages move through this client from then on.
-    refused: Vec<bool>,
+    /// Servers a pull failed on while its source still answered (they cannot reach it, do
+    /// not know the token, or had no room), and until when their pages move through this
+    /// client instead: a full server frees room, a link comes back, so they are asked to
+    /// pull again after `hold`.
+    refused: Vec<Option<Instant>>,
+    /// How long a refusal holds: [`PULL_REFUSAL_HOLD`].
+    hold: Duration,
     /// Pieces each server is pulling now.
     taking: Vec<usize>,
+}
+
+impl Default for Pulls {
+    fn default() -> Pulls {
+        Pulls {
+            off: false,
+            moves: HashMap::new(),
+            batches: HashMap::new(),
+            next_batch: 0,
+            refused: Vec::new(),
+            hold: PULL_REFUSAL_HOLD,
+            taking: Vec::new(),
+        }
+    }
+}
+
+impl Pulls {
+    /// Whether server `s` failed a pull less than `hold` before `now`.
+    fn refuses(&self, s: usize, now: Instant) -> bool {
+        self.refused
+            .get(s)
+            .copied()
+            .flatten()
+            .is_some_and(|until| now < until)
+    }
 }
 
 #[derive(Default)]
@@ -1847,11 +1878,12 @@ impl RemoteStore {
             return None;
         }
         let m = &self.book.groups.members[g as usize];
+        let now = Instant::now();
         let usable = |s: u16| {
             self.book.alive(s)
                 && !self.conns[s as usize].in_outage()
                 && self.conns[s as usize].peer_addr().is_some()
-                && !self.pulls.refused.get(s as usize).copied().unwrap_or(false)
+                && !self.pulls.refuses(s as usize, now)
         };
         let copies = matches!(self.book.codec.redundancy(), Redundancy::Replicas(_));
         // Every member still there must answer; a lost one only where another copy is its
@@ -2004,16 +2036,19 @@ impl RemoteStore {
             && !self.conns[src].in_outage()
         {
             if self.pulls.refused.len() <= dst {
-                self.pulls.refused.resize(dst + 1, false);
+                self.pulls.refused.resize(dst + 1, None);
             }
-            if !self.pulls.refused[dst] {
-                self.pulls.refused[dst] = true;
+            let now = Instant::now();
+            if !self.pulls.refuses(dst, now) {
                 eprintln!(
                     "rmem: memory server {} could not copy pages from {} ({why}); they move \
-                     through this client instead",
-                    self.conns[dst].name, self.conns[src].name
+                     through this client instead for the next {} s",
+                    self.conns[dst].name,
+                    self.conns[src].name,
+                    self.pulls.hold.as_secs()
                 );
             }
+            self.pulls.refused[dst] = Some(now + self.pulls.hold);
         }
         for (k, &(page, piece)) in b.items.iter().enumerate() {
             let Some(mv) = self.pulls.moves.get_mut(&page) else {

@@ -230,13 +230,47 @@ fn a_refused_pull_moves_the_page_through_the_client() {
     let c = s.counters().unwrap();
     assert_eq!(c.pieces_pulled.load(Relaxed), 0);
     assert_eq!(c.pages_repaired.load(Relaxed), pages);
-    assert!(s.pulls.refused[1], "the refusing server is remembered");
+    assert!(
+        s.pulls.refuses(1, Instant::now()),
+        "the refusing server is remembered"
+    );
     check_all(&mut s, pages, |_| 0);
     let deadline = Instant::now() + Duration::from_secs(5);
     while a_state.used_bytes() > 0 {
         assert!(Instant::now() < deadline, "the drained server kept pages");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A refusal holds for a while, not for the rest of the run: once it is over the server is
+/// asked to pull again (here it refuses again, and is remembered from then), and every page
+/// reads back.
+#[test]
+fn a_refused_server_is_asked_to_pull_again_after_a_while() {
+    let servers = [
+        server().0,
+        proxy(server().0, Mode::RefusePulls).0,
+        server().0,
+    ];
+    let mut s = store_on(&servers, "none");
+    s.pulls.hold = Duration::from_millis(100);
+    let pages = 60;
+    write_all(&mut s, pages, 0);
+    s.drain(0);
+    drive(&mut s, "the first drain", |s, _| repair_done(s));
+    let first = s.pulls.refused[1].expect("the refusing server is remembered");
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(!s.pulls.refuses(1, Instant::now()), "the refusal is over");
+    // The pages on the third server now have only the second to go to.
+    s.drain(2);
+    drive(&mut s, "the second drain", |s, _| repair_done(s));
+    let again = s.pulls.refused[1].expect("refused again");
+    assert!(
+        again > first,
+        "the second server was not asked to pull again"
+    );
+    assert_eq!(s.conns[2].used_bytes, 0);
+    check_all(&mut s, pages, |_| 0);
 }
 
 /// Pages written back while their pulls are under way: the writes win (the pulled copies
@@ -261,7 +295,7 @@ fn a_page_written_while_it_is_pulled_reads_as_written() {
             repair_done(s) && seen == rewritten.len()
         });
         assert!(
-            s.pulls.refused.iter().all(|&r| !r),
+            s.pulls.refused.iter().all(Option::is_none),
             "{redundancy}: a pull was blamed"
         );
         assert_eq!(s.conns[0].used_bytes, 0, "{redundancy}");
