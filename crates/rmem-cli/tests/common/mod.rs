@@ -115,6 +115,10 @@ pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
             };
         }
         if t.elapsed() > limit {
+            // Where it was, before it is killed: waiting in the kernel (and on what) or
+            // running, and how loaded the machine was (a hang and a starved process read
+            // the same otherwise).
+            let seen = where_it_is(child.id());
             // Its whole process group (run_bounded makes one): a grandchild that lives on
             // would hold the output pipes, and reading them would wait for it forever.
             // SAFETY: kill(2) of a process group this test made.
@@ -130,10 +134,38 @@ pub fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
             } else {
                 "(still held open by a process outside its group)".into()
             };
-            panic!("{what} ran over {limit:?}; stderr:\n{stderr}");
+            panic!("{what} ran over {limit:?} ({seen}); stderr:\n{stderr}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Each thread of process `pid` as `name state wchan`, and the load average: for the
+/// message of a process that ran over its bound.
+fn where_it_is(pid: u32) -> String {
+    let read = |p: String| std::fs::read_to_string(p).unwrap_or_default();
+    let mut threads = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten().take(16) {
+            let dir = t.path().display().to_string();
+            let stat = read(format!("{dir}/stat"));
+            // The state follows the command name's closing parenthesis.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').next())
+                .unwrap_or("?")
+                .to_string();
+            let name = read(format!("{dir}/comm")).trim().to_string();
+            let wchan = read(format!("{dir}/wchan"));
+            threads.push(format!("{name} {state} {wchan}"));
+        }
+    }
+    let load = read("/proc/loadavg".into());
+    format!(
+        "threads: {}; load average {}",
+        threads.join(", "),
+        load.split(' ').take(3).collect::<Vec<_>>().join(" ")
+    )
 }
 
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
