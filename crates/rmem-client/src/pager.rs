@@ -1095,8 +1095,9 @@ impl Core {
     }
 
     /// Whether the pages around `page` have been wanted whole after a first piece. One
-    /// scattered fault there in [`DENSE_PROBE`] takes a piece all the same, so that what is learnt follows the program's phases (a matrix product over an
-    /// array, then random gathers from it).
+    /// scattered fault there in [`DENSE_PROBE`] takes a piece all the same, so that what is
+    /// learnt follows the program's phases (a matrix product over an array, then random
+    /// gathers from it).
     fn dense(&mut self, page: PageIndex) -> bool {
         if self.learnt[(page.0 / DENSITY_PAGES) as usize].score <= 0 {
             return false;

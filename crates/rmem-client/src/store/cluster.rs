@@ -398,6 +398,13 @@ struct Pool {
     stuck: std::collections::HashSet<String>,
 }
 
+/// Whether a fetched piece is decoded in the link's input buffer, where it came, rather than
+/// copied into the fetch's buffer first: a copy (one slot) the pager asked for (`for_pager`);
+/// a repair keeps what came as it came, and fragments are gathered to be decoded together.
+fn opened_where_it_comes(codec: &Codec, for_pager: bool) -> bool {
+    codec.slots() == 1 && for_pager
+}
+
 fn bit(piece: usize) -> u32 {
     1 << piece
 }
@@ -465,13 +472,12 @@ impl Book {
                     return; // a second copy: the first is being decoded
                 }
                 fe.have |= bit(p);
-                if self.codec.slots() == 1 && !fe.repair {
-                    // A copy for the pager: opened where it came, not copied first.
-                    self.try_decode(op, data, f, todo);
+                if opened_where_it_comes(&self.codec, !fe.repair) {
+                    self.try_decode(op, Some(data), f, todo);
                     return;
                 }
                 rmem_copy::copy(&mut fe.buf[slot * unit..(slot + 1) * unit], data);
-                self.try_decode(op, &mut [], f, todo);
+                self.try_decode(op, None, f, todo);
             }
             Answer::Missing { op, piece } => {
                 if let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) {
@@ -546,12 +552,12 @@ impl Book {
     }
 
     /// A fetch with a new piece in: decode when enough are (a repair: rebuild every piece);
-    /// a bad seal asks for more. The pieces are in the fetch's buffer, or (a copy for the
-    /// pager) `came` is the one that came, where it came: it is opened there.
+    /// a bad seal asks for more. The pieces are in the fetch's buffer, or `came` is the one
+    /// that came, where it came ([`opened_where_it_comes`]): it is opened there.
     fn try_decode(
         &mut self,
         op: u64,
-        came: &mut [u8],
+        mut came: Option<&mut [u8]>,
         f: &mut dyn FnMut(Completion<'_>),
         todo: &mut Vec<Todo>,
     ) {
@@ -586,10 +592,9 @@ impl Book {
         }
         let codec = &self.codec;
         let (page, stamp) = (fe.page, fe.stamp);
-        let pieces = if came.is_empty() {
-            &mut fe.buf[..]
-        } else {
-            &mut came[..]
+        let pieces = match came.as_deref_mut() {
+            Some(came) => came,
+            None => &mut fe.buf[..],
         };
         let ok = if !fe.all {
             // In place: a repair leaves the pieces as they came whatever the seal says; a
@@ -650,7 +655,7 @@ impl Book {
                 });
             } else {
                 self.unbusy(page, op);
-                let pieces = if came.is_empty() { &fe.buf } else { &*came };
+                let pieces = came.as_deref().unwrap_or(&fe.buf);
                 f(Completion::Fetched {
                     page: PageIndex(page),
                     data: &pieces[..self.codec.page_size()],
@@ -1360,8 +1365,7 @@ impl RemoteStore {
                 what: format!("page {page} has no remote copy to fetch"),
             })?;
         let codec = &self.book.codec;
-        // A copy for the pager is opened where it comes (see `try_decode`).
-        let buf = if codec.plain() || (codec.slots() == 1 && purpose == Purpose::Page) {
+        let buf = if codec.plain() || opened_where_it_comes(codec, purpose == Purpose::Page) {
             Vec::new()
         } else {
             self.book.take_buf()

@@ -269,7 +269,7 @@ impl Codec {
     /// bytes are not copied again to be sealed.
     pub fn seal_unit(&self, page: u64, stamp: Stamp, sealed: &mut [u8]) {
         let ps = self.page_size;
-        assert_eq!(sealed.len(), sealed_len(ps, &self.seal));
+        assert_eq!(sealed.len(), self.sealed_len());
         match &self.seal {
             Seal::Plain => {}
             Seal::Checksum => {
@@ -329,7 +329,7 @@ impl Codec {
         have: u32,
     ) -> Result<(), Unsealed> {
         self.reconstruct(buf, have, false)?;
-        let n = sealed_len(self.page_size, &self.seal);
+        let n = self.sealed_len();
         self.open(page, stamp, &mut buf[..n])
     }
 
@@ -346,7 +346,7 @@ impl Codec {
         scratch: &mut Vec<u8>,
     ) -> Result<(), Unsealed> {
         self.reconstruct(buf, have, true)?;
-        let sealed = &mut buf[..sealed_len(self.page_size, &self.seal)];
+        let sealed = &mut buf[..self.sealed_len()];
         if let Seal::Aead(_) = self.seal {
             // Opening decrypts in place.
             scratch.clear();
