@@ -374,10 +374,9 @@ extern "C" fn on_sigterm(_: libc::c_int) {
 
 /// `--reclaim-below`: read the node's memory every `reclaim::SAMPLE_EVERY` from a thread and
 /// lend accordingly (rmem_server::reclaim decides; this applies it). Freed pages must give the
-/// node its memory back or a reclaim would never end: slabs are allocated with mmap
-/// (M_MMAP_THRESHOLD fixed at a slab, so glibc's sliding threshold never puts them on a heap
-/// where a free keeps the memory) and munmapped when their last page goes, and malloc_trim
-/// returns what the heaps keep free while a reclaim goes on.
+/// node its memory back or a reclaim would never end: slabs are mappings of their own,
+/// unmapped when their last page goes (rmem_server::slab), and malloc_trim returns what the
+/// heaps keep free while a reclaim goes on.
 fn watch_memory(floor: Floor, server: &Server) -> Result<(), String> {
     let first = reclaim::available().map_err(|e| format!("--reclaim-below: {e}"))?;
     let floor_bytes = floor.bytes(first.total_bytes);
@@ -393,9 +392,6 @@ fn watch_memory(floor: Floor, server: &Server) -> Result<(), String> {
         first.source,
         first.bytes
     );
-    let slab = i32::try_from(rmem_server::slab::SLAB_BYTES).expect("a slab fits an int");
-    // SAFETY: mallopt only changes glibc's allocation policy.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, slab) };
     let state = server.state();
     let me = server.local_addr();
     std::thread::Builder::new()

@@ -24,13 +24,8 @@ fn server_with_lease(
     lease: Duration,
 ) -> (SocketAddr, std::sync::Arc<rmem_server::ServerState>) {
     let s = Server::bind(ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        capacity_bytes: capacity_pages * PS as u64,
-        token: TOKEN.to_vec(),
-        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
         lease,
-        verbose: false,
-        store: Default::default(),
+        ..ServerConfig::loopback(capacity_pages * PS as u64, TOKEN)
     })
     .unwrap();
     let addr = s.local_addr();

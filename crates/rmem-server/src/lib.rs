@@ -78,6 +78,22 @@ pub struct ServerConfig {
     pub store: StoreConfig,
 }
 
+impl ServerConfig {
+    /// A server on a free loopback port that knows `token` and lends `capacity_bytes` of RAM,
+    /// every other setting at its default (what tests and examples run in-process).
+    pub fn loopback(capacity_bytes: u64, token: &[u8]) -> ServerConfig {
+        ServerConfig {
+            listen: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+            capacity_bytes,
+            token: token.to_vec(),
+            frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
+            lease: LEASE_DEFAULT,
+            verbose: false,
+            store: StoreConfig::Ram,
+        }
+    }
+}
+
 /// Where a server keeps its pages (`rmem server --store`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum StoreConfig {
@@ -714,15 +730,19 @@ impl Connection<'_> {
         .encode(tag, out);
     }
 
-    /// A store refused: `Full` whether capacity or the disk store refused it, so that the
-    /// client places the pages elsewhere (the message says which).
+    /// A store refused: `Full` whether capacity, the disk store or the node's memory refused
+    /// it, so that the client places the pages elsewhere (the message says which).
     fn refused(&self, key: u64, why: StoreRefusal, want: u64, out: &mut Vec<u8>, tag: u64) {
-        let StoreRefusal::Disk(e) = why else {
+        let StoreRefusal::Io(e) = why else {
             return self.full(want, out, tag);
         };
-        log::warn!("{}: page {key}: disk store: {e}", self.me);
+        let place = match self.state.disk() {
+            Some(_) => "on its disk",
+            None => "in its memory",
+        };
+        log::warn!("{}: page {key}: cannot store it {place}: {e}", self.me);
         let msg = format!(
-            "server {} cannot store page {key} on its disk: {e}; place it elsewhere",
+            "server {} cannot store page {key} {place}: {e}; place it elsewhere",
             self.me
         );
         Response::Error {

@@ -255,7 +255,7 @@ pub(crate) fn pull(
                 .store(to.sessions, to.capacity, key, page)
                 .map_err(|e| match e {
                     StoreRefusal::Full => "this server is full".to_string(),
-                    e => e.to_string(),
+                    e => format!("cannot store it: {e}"),
                 })
         });
         if stored == keys.len() {

@@ -269,8 +269,9 @@ pub struct Sessions {
 pub enum StoreRefusal {
     #[error("full")]
     Full,
-    #[error("disk store: {0}")]
-    Disk(#[source] std::io::Error),
+    /// The disk store failed, or no memory could be mapped for a new slab.
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
 }
 
 /// [`Sessions::lend_limit`]: no limit (`u64::MAX`) unless set.
@@ -666,7 +667,7 @@ impl Pages<'_> {
         sessions.release(((new - allocated) * ps) as u64);
         let keys: Vec<rmem_proto::PageKey> = keys.map(rmem_proto::PageKey).collect();
         self.free(sessions, &keys);
-        Err(StoreRefusal::Disk(e))
+        Err(StoreRefusal::Io(e))
     }
 
     /// Store `data` at `offset` of page `key`, the rest of the page as it was (zeros for a
@@ -699,13 +700,13 @@ impl Pages<'_> {
                 if let Err(e) = arena.write_at(s, offset, data, owner) {
                     // The slot holds no valid page now: the key goes, as for a failed store.
                     self.free(sessions, &[rmem_proto::PageKey(key)]);
-                    return Err(StoreRefusal::Disk(e));
+                    return Err(StoreRefusal::Io(e));
                 }
                 return Ok(());
             }
         }
         let mut page = Vec::with_capacity(ps);
-        if !self.read(key, &mut page).map_err(StoreRefusal::Disk)? {
+        if !self.read(key, &mut page).map_err(StoreRefusal::Io)? {
             page.resize(ps, 0);
         }
         rmem_copy::copy(&mut page[offset..offset + data.len()], data);
@@ -1048,12 +1049,12 @@ mod tests {
         let store = s.disk().unwrap().clone();
         store.fail_writes.store(true, Ordering::Relaxed);
         let r = p.lock().unwrap().store(&s, CAP, 4, &page(44));
-        assert!(matches!(r, Err(StoreRefusal::Disk(_))), "{r:?}");
+        assert!(matches!(r, Err(StoreRefusal::Io(_))), "{r:?}");
         let r = p
             .lock()
             .unwrap()
             .store(&s, CAP, 100, &[page(7), page(8)].concat());
-        assert!(matches!(r, Err(StoreRefusal::Disk(_))), "{r:?}");
+        assert!(matches!(r, Err(StoreRefusal::Io(_))), "{r:?}");
         store.fail_writes.store(false, Ordering::Relaxed);
         assert_eq!(
             (read(&p, 4), read(&p, 100), read(&p, 101)),

@@ -18,13 +18,9 @@ fn server(capacity_pages: u64) -> (SocketAddr, Arc<ServerState>) {
 
 fn server_with_lease(capacity_pages: u64, lease: Duration) -> (SocketAddr, Arc<ServerState>) {
     let s = Server::bind(ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        capacity_bytes: capacity_pages * PS as u64,
-        token: TOKEN.to_vec(),
-        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
         lease,
         verbose: true,
-        store: Default::default(),
+        ..ServerConfig::loopback(capacity_pages * PS as u64, TOKEN)
     })
     .unwrap();
     let addr = s.local_addr();

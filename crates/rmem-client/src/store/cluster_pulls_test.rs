@@ -13,16 +13,7 @@ const PS: usize = 4096;
 const TOKEN: &[u8] = b"pull-test-token";
 
 fn server() -> (String, Arc<ServerState>) {
-    let s = Server::bind(ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        capacity_bytes: 64 << 20,
-        token: TOKEN.to_vec(),
-        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
-        lease: rmem_server::LEASE_DEFAULT,
-        verbose: false,
-        store: Default::default(),
-    })
-    .unwrap();
+    let s = Server::bind(ServerConfig::loopback(64 << 20, TOKEN)).unwrap();
     let (addr, state) = (s.local_addr().to_string(), s.state());
     s.spawn();
     (addr, state)
