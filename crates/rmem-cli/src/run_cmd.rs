@@ -640,7 +640,7 @@ fn summary(json: &str, elapsed: Duration) -> String {
     format!(
         "rmem: {:.2} s, {} faults ({} swap-ins{pieces}, {} zero-fills), {} swap-outs, {} evictions{unchanged}\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
-         rmem: fault latency p50 {:.1} us, p99 {:.1} us{replaced}",
+         rmem: fault latency p50 {:.1} us, p99 {:.1} us, max {:.1} ms{replaced}",
         elapsed.as_secs_f64(),
         n("faults"),
         n("swap_ins"),
@@ -654,5 +654,6 @@ fn summary(json: &str, elapsed: Duration) -> String {
         v["policy"].as_str().unwrap_or("?"),
         f("fault_us_p50"),
         f("fault_us_p99"),
+        f("fault_us_max") / 1000.0,
     )
 }

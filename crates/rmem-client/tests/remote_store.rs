@@ -73,7 +73,16 @@ fn a_wrong_token_is_refused_with_a_message_naming_it() {
 /// `answer` makes of it, until it says None or the client hangs up (then the fake closes,
 /// listener and all).
 fn fake_server(
+    answer: impl FnMut(Request<'_>) -> Option<Response<'static>> + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    fake_server_lingering(answer, Duration::ZERO)
+}
+
+/// [`fake_server`], whose listener stays open for `linger` after the connection ends,
+/// taking new connections into its backlog and answering none of them (a hung host).
+fn fake_server_lingering(
     mut answer: impl FnMut(Request<'_>) -> Option<Response<'static>> + Send + 'static,
+    linger: Duration,
 ) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -84,20 +93,55 @@ fn fake_server(
         loop {
             let mut hdr = [0u8; HEADER_LEN];
             if s.read_exact(&mut hdr).is_err() {
-                return; // the client hung up
+                break; // the client hung up
             }
             let h = parse_header(&hdr, 1 << 20).unwrap().unwrap();
             let mut body = vec![0u8; h.len as usize];
             s.read_exact(&mut body).unwrap();
             let Some(a) = answer(Request::decode(h.op, &body).unwrap()) else {
-                return;
+                break;
             };
             out.clear();
             a.encode(h.tag, &mut out);
             s.write_all(&out).unwrap();
         }
+        drop(s);
+        std::thread::sleep(linger);
     });
     (addr, fake)
+}
+
+/// What a fake server that knows the token answers to a handshake and an attach (None to
+/// anything else).
+fn handshake_answers() -> impl FnMut(Request<'_>) -> Option<Response<'static>> + Send + 'static {
+    let mut transcript = None;
+    move |req| match req {
+        Request::Hello { nonce, .. } => {
+            let t = auth::Transcript {
+                client_nonce: nonce,
+                server_nonce: [4; auth::NONCE_LEN],
+                version: rmem_proto::VERSION,
+                page_size: PS as u32,
+            };
+            transcript = Some(t);
+            Some(Response::Challenge {
+                nonce: t.server_nonce,
+            })
+        }
+        Request::Auth { .. } => Some(Response::Welcome {
+            version: rmem_proto::VERSION,
+            frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
+            capacity_bytes: 1 << 30,
+            used_bytes: 0,
+            proof: transcript.unwrap().proof(TOKEN, auth::Role::Server),
+        }),
+        Request::Attach { .. } => Some(Response::Attached {
+            lease_ms: 30_000,
+            flags: 0,
+            session_bytes: 0,
+        }),
+        _ => None,
+    }
 }
 
 /// A server that does not know the token but welcomes everyone is caught by its proof.
@@ -204,34 +248,7 @@ fn requests_in_flight_survive_killed_connections() {
 fn a_server_gone_for_good_is_reported_at_once() {
     // A fake server that knows the token: handshake, attach, then it takes one write and
     // vanishes with its listener.
-    let mut transcript = None;
-    let (addr, fake) = fake_server(move |req| match req {
-        Request::Hello { nonce, .. } => {
-            let t = auth::Transcript {
-                client_nonce: nonce,
-                server_nonce: [4; auth::NONCE_LEN],
-                version: rmem_proto::VERSION,
-                page_size: PS as u32,
-            };
-            transcript = Some(t);
-            Some(Response::Challenge {
-                nonce: t.server_nonce,
-            })
-        }
-        Request::Auth { .. } => Some(Response::Welcome {
-            version: rmem_proto::VERSION,
-            frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
-            capacity_bytes: 1 << 30,
-            used_bytes: 0,
-            proof: transcript.unwrap().proof(TOKEN, auth::Role::Server),
-        }),
-        Request::Attach { .. } => Some(Response::Attached {
-            lease_ms: 30_000,
-            flags: 0,
-            session_bytes: 0,
-        }),
-        _ => None,
-    });
+    let (addr, fake) = fake_server(handshake_answers());
     let window = Duration::from_millis(300);
     let mut store = connect_with(addr, TOKEN, window).unwrap();
     store.store(PageIndex(5), &[1; PS]).unwrap();
@@ -259,6 +276,54 @@ fn a_server_gone_for_good_is_reported_at_once() {
             && msg.contains("connection refused"),
         "{msg}"
     );
+}
+
+/// A host that stops answering (its listener still takes connections, nothing answers on
+/// them: hung, or cut off behind a firewall that lets the handshake through) is reconnected
+/// to on a thread of the store's own: no call into the store waits for it (the pager serves
+/// other faults meanwhile), and at the end of the window the store gives up saying what the
+/// last attempt met. Before, the pager's own thread waited out each connection attempt,
+/// here the whole window.
+#[test]
+fn reconnecting_to_a_host_that_does_not_answer_never_holds_the_caller() {
+    let window = Duration::from_secs(2);
+    let (addr, fake) = fake_server_lingering(handshake_answers(), window * 2);
+    let mut store = connect_with(addr, TOKEN, window).unwrap();
+    store.store(PageIndex(5), &[1; PS]).unwrap();
+    store.flush().unwrap();
+    let start = Instant::now();
+    let mut longest = Duration::ZERO;
+    let err = loop {
+        assert!(start.elapsed() < window * 3, "never gave up");
+        let call = Instant::now();
+        let r = store
+            .flush()
+            .and_then(|()| store.poll(&mut |_| {}))
+            .and_then(|_| store.tick(Instant::now()));
+        longest = longest.max(call.elapsed());
+        if let Err(e) = r {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::GaveUp { .. }), "{err:?}");
+    assert!(
+        longest < window / 4,
+        "a call waited {longest:?} for a reconnection ({msg})"
+    );
+    assert!(
+        start.elapsed() >= window / 2,
+        "{:?}: {msg}",
+        start.elapsed()
+    );
+    assert!(
+        msg.contains(&format!("memory server {addr}"))
+            && msg.contains("reconnecting for")
+            && msg.contains("waiting for its challenge"),
+        "{msg}"
+    );
+    fake.join().unwrap();
 }
 
 /// An idle store keeps its session by heartbeats alone, however short the server's lease:

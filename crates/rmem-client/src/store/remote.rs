@@ -30,6 +30,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The connection layer's clocks.
@@ -155,8 +156,14 @@ struct Lost {
     last_try: Option<String>,
     /// Links re-established during this outage that were lost again before any answer.
     relinks: u32,
+    /// A new link being opened on a thread of its own: connecting to a host that is down
+    /// waits out the whole connect timeout, and the pager (whose thread calls this) serves
+    /// the program's other faults meanwhile, from other servers or other copies.
+    dialing: Option<mpsc::Receiver<Result<Link, StoreError>>>,
 }
 
+/// How long giving up waits for the attempt still open to end: it ends with the window.
+const DIAL_LATE: Duration = Duration::from_millis(250);
 /// Shortest and longest waits between two reconnection attempts.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
@@ -765,15 +772,17 @@ impl Conn {
                     backoff: BACKOFF_MIN,
                     last_try: None,
                     relinks: 0,
+                    dialing: None,
                 },
             });
         }
         Ok(())
     }
 
-    /// While lost: try a new link when the backoff allows; give up (with the first cause)
-    /// once reconnecting has taken longer than allowed (at most the lease: after it the
-    /// session is gone anyway).
+    /// While lost: try a new link when the backoff allows, opened on a thread of its own
+    /// (the pager never waits on a connect; the link is taken on a later call once open);
+    /// give up (with the first cause) once reconnecting has taken longer than allowed (at
+    /// most the lease: after it the session is gone anyway).
     fn reconnect(&mut self, now: Instant) -> Result<(), StoreError> {
         let Some(lost) = &mut self.lost else {
             return Ok(());
@@ -786,29 +795,71 @@ impl Conn {
                 server: self.name.clone(),
                 detail: " (given up)".into(),
             };
+            // An attempt still open ends with the window (its deadline): what it met is the
+            // last try's news. A link it opens after is closed (nobody takes it).
+            let last = match (lost.dialing.take(), &lost.last_try) {
+                (Some(dialing), _) => match dialing.recv_timeout(DIAL_LATE) {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(_)) => "connected only once the window had passed".into(),
+                    Err(_) => "still connecting (no answer from its host)".into(),
+                },
+                (None, Some(last)) => last.clone(),
+                (None, None) => "no attempt".into(),
+            };
             return Err(StoreError::GaveUp {
                 cause: Box::new(std::mem::replace(&mut lost.cause, gone)),
                 secs: spent.as_secs_f64(),
-                last: lost.last_try.clone().unwrap_or_else(|| "no attempt".into()),
+                last,
             });
         }
-        if now < lost.next_try {
-            return Ok(());
-        }
-        let timeout = self
-            .timing
-            .connect
-            .min(window - spent)
-            .max(Duration::from_millis(1));
-        match open(
-            &self.name,
-            &self.token,
-            self.page_size,
-            self.session,
-            timeout,
-            self.snapshot,
-            true,
-        ) {
+        let opened = match &lost.dialing {
+            Some(dialing) => match dialing.try_recv() {
+                Ok(opened) => {
+                    lost.dialing = None;
+                    opened
+                }
+                Err(mpsc::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    lost.dialing = None;
+                    Err(StoreError::Closed {
+                        server: self.name.clone(),
+                        detail: " (the thread opening a new link ended without one)".into(),
+                    })
+                }
+            },
+            None if now < lost.next_try => return Ok(()),
+            None => {
+                let timeout = self
+                    .timing
+                    .connect
+                    .min(window - spent)
+                    .max(Duration::from_millis(1));
+                let (name, token) = (self.name.clone(), self.token.clone());
+                let (page_size, session, snapshot) = (self.page_size, self.session, self.snapshot);
+                let (done, dialing) = mpsc::channel();
+                let dial = move || {
+                    let opened = open(&name, &token, page_size, session, timeout, snapshot, true);
+                    // Nobody waits any more when the outage was given up on meanwhile: the
+                    // new link is closed.
+                    let _ = done.send(opened);
+                };
+                match std::thread::Builder::new()
+                    .name("rmem-dial".into())
+                    .spawn(dial)
+                {
+                    Ok(_) => {
+                        lost.dialing = Some(dialing);
+                        return Ok(());
+                    }
+                    // No thread to be had now: a failed try, tried again after the backoff.
+                    Err(source) => Err(StoreError::Connect {
+                        server: self.name.clone(),
+                        source,
+                    }),
+                }
+            }
+        };
+        match opened {
             Ok(link) => {
                 if !link.existed && self.used_bytes > 0 {
                     return Err(StoreError::SessionLost {
