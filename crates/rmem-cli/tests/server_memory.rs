@@ -68,6 +68,49 @@ fn a_locked_server_locks_its_memory_and_serves() {
     assert_eq!(st["capacity_bytes"], 64u64 << 20, "{st}");
 }
 
+/// A server whose node gives it no memory for a new slab (its address space capped with
+/// prlimit here) refuses the page and says why, rather than aborting: the program's error
+/// names the server and its reason, and the server goes on serving, the pages it took kept.
+#[test]
+fn a_server_without_memory_for_a_page_refuses_it_and_goes_on() {
+    let server =
+        ServerProcess::start_in(&["prlimit", "--as=300000000"], TOKEN, &["--capacity", "4G"]);
+    let dir = scratch("no-memory");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("me 8M\n{} 4G\n", server.addr)).unwrap();
+    let stats = dir.join("stats.json");
+    let script = "b = bytearray(600 << 20)\n\
+                  for i in range(0, len(b), 4096): b[i] = 1\n\
+                  print('all touched')\n";
+    let hostfile = hosts.to_str().unwrap();
+    let opts = ["--hostfile", hostfile, "--launcher", "none"];
+    let program = ["/usr/bin/python3", "-c", script];
+    let out = run_bounded(
+        rmem_run(&opts, &stats, &program, false).env("RMEM_TOKEN", TOKEN),
+        Duration::from_secs(60),
+    );
+    let what = format!("{}\n{}\n{}", out.stdout, out.stderr, server.log());
+    assert_eq!(out.status.code(), Some(69), "{what}");
+    let a = &server.addr;
+    assert!(
+        out.stderr.contains("every memory server is full")
+            && out
+                .stderr
+                .contains(&format!("{a} (server {a} cannot store page"))
+            && out.stderr.contains("in its memory"),
+        "{what}"
+    );
+    assert!(
+        server
+            .wait_for("cannot store it in its memory", Duration::from_secs(5))
+            .is_some(),
+        "{what}"
+    );
+    let st = status_json(&server.addr, TOKEN);
+    assert!(st["used_bytes"].as_u64().unwrap() > 0, "{st}\n{what}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A capacity beyond what the node has left is warned of at start (the kernel would swap or
 /// kill the server as it fills); a smaller one, or a disk-backed server, is not.
 #[test]

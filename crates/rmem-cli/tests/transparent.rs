@@ -722,7 +722,11 @@ fn every_server_full_stops_the_program_naming_the_servers() {
     );
     let err = &out.stderr;
     assert!(err.contains("every memory server is full"), "{err}");
-    assert_eq!(err.matches("(capacity 4194304 bytes)").count(), 2, "{err}");
+    assert_eq!(
+        err.matches(" full: capacity 4194304 bytes").count(),
+        2,
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

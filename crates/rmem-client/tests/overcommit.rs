@@ -102,8 +102,8 @@ fn every_server_full_is_an_error_naming_each_with_its_capacity() {
     );
     let msg = err.to_string();
     for want in [
-        format!("{a} (capacity 8192 bytes)"),
-        format!("{b} (capacity 12288 bytes)"),
+        format!("{a} (server {a} full: capacity 8192 bytes"),
+        format!("{b} (server {b} full: capacity 12288 bytes"),
         "--no-overcommit".into(),
     ] {
         assert!(msg.contains(&want), "{msg}");

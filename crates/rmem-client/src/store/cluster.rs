@@ -1110,7 +1110,12 @@ impl RemoteStore {
             servers: self
                 .conns
                 .iter()
-                .map(|c| format!("{} (capacity {} bytes)", c.name, c.server_capacity_bytes))
+                .map(|c| match c.refused_why.as_str() {
+                    "" => format!("{} (capacity {} bytes)", c.name, c.server_capacity_bytes),
+                    // Its own words: past its capacity (which it names), or no memory or
+                    // disk for the page.
+                    why => format!("{} ({why})", c.name),
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
         })

@@ -319,6 +319,9 @@ pub(crate) struct Conn {
     /// It answered `Full`: new pages go elsewhere until this client frees a page there or a
     /// ping shows room.
     pub(crate) full: bool,
+    /// What it said the last time it refused a page (past its capacity, or it could not
+    /// take the memory or write its disk), for the message when no server takes one.
+    pub(crate) refused_why: String,
     /// The pool's manager says it keeps pages on disk (`SERVER_DISK`): the slower tier,
     /// placed on only when the RAM servers are full.
     pub(crate) disk: bool,
@@ -580,6 +583,7 @@ impl Conn {
             used_bytes: 0,
             server_capacity_bytes: limits.server_capacity_bytes,
             full: false,
+            refused_why: String::new(),
             disk: false,
             snapshot: false,
             linked_to: None,
@@ -1131,12 +1135,13 @@ impl Conn {
                         Kind::WriteRange { op, .. },
                         Response::Error {
                             code: rmem_proto::ErrorCode::Full,
-                            ..
+                            message,
                         },
                     ) => {
                         // No other server takes a region's page (its place is fixed): the
                         // caller is told.
                         self.full = true;
+                        self.refused_why = message.to_string();
                         f(Answer::Full {
                             op,
                             piece: 0,
@@ -1184,11 +1189,12 @@ impl Conn {
                         Kind::Write { op, piece, .. },
                         Response::Error {
                             code: rmem_proto::ErrorCode::Full,
-                            ..
+                            message,
                         },
                     ) => {
                         // Overcommit: the piece goes to another server.
                         self.full = true;
+                        self.refused_why = message.to_string();
                         let frame = self.out.frames(std::iter::once(pending.len)).next();
                         let unit = written_page(frame.expect("the answered frame"));
                         f(Answer::Full { op, piece, unit });
