@@ -310,3 +310,23 @@ fn one_encrypted_copy_reads_back_right_and_a_lie_is_an_error() {
         "the liar is not named: {e}"
     );
 }
+
+/// A copy on a server that goes silent (a proxy that holds each read answer 3 s, inside the
+/// 5 s request timeout: a hung or stopped host looks the same until then) is not waited for:
+/// after `HEDGE_AFTER` (100 ms) the read is asked of the other copy, and the page comes from
+/// it. Before, each read waited for the slow copy.
+#[test]
+fn a_read_from_a_server_gone_silent_is_asked_of_the_other_copy() {
+    let (slow, _) = proxy(server(), Mode::Slow(Duration::from_secs(3)));
+    let mut s = store_on(&[slow, server()], "replicas:2", false);
+    store_all(&mut s, 4, 0);
+    let counters = s.counters().unwrap();
+    for p in 0..4 {
+        let t = Instant::now();
+        let data = fetch_one(&mut s, p).unwrap();
+        assert!(data == page(p, 0), "page {p} wrong");
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(1), "page {p} took {took:?}");
+    }
+    assert!(counters.failovers.load(Relaxed) >= 1, "no read failed over");
+}

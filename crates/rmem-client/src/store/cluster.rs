@@ -281,6 +281,13 @@ struct PullBatch {
     items: Vec<(u64, u8)>,
 }
 
+/// A server that has answered nothing for this long while a request waits is slow: reads
+/// waiting on it are asked of the page's other pieces too (a hung host, or one stopped,
+/// would otherwise hold them for the whole request timeout, `RMEM_SERVER_TIMEOUT_MS`). A
+/// hundred times a fault's usual wait on this machine; one asked again needlessly costs one
+/// more read.
+const HEDGE_AFTER: Duration = Duration::from_millis(100);
+
 /// Moves server to server, for drains (see [`PullMove`]).
 struct Pulls {
     /// Off (`RMEM_PULL=0`): every move goes through this client.
@@ -1464,16 +1471,15 @@ impl RemoteStore {
             asked.push(i);
         }
         if asked.is_empty() && outstanding == 0 {
-            // A read failed over from a server in an outage is still pending there: with
-            // nothing else left, wait for it. The server answers once relinked, or is given
-            // up on (then this is asked again, and the page lost naming it too).
+            // A read failed over from a server in an outage or gone silent (`fail_over_reads`)
+            // is still pending there: with nothing else left, wait for it. The server answers
+            // (once relinked), or is given up on (then this is asked again, and the page lost
+            // naming it too).
             let waiting = (0..members.len())
                 .filter(|&i| {
-                    let s = members[i];
                     fe.asked & fe.answered & bit(i) != 0
                         && (fe.have | fe.bad) & bit(i) == 0
-                        && self.book.alive(s)
-                        && self.conns[s as usize].in_outage()
+                        && self.book.alive(members[i])
                 })
                 .fold(0, |m, i| m | bit(i));
             if waiting != 0 {
@@ -2208,16 +2214,20 @@ impl RemoteStore {
         Ok(())
     }
 
-    /// Reads waiting on a server in an outage are asked of the page's other pieces now, not
-    /// after the reconnection window (with redundancy, where another piece can be asked; an
-    /// answer that comes later is ignored). Writes wait: a page counts as stored only when
-    /// every piece is.
+    /// Reads waiting on a server in an outage, or silent for [`HEDGE_AFTER`], are asked of
+    /// the page's other pieces now, not after the request timeout and the reconnection
+    /// window (with redundancy, where another piece can be asked; an answer that comes later
+    /// is ignored, or used if the page is still wanted). Writes wait: a page counts as
+    /// stored only when every piece is.
     fn fail_over_reads(&mut self) {
         if self.book.codec.redundancy().tolerates() == 0 {
             return;
         }
+        let now = Instant::now();
         for s in 0..self.conns.len() {
-            if self.book.dead[s].is_some() || !self.conns[s].in_outage() {
+            let c = &self.conns[s];
+            let slow = c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER);
+            if self.book.dead[s].is_some() || !slow {
                 continue;
             }
             let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();

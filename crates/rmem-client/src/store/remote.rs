@@ -995,6 +995,13 @@ impl Conn {
         self.lost.is_some() || self.relinked.is_some()
     }
 
+    /// How long its oldest unanswered request has waited with no answer from it meanwhile
+    /// (the request timeout's clock); None when nothing is unanswered.
+    pub(crate) fn silent_for(&self, now: Instant) -> Option<Duration> {
+        let p = self.pending.front()?;
+        Some(now.saturating_duration_since(p.sent.max(self.last_activity)))
+    }
+
     /// The reads waiting on this server, as (operation, piece).
     pub(crate) fn pending_reads(&self) -> impl Iterator<Item = (u64, u8)> + '_ {
         self.pending.iter().filter_map(|p| match p.kind {
@@ -1281,8 +1288,7 @@ impl Conn {
             }
             return self.flush(now);
         }
-        if let Some(p) = self.pending.front() {
-            let waited = now.saturating_duration_since(p.sent.max(self.last_activity));
+        if let Some(waited) = self.silent_for(now) {
             if waited > self.timing.request {
                 let e = StoreError::Timeout {
                     server: self.name.clone(),
