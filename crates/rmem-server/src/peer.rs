@@ -17,7 +17,7 @@
 
 use crate::session::{Attachment, Sessions, StoreRefusal};
 use crate::{read_frame, Deadlined};
-use rmem_proto::{auth, PageKey, Request, Response, SessionId};
+use rmem_proto::{auth, ErrorCode, PageKey, Request, Response, SessionId};
 use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::time::Instant;
@@ -153,7 +153,7 @@ impl Peer {
         keys: &[PageKey],
         deadline: Instant,
         store: impl FnMut(u64, &[u8]) -> Result<(), String>,
-    ) -> (usize, String) {
+    ) -> Stopped {
         self.reader.get_mut().deadline = Some(deadline);
         let per_read = ((self.frame_len_max as usize).saturating_sub(64) / self.unit).max(1);
         let mut runs: Vec<(u64, u32)> = Vec::new();
@@ -176,7 +176,11 @@ impl Peer {
             .encode(0, &mut frames);
         }
         if let Err(e) = self.sock.write_all(&frames) {
-            return (0, format!("{}: {e}", self.from));
+            return Stopped {
+                stored: 0,
+                why: format!("{}: {e}", self.from),
+                link: true,
+            };
         }
         let mut body = std::mem::take(&mut self.body);
         let done = self.store_answers(&runs, &mut body, store);
@@ -191,9 +195,10 @@ impl Peer {
         runs: &[(u64, u32)],
         body: &mut Vec<u8>,
         mut store: impl FnMut(u64, &[u8]) -> Result<(), String>,
-    ) -> (usize, String) {
+    ) -> Stopped {
         let mut stored = 0;
         let unit = self.unit;
+        let stop = |stored, why, link| Stopped { stored, why, link };
         for &(key, count) in runs {
             let data = match self.answer(body, "read answer") {
                 Ok(Response::ReadOk {
@@ -201,18 +206,37 @@ impl Peer {
                     count: c,
                     data,
                 }) if k.0 == key && c == count && data.len() == count as usize * unit => data,
-                Ok(other) => return (stored, refused("read answer", &other)),
-                Err(e) => return (stored, e),
+                // The session fenced here (the client attached it again, exclusively, after
+                // a dropped link of its own) or gone: a fresh link may see it again.
+                Ok(
+                    other @ Response::Error {
+                        code: ErrorCode::SessionLost,
+                        ..
+                    },
+                ) => return stop(stored, refused("read answer", &other), true),
+                Ok(other) => return stop(stored, refused("read answer", &other), false),
+                Err(e) => return stop(stored, e, true),
             };
             for (i, page) in data.chunks(unit).enumerate() {
                 if let Err(e) = store(key.wrapping_add(i as u64), page) {
-                    return (stored, e);
+                    return stop(stored, e, false);
                 }
                 stored += 1;
             }
         }
-        (stored, String::new())
+        stop(stored, String::new(), false)
     }
+}
+
+/// Where a pull over one link stopped.
+struct Stopped {
+    /// Keys stored, in order.
+    stored: usize,
+    /// Why not all were (empty when all were).
+    why: String,
+    /// The link failed (closed, cut, timed out, or the session fenced on it), not the data
+    /// or this server's store: the rest may come over a fresh link.
+    link: bool,
 }
 
 fn refused(what: &str, r: &Response<'_>) -> String {
@@ -240,16 +264,18 @@ pub(crate) fn pull(
         .position(|p| p.from == w.from && p.session == w.session && p.unit == w.unit);
     let mut peer = kept.map(|i| peers.remove(i));
     // A kept link may have gone stale (the other server closed it, or the client's exclusive
-    // attach there fenced it): one failing before any page came is opened again, once.
+    // attach there fenced it, maybe in the middle of this pull): when the link failed, the
+    // keys not stored yet are asked again over a fresh one, once.
+    let mut done = 0;
     for fresh in [peer.is_none(), true] {
         if fresh {
             match Peer::open(&w) {
                 Ok(p) => peer = Some(p),
-                Err(e) => return (0, e),
+                Err(e) => return (done, e),
             }
         }
         let p = peer.as_mut().expect("opened");
-        let (stored, why) = p.read_into(keys, w.deadline, |key, page| {
+        let stopped = p.read_into(&keys[done..], w.deadline, |key, page| {
             let mut pages = to.attachment.lock().map_err(|e| e.to_string())?;
             pages
                 .store(to.sessions, to.capacity, key, page)
@@ -258,16 +284,17 @@ pub(crate) fn pull(
                     e => format!("cannot store it: {e}"),
                 })
         });
-        if stored == keys.len() {
+        done += stopped.stored;
+        if done == keys.len() {
             // Most recently used last.
             if peers.len() >= PEERS_KEPT {
                 peers.remove(0);
             }
             peers.extend(peer);
-            return (stored, why);
+            return (done, stopped.why);
         }
-        if stored > 0 || fresh {
-            return (stored, why);
+        if !stopped.link || fresh {
+            return (done, stopped.why);
         }
     }
     unreachable!("the second try opens a fresh link and returns")

@@ -796,3 +796,78 @@ fn a_pull_copies_pages_from_another_server_and_says_what_it_could_not() {
     assert_eq!(pull(&mut c, src, id, &[2]), (1, String::new()));
     assert_eq!(c.read(2).unwrap(), vec![0x77; PS]);
 }
+
+/// A proxy to `real` whose first connection is cut once it has passed `reads` read answers
+/// (a link to another server that fails in the middle of a pull); later connections pass
+/// everything.
+fn cutting_proxy(real: SocketAddr, reads: usize) -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (n, client) in l.incoming().enumerate() {
+            let Ok(mut client) = client else { return };
+            let mut up = TcpStream::connect(real).unwrap();
+            let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Both);
+            });
+            std::thread::spawn(move || {
+                let mut passed = 0;
+                let mut hdr = [0u8; HEADER_LEN];
+                let mut body = Vec::new();
+                loop {
+                    if up.read_exact(&mut hdr).is_err() {
+                        break;
+                    }
+                    let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
+                    body.resize(h.len as usize, 0);
+                    if up.read_exact(&mut body).is_err() {
+                        break;
+                    }
+                    if h.op == Op::ReadOk {
+                        if n == 0 && passed == reads {
+                            break;
+                        }
+                        passed += 1;
+                    }
+                    if client.write_all(&hdr).is_err() || client.write_all(&body).is_err() {
+                        break;
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                let _ = up.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+/// A kept link to the other server that fails in the middle of a pull (the pages of its
+/// first run stored, then the link cut): the keys not stored yet are asked again over a
+/// fresh link, and the pull stores them all. (It answered the part stored and why the link
+/// failed, and the client moved the rest itself, and for 30 s every page that server took.)
+#[test]
+fn a_pull_whose_link_fails_midway_goes_on_over_a_fresh_one() {
+    let (src, _) = server(64);
+    let (dst, _) = server(64);
+    let id = SessionId::random().unwrap();
+    let (mut owner, _) = Client::attach(src, id, 0);
+    for key in [1u64, 2, 3, 7] {
+        let (op, _) = owner.call(Request::Write {
+            key: PageKey(key),
+            count: 1,
+            data: &[key as u8; PS],
+        });
+        assert_eq!(op, Op::WriteOk);
+    }
+    // The first link passes two read answers: one for the pull that opens it (kept), one
+    // for the first run of the next pull; the second run's is cut.
+    let via = cutting_proxy(src, 2);
+    let (mut c, _) = Client::attach(dst, id, 0);
+    assert_eq!(pull(&mut c, via, id, &[1]), (1, String::new()));
+    assert_eq!(pull(&mut c, via, id, &[2, 3, 7]), (3, String::new()));
+    for key in [1u64, 2, 3, 7] {
+        assert_eq!(c.read(key).unwrap(), vec![key as u8; PS], "page {key}");
+    }
+}
