@@ -608,8 +608,9 @@ impl Pages<'_> {
     }
 
     /// Store `data` (whole pages) from `key` on, within `capacity` for the whole server. If
-    /// they would not fit, nothing is stored; if the disk store fails, none of these keys is
-    /// held any more (never a wrong page: the client places them elsewhere).
+    /// they would not fit, nothing is stored; if the disk store fails or no memory can be
+    /// mapped for a new slab, none of these keys is held any more (never a wrong page: the
+    /// client places them elsewhere).
     pub fn store(
         &mut self,
         sessions: &Sessions,

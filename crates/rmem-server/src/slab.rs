@@ -7,10 +7,12 @@
 //! stay on the free list and bring it back when reused). A slab is an anonymous mapping of its
 //! own, populated when it is made: one system call puts all its pages in place, where touching
 //! them one by one would take a page fault each (a fault is dear in a VM: pages pulled onto a
-//! server arrived 1.4x faster, docs/benchmarks.md "Slabs populated when mapped"), and unmapped
-//! when its last page goes, so memory a server lent and got back is the node's again. On a disk-backed server
-//! (`--store file:PATH`) an arena's slots name slots of the server's [`DiskStore`] instead of
-//! slabs: the same reference counts, free list and indexes, only the bytes live elsewhere.
+//! server arrived 1.25-1.55x faster, docs/benchmarks.md "Slabs populated when mapped"), and
+//! unmapped when its last page goes, so memory a server lent and got back is the node's again.
+//! A slab the node cannot map fails the store (an error, not an abort). On a disk-backed
+//! server (`--store file:PATH`) an arena's slots name slots of the server's [`DiskStore`]
+//! instead of slabs: the same reference counts, free list and indexes, only the bytes live
+//! elsewhere.
 //!
 //! [`Index`]: one session's keys, each naming a slot of the arena, or a tombstone (the page was
 //! freed in this session while a session it reads through still has it). A radix index: a
