@@ -16,7 +16,7 @@
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// How many servers hold each page, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,7 +115,35 @@ enum Seal {
     Checksum,
     /// AES-256-GCM, keys made here: the server sees ciphertext and cannot forge. The last
     /// key seals; the others are ancestors' (see [`Stamp`]).
-    Aead(Vec<Arc<LessSafeKey>>),
+    Aead(Vec<Arc<SealKey>>),
+}
+
+/// An AES-256-GCM key, set up for AWS-LC on its first use. AWS-LC picks a key's code when
+/// the key is set up, from what it found the CPU can do, and finds that out in a constructor
+/// of the library it is linked into. In librmem.so that constructor runs after librmem's own,
+/// which starts the runtime and makes this codec in transparent mode (`rmem run`): a key set
+/// up there used AWS-LC's portable code for the whole run, and sealing and opening ran about
+/// 10x slower than with the CPU's AES and carry-less multiply instructions (`aes_nohw_*` and
+/// `gcm_mul64_nohw` in perf; `ec:2+1 --encrypt` 4-5x slower end to end). A page is sealed or
+/// opened only once the program runs, after every constructor.
+struct SealKey {
+    bytes: [u8; 32],
+    key: OnceLock<LessSafeKey>,
+}
+
+impl SealKey {
+    fn new(bytes: &[u8; 32]) -> Arc<SealKey> {
+        Arc::new(SealKey {
+            bytes: *bytes,
+            key: OnceLock::new(),
+        })
+    }
+
+    fn get(&self) -> &LessSafeKey {
+        self.key.get_or_init(|| {
+            LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.bytes).expect("a 32-byte key"))
+        })
+    }
 }
 
 /// The seal did not match: the piece is not this page at this version.
@@ -137,7 +165,7 @@ impl Codec {
     /// they are encrypted or kept on more than one server.
     pub fn new(page_size: usize, redundancy: Redundancy, encrypt: bool) -> std::io::Result<Codec> {
         let seal = if encrypt {
-            Seal::Aead(vec![Arc::new(aead_key(&new_key()?))])
+            Seal::Aead(vec![SealKey::new(&new_key()?)])
         } else if redundancy == Redundancy::None {
             Seal::Plain
         } else {
@@ -172,7 +200,7 @@ impl Codec {
             Seal::Aead(keys) if keys.len() >= KEYS_MAX => return None,
             Seal::Aead(keys) => {
                 let mut keys = keys.clone();
-                keys.push(Arc::new(aead_key(key)));
+                keys.push(SealKey::new(key));
                 Seal::Aead(keys)
             }
         };
@@ -279,6 +307,7 @@ impl Codec {
             Seal::Aead(keys) => {
                 let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
                 let tag = keys[stamp.key as usize]
+                    .get()
                     .seal_in_place_separate_tag(nonce, Aad::from(&[]), &mut sealed[..ps])
                     .expect("a page is far below AES-GCM's limit");
                 sealed[ps..].copy_from_slice(tag.as_ref());
@@ -372,7 +401,7 @@ impl Codec {
                 }
             }
             Seal::Aead(keys) => {
-                let key = keys.get(stamp.key as usize).ok_or(Unsealed)?;
+                let key = keys.get(stamp.key as usize).ok_or(Unsealed)?.get();
                 let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
                 let (data, tag) = sealed.split_at_mut(ps);
                 key.open_in_place_separate_tag(nonce, Aad::from(&[]), &tag[..SEAL_LEN], data)
@@ -400,10 +429,6 @@ pub fn new_key() -> std::io::Result<[u8; 32]> {
     Ok(key)
 }
 
-fn aead_key(key: &[u8; 32]) -> LessSafeKey {
-    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte key"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,6 +448,30 @@ mod tests {
         let mut buf = units.to_vec();
         c.decode(page, stamp, &mut buf, (1 << c.slots()) - 1)?;
         Ok(buf[..c.page_size()].to_vec())
+    }
+
+    /// Making a codec (in librmem.so's constructor, before AWS-LC's own has looked at the
+    /// CPU) sets up no AES key; the first seal does, and a fork child's key likewise waits
+    /// for its first use. (A key set up first ran AWS-LC's portable code: SealKey's doc.)
+    #[test]
+    fn keys_are_set_up_at_their_first_use_not_with_the_codec() {
+        let keys = |c: &Codec| match &c.seal {
+            Seal::Aead(keys) => keys
+                .iter()
+                .map(|k| k.key.get().is_some())
+                .collect::<Vec<_>>(),
+            _ => unreachable!("encrypted"),
+        };
+        let c = Codec::new(4096, Redundancy::None, true).unwrap();
+        assert_eq!(keys(&c), [false]);
+        let mut sealed = page(3);
+        sealed.resize(c.sealed_len(), 0);
+        c.seal_unit(9, v(1), &mut sealed);
+        assert_eq!(keys(&c), [true]);
+        let child = c.forked(&[5; 32]).unwrap();
+        assert_eq!(keys(&child), [true, false]);
+        c.open(9, v(1), &mut sealed).unwrap();
+        assert_eq!(&sealed[..4096], &page(3)[..]);
     }
 
     #[test]
