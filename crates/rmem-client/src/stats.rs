@@ -145,6 +145,7 @@ impl Stats {
             repair_s: store(|c| &c.repair_us) as f64 / 1e6,
             pieces_bad: store(|c| &c.pieces_bad),
             failovers: store(|c| &c.failovers),
+            writes_redirected: store(|c| &c.writes_redirected),
             swap_ins: self.swap_ins.load(Relaxed),
             swap_outs: self.swap_outs.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
@@ -207,7 +208,8 @@ pub struct StatsSnapshot {
     /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
     pub layout: String,
     /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
-    /// pieces that came back wrong, reads sent to another server after one failed.
+    /// pieces that came back wrong, reads sent to another server after one failed, writes
+    /// sent to another server after theirs went silent or lost its link.
     pub servers_lost: u64,
     pub pages_repaired: u64,
     /// Of the pieces that moved, those read off their draining server as they were.
@@ -217,6 +219,7 @@ pub struct StatsSnapshot {
     pub repair_s: f64,
     pub pieces_bad: u64,
     pub failovers: u64,
+    pub writes_redirected: u64,
 }
 
 impl StatsSnapshot {
@@ -258,6 +261,7 @@ impl StatsSnapshot {
             ("pieces_pulled", self.pieces_pulled),
             ("pieces_bad", self.pieces_bad),
             ("failovers", self.failovers),
+            ("writes_redirected", self.writes_redirected),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");
@@ -290,14 +294,15 @@ impl StatsSnapshot {
 
     /// A short human summary, one line per group.
     pub fn summary(&self) -> String {
-        let lost = if self.servers_lost > 0 || self.pieces_bad > 0 {
+        let lost = if self.servers_lost > 0 || self.pieces_bad > 0 || self.writes_redirected > 0 {
             format!(
-                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over ({})",
+                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over, {} writes redirected ({})",
                 self.servers_lost,
                 self.pages_repaired,
                 self.repair_s,
                 self.pieces_bad,
                 self.failovers,
+                self.writes_redirected,
                 self.layout
             )
         } else {

@@ -41,6 +41,9 @@ enum Mode {
     Slow(Duration),
     /// Passes them on, but the first under the tag of a request sent later: a bad frame.
     WrongTagOnce,
+    /// Holds the first write answer this long, and with it everything after it: a server
+    /// that hangs for a while, then goes on.
+    StallWrites(Duration),
 }
 
 /// A proxy to `real` that treats read answers as `mode` says. A slow honest one makes a
@@ -81,6 +84,13 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
                     match (mode, h.op, Response::decode(h.op, &body)) {
                         (Mode::Slow(delay), Op::ReadOk, Ok(Response::ReadOk { .. })) => {
                             std::thread::sleep(delay);
+                            out.extend_from_slice(&hdr);
+                            out.extend_from_slice(&body);
+                        }
+                        (Mode::StallWrites(stall), Op::WriteOk, _) if n == 0 => {
+                            n += 1;
+                            told.fetch_add(1, Relaxed);
+                            std::thread::sleep(stall);
                             out.extend_from_slice(&hdr);
                             out.extend_from_slice(&body);
                         }
@@ -231,6 +241,82 @@ fn fragments_catch_every_lie_encrypted() {
 #[test]
 fn fragments_catch_every_lie_with_a_checksum() {
     check("ec:2+1", false);
+}
+
+/// Writes waiting on a server gone silent (a proxy that holds its answers 3 s, inside the 5 s
+/// request timeout) are not waited for: after `HEDGE_AFTER` (100 ms) they go to a server
+/// outside the page's group, which takes the silent one's place in it. Two writes of each
+/// page wait there, and the newer must be what is read back, while the server is silent and
+/// after it stored both late (and then freed them); writes made meanwhile avoid it. Before,
+/// every write waited the 3 s.
+#[test]
+fn writes_waiting_on_a_server_gone_silent_go_to_another() {
+    for (layout, encrypt) in [("replicas:2", false), ("ec:2+1", true)] {
+        let (silent, stalls) = proxy(server(), Mode::StallWrites(Duration::from_secs(3)));
+        let mut s = store_on(&[silent, server(), server(), server()], layout, encrypt);
+        let counters = s.counters().unwrap();
+        let pages = 24u64;
+        let stalled = Instant::now();
+        for round in 0..2 {
+            for p in 0..pages {
+                s.store(PageIndex(p), &page(p, round)).unwrap();
+            }
+        }
+        s.flush().unwrap();
+        let (mut stored, deadline) = (0, Instant::now() + Duration::from_secs(10));
+        while stored < 2 * pages {
+            assert!(Instant::now() < deadline, "{layout}: {stored} stored");
+            s.poll(&mut |c| stored += u64::from(matches!(c, Completion::Stored { .. })))
+                .unwrap();
+            s.tick(Instant::now()).unwrap();
+        }
+        let took = stalled.elapsed();
+        assert_eq!(
+            stalls.load(Relaxed),
+            1,
+            "{layout}: the server never went silent"
+        );
+        assert!(
+            took < Duration::from_millis(1500),
+            "{layout}: writes took {took:?}"
+        );
+        let redirected = counters.writes_redirected.load(Relaxed);
+        assert!(
+            redirected >= pages,
+            "{layout}: {redirected} writes redirected"
+        );
+        for p in 0..pages {
+            assert!(
+                fetch_one(&mut s, p).unwrap() == page(p, 1),
+                "{layout}: page {p}"
+            );
+        }
+        // Still silent: a new round goes around it.
+        store_all(&mut s, pages, 2);
+        assert!(
+            stalled.elapsed() < Duration::from_secs(3),
+            "{layout}: the stall ended"
+        );
+        for p in 0..pages {
+            assert!(
+                fetch_one(&mut s, p).unwrap() == page(p, 2),
+                "{layout}: page {p}"
+            );
+        }
+        // It answers again: its late writes, and the frees behind them, change nothing read.
+        while stalled.elapsed() < Duration::from_millis(3500) {
+            s.poll(&mut |_| {}).unwrap();
+            s.tick(Instant::now()).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for round in 3..5 {
+            store_all(&mut s, pages, round);
+            for p in 0..pages {
+                let data = fetch_one(&mut s, p).unwrap();
+                assert!(data == page(p, round), "{layout}: page {p} round {round}");
+            }
+        }
+    }
 }
 
 /// A server that answers a read under another request's tag is buried (a bad frame is never

@@ -352,11 +352,23 @@ struct Book {
     next_op: u64,
     /// Pages with an operation of the pager's in flight.
     busy: HashMap<u64, u64>,
+    /// Pages being written (a write-back or a repair), and the newest such operation: only
+    /// its pieces may be placed anew (a refusal, a server buried or gone slow). An older
+    /// write's piece placed after a newer one was stored would put old bytes where the page
+    /// is read, and a page of one unsealed copy cannot tell.
+    writing: HashMap<u64, u64>,
     /// Servers given up, and why.
     dead: Vec<Option<String>>,
     /// Servers leaving the pool (a drain): still read, never given new pieces; their pages
     /// move elsewhere like a repair whose source is still there.
     draining: Vec<bool>,
+    /// Servers that answered nothing for [`HEDGE_AFTER`] while a request waited, or whose
+    /// link is down and being reopened: alive, still read (and their reads hedged), but new
+    /// write-backs go elsewhere while another server can take them, and those waiting on
+    /// them are redirected ([`RemoteStore::redirect_writes`]). Refreshed on every poll and
+    /// tick; only with redundancy (a page of one copy cannot be read without its server
+    /// anyway).
+    slow: Vec<bool>,
     /// Fetch buffers to reuse (`Codec::slots` units each).
     bufs: Vec<Vec<u8>>,
     /// A sealed page's copy, to check a repair's seal on.
@@ -428,6 +440,11 @@ impl Book {
     /// Whether server `s` may be given pieces: alive and not draining.
     fn placeable(&self, s: u16) -> bool {
         self.alive(s) && !self.draining[s as usize]
+    }
+
+    /// Whether server `s` may be given pieces and answers: placeable and not slow.
+    fn prompt(&self, s: u16) -> bool {
+        self.placeable(s) && !self.slow[s as usize]
     }
 
     fn op_id(&mut self) -> u64 {
@@ -525,6 +542,9 @@ impl Book {
         }
         let (page, repair) = (st.page, st.repair);
         self.ops.remove(&op);
+        if self.writing.get(&page) == Some(&op) {
+            self.writing.remove(&page);
+        }
         if repair {
             todo.push(Todo::Repaired);
         } else {
@@ -818,8 +838,10 @@ impl RemoteStore {
                 ops: HashMap::new(),
                 next_op: 0,
                 busy: HashMap::new(),
+                writing: HashMap::new(),
                 dead: Vec::new(),
                 draining: Vec::new(),
+                slow: Vec::new(),
                 counters: Arc::new(StoreCounters {
                     layout: format!(
                         "{}{}",
@@ -885,6 +907,7 @@ impl RemoteStore {
         self.conns.push(conn);
         self.book.dead.push(None);
         self.book.draining.push(false);
+        self.book.slow.push(false);
     }
 
     /// Act on what the pool's manager last said: join the servers it offers that this store
@@ -1091,10 +1114,11 @@ impl RemoteStore {
             };
             order.sort_by_key(key);
         }
+        // Servers with room before full ones, and slow ones last of all (stable: the order
+        // above holds within each).
+        order.sort_by_key(|&s| (self.book.slow[s as usize], self.conns[s as usize].full));
         let mut out: Vec<u16> = keep.to_vec();
-        let roomy = order.iter().filter(|&&s| !self.conns[s as usize].full);
-        let full = order.iter().filter(|&&s| self.conns[s as usize].full);
-        for &s in roomy.chain(full) {
+        for &s in &order {
             if out.len() == w {
                 break;
             }
@@ -1185,16 +1209,23 @@ impl RemoteStore {
     }
 
     /// The group to write `page` to: its own while every member lives; else its live members
-    /// kept and the dead replaced; a new one for a page with none.
-    fn target(&mut self, page: u64) -> Result<(u16, u32), StoreError> {
+    /// kept and the dead replaced; a new one for a page with none. `prompt`: a write of
+    /// every piece, which also leaves slow members where a prompt server can take their
+    /// piece (a repair writes only the pieces it rebuilt).
+    fn target(&mut self, page: u64, prompt: bool) -> Result<(u16, u32), StoreError> {
         let old = self.book.meta.group(page);
         let members = match old {
             Some(g) => {
                 let m = self.book.groups.members[g as usize].clone();
-                if m.iter().all(|&s| self.book.placeable(s)) {
+                let stays = |s| self.book.placeable(s) && !(prompt && self.book.slow[s as usize]);
+                if m.iter().all(|&s| stays(s)) {
                     return Ok((g, 0));
                 }
-                self.heal(page, &m)?
+                let healed = self.heal(page, &m, prompt)?;
+                if *healed == *m {
+                    return Ok((g, 0)); // slow members, and no prompt server to take over
+                }
+                healed
             }
             None => {
                 self.within_grant(page)?;
@@ -1215,25 +1246,34 @@ impl RemoteStore {
         Ok((g, changed))
     }
 
-    /// `members` with every dead or draining one replaced by a live server outside the group.
-    fn heal(&self, page: u64, members: &[u16]) -> Result<Vec<u16>, StoreError> {
+    /// `members` with every dead or draining one replaced by a live server outside the group
+    /// and, with `prompt`, every slow one by a prompt server outside it where there is one.
+    fn heal(&self, page: u64, members: &[u16], prompt: bool) -> Result<Vec<u16>, StoreError> {
+        let b = &self.book;
+        let slow = |s: u16| prompt && b.placeable(s) && b.slow[s as usize];
         let keep: Vec<u16> = members
             .iter()
             .copied()
-            .filter(|&s| self.book.placeable(s))
+            .filter(|&s| b.placeable(s) && !slow(s))
             .collect();
+        // Best first (`choose` puts slow servers last); a slow member chosen stays in its
+        // own place, not another's.
         let fresh = self.choose(page, &keep, true)?;
-        let mut extra = fresh[keep.len()..].iter();
-        Ok(members
+        let mut extra = fresh[keep.len()..]
             .iter()
-            .map(|&s| {
-                if self.book.placeable(s) {
-                    s
-                } else {
-                    *extra.next().unwrap_or(&NONE)
-                }
-            })
-            .collect())
+            .copied()
+            .filter(|s| !members.contains(s))
+            .peekable();
+        let mut healed = members.to_vec();
+        for h in healed.iter_mut().filter(|s| !b.placeable(**s)) {
+            *h = extra.next().unwrap_or(NONE);
+        }
+        for h in healed.iter_mut().filter(|s| slow(**s)) {
+            if let Some(s) = extra.next_if(|&s| s != NONE && b.prompt(s)) {
+                *h = s;
+            }
+        }
+        Ok(healed)
     }
 
     /// Write the pieces of `page` in `mask` to their group's members.
@@ -1280,7 +1320,7 @@ impl RemoteStore {
     /// Start writing `data` as `page`: a new version, its pieces to its group.
     fn start_store(&mut self, page: u64, data: &[u8]) -> Result<u64, StoreError> {
         self.supersede(page);
-        let (g, _) = self.target(page)?;
+        let (g, _) = self.target(page, true)?;
         let stamp = if self.book.codec.plain() {
             Stamp::default()
         } else {
@@ -1322,7 +1362,7 @@ impl RemoteStore {
         stamp: Stamp,
         units: &[u8],
     ) -> Result<u64, StoreError> {
-        let (g, changed) = self.target(page)?;
+        let (g, changed) = self.target(page, false)?;
         Ok(self.send_store(page, g, stamp, changed, Outgoing::Units(units), true))
     }
 
@@ -1345,6 +1385,7 @@ impl RemoteStore {
         let mask = mask & real;
         let op = self.book.op_id();
         self.send_pieces(op, page, g, mask, out);
+        self.book.writing.insert(page, op);
         self.book.ops.insert(
             op,
             Op::Store(Store {
@@ -1361,6 +1402,7 @@ impl RemoteStore {
             // Nothing moved (a repair raced with a write that healed the page).
             self.todo.push(Todo::Repaired);
             self.book.ops.remove(&op);
+            self.book.writing.remove(&page);
         }
         op
     }
@@ -1453,11 +1495,11 @@ impl RemoteStore {
             _ => 0,
         };
         let mut asked = Vec::new();
-        // Servers in an outage (a link down, or not answered on since) last.
+        // Servers in an outage (a link down, or not answered on since) or slow last.
         let order = (0..members.len()).map(|i| (start + i) % members.len());
         let shaky = |i: &usize| {
             let s = members[*i];
-            s != NONE && self.conns[s as usize].in_outage()
+            s != NONE && (self.conns[s as usize].in_outage() || self.book.slow[s as usize])
         };
         let (shaky, steady): (Vec<usize>, Vec<usize>) = order.partition(shaky);
         for i in steady.into_iter().chain(shaky) {
@@ -1471,7 +1513,7 @@ impl RemoteStore {
             asked.push(i);
         }
         if asked.is_empty() && outstanding == 0 {
-            // A read failed over from a server in an outage or gone silent (`fail_over_reads`)
+            // A read failed over from a server in an outage or gone silent (`hedge`)
             // is still pending there: with nothing else left, wait for it. The server answers
             // (once relinked), or is given up on (then this is asked again, and the page lost
             // naming it too).
@@ -1562,7 +1604,8 @@ impl RemoteStore {
     }
 
     /// Put piece `piece` of store `op` on another server: its server refused it (`Full`) or
-    /// was buried. A page freed or written again meanwhile needs nothing.
+    /// was buried. A page freed or written again meanwhile needs nothing (the newer write's
+    /// own piece is placed in its turn).
     fn place(
         &mut self,
         op: u64,
@@ -1576,8 +1619,9 @@ impl RemoteStore {
         };
         let (page, stamp) = (st.page, st.stamp);
         let current = self.book.meta.group(page);
-        let same =
-            current.is_some() && (self.book.codec.plain() || self.book.meta.stamp(page) == stamp);
+        let same = current.is_some()
+            && self.book.writing.get(&page) == Some(&op)
+            && (self.book.codec.plain() || self.book.meta.stamp(page) == stamp);
         if !same {
             let mut todo = std::mem::take(&mut self.todo);
             self.book.written(op, piece as usize, f, &mut todo);
@@ -1624,11 +1668,17 @@ impl RemoteStore {
             return Ok(());
         }
         self.conns[to as usize].used_bytes += unit_len;
+        self.send_piece(to, op, piece, page, &unit);
+        Ok(())
+    }
+
+    /// Write piece `piece` of store `op`, `unit` as the servers keep it, to server `to`.
+    fn send_piece(&mut self, to: u16, op: u64, piece: u8, page: u64, unit: &[u8]) {
         self.conns[to as usize].submit(
             Request::Write {
                 key: PageKey(page),
                 count: 1,
-                data: &unit,
+                data: unit,
             },
             Kind::Write {
                 op,
@@ -1636,7 +1686,6 @@ impl RemoteStore {
                 key: page,
             },
         );
-        Ok(())
     }
 
     /// Give server `s` up. Without redundancy that is the end (the error is returned);
@@ -1910,7 +1959,7 @@ impl RemoteStore {
             return None;
         }
         let copy = m.iter().copied().find(|&s| usable(s))?;
-        let to = self.heal(page, m).ok()?;
+        let to = self.heal(page, m, false).ok()?;
         let mut from = m.to_vec();
         for i in (0..m.len()).filter(|&i| to[i] != m[i]) {
             if !usable(to[i]) || self.conns[to[i] as usize].full {
@@ -2214,22 +2263,26 @@ impl RemoteStore {
         Ok(())
     }
 
-    /// Reads waiting on a server in an outage, or silent for [`HEDGE_AFTER`], are asked of
-    /// the page's other pieces now, not after the request timeout and the reconnection
-    /// window (with redundancy, where another piece can be asked; an answer that comes later
-    /// is ignored, or used if the page is still wanted). Writes wait: a page counts as
-    /// stored only when every piece is.
-    fn fail_over_reads(&mut self) {
+    /// A server in an outage, or silent for [`HEDGE_AFTER`], is slow (with redundancy): the
+    /// reads waiting on it are asked of the page's other pieces now, not after the request
+    /// timeout and the reconnection window (where another piece can be asked; an answer that
+    /// comes later is ignored, or used if the page is still wanted), and the writes waiting
+    /// on it go to other servers ([`RemoteStore::redirect_writes`]).
+    fn hedge(&mut self) {
         if self.book.codec.redundancy().tolerates() == 0 {
             return;
         }
         let now = Instant::now();
         for s in 0..self.conns.len() {
             let c = &self.conns[s];
-            let slow = c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER);
-            if self.book.dead[s].is_some() || !slow {
+            self.book.slow[s] = self.book.dead[s].is_none()
+                && (c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER));
+        }
+        for s in 0..self.conns.len() {
+            if !self.book.slow[s] {
                 continue;
             }
+            self.redirect_writes(s);
             let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();
             for (op, piece) in reads {
                 let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
@@ -2252,6 +2305,75 @@ impl RemoteStore {
                 }
                 self.todo.push(Todo::Ask(op));
             }
+        }
+    }
+
+    /// Each write waiting on slow server `s` whose piece is still `s`'s to hold goes to a
+    /// prompt server outside the page's group instead, where there is one: the page's group
+    /// takes that server in `s`'s place, `s` is told to free the page after the write it
+    /// was sent (so whatever `s` stores late, it drops), and the write counts as stored
+    /// when the new server says so. Writes of one page go in the order they were sent, all
+    /// to the same server, so it ends with the newest. A page a newer write already took
+    /// elsewhere is left alone: its old write is superseded (see [`RemoteStore::place`]).
+    /// Without a prompt server the writes wait for `s`, as before.
+    fn redirect_writes(&mut self, s: usize) {
+        let width = self.book.codec.redundancy().width();
+        let prompt = (0..self.conns.len())
+            .filter(|&x| self.book.prompt(x as u16))
+            .count();
+        if prompt < width {
+            return; // no page of this layout can leave `s` for a prompt server
+        }
+        let writes = self.conns[s].pending_writes();
+        let mut moved: HashMap<(u64, u8), u16> = HashMap::new();
+        let mut taken = Vec::new();
+        for (at, op, piece, page) in writes {
+            if !matches!(self.book.ops.get(&op), Some(Op::Store(_))) {
+                continue;
+            }
+            let to = match moved.get(&(page, piece)) {
+                Some(&to) => to,
+                None => {
+                    let Some(g) = self.book.meta.group(page) else {
+                        continue;
+                    };
+                    let mut members = self.book.groups.members[g as usize].to_vec();
+                    if members.get(piece as usize) != Some(&(s as u16)) {
+                        continue;
+                    }
+                    let others: Vec<u16> = members
+                        .iter()
+                        .copied()
+                        .filter(|&m| m != s as u16 && m != NONE)
+                        .collect();
+                    let chosen = self.choose(page, &others, false).ok();
+                    let Some(to) = chosen
+                        .and_then(|c| c.get(others.len()).copied())
+                        .filter(|&t| t != NONE && self.book.prompt(t))
+                    else {
+                        continue;
+                    };
+                    members[piece as usize] = to;
+                    let ng = self.book.groups.intern(&members);
+                    // Frees the page on `s`, queued behind the write it was sent.
+                    self.relocate(page, Some(g), Some(ng));
+                    moved.insert((page, piece), to);
+                    to
+                }
+            };
+            taken.push((at, op, piece, page, to));
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let at: Vec<usize> = taken.iter().map(|t| t.0).collect();
+        let units = self.conns[s].redirect_writes(&at);
+        self.book
+            .counters
+            .writes_redirected
+            .fetch_add(taken.len() as u64, Relaxed);
+        for ((_, op, piece, page, to), unit) in taken.into_iter().zip(units) {
+            self.send_piece(to, op, piece, page, &unit);
         }
     }
 
@@ -2385,7 +2507,7 @@ impl PageStore for RemoteStore {
                 self.bury(s, e)?;
             }
         }
-        self.fail_over_reads();
+        self.hedge();
         self.work(&mut f)?;
         Ok(n)
     }
@@ -2400,7 +2522,7 @@ impl PageStore for RemoteStore {
 
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         self.each_live(|c| c.tick(now))?;
-        self.fail_over_reads();
+        self.hedge();
         self.revive(now);
         self.follow_pool(now);
         // No one to hand a completion to here: a write-back that finishes is kept for the
@@ -2541,8 +2663,10 @@ impl PageStore for RemoteStore {
                 ops: HashMap::new(),
                 next_op: 0,
                 busy: HashMap::new(),
+                writing: HashMap::new(),
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
+                slow: vec![false; self.conns.len()],
                 bufs: Vec::new(),
                 scratch: Vec::new(),
                 counters,

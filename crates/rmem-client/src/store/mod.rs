@@ -117,6 +117,8 @@ pub struct StoreCounters {
     pub pieces_bad: AtomicU64,
     /// Reads asked of another server after a piece failed or its server was lost.
     pub failovers: AtomicU64,
+    /// Writes taken off a server that went silent or lost its link, and sent to another.
+    pub writes_redirected: AtomicU64,
 }
 
 /// A place pages live when they are not resident.

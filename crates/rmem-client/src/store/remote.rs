@@ -58,6 +58,10 @@ impl Timing {
     }
 }
 
+/// The operation of a write taken off a server's hands ([`Conn::redirect_writes`]): none, so
+/// its answer is ignored. The store numbers its operations from 1.
+pub(crate) const REDIRECTED: u64 = 0;
+
 /// What a request was for: the store's operation and which piece of the page it carries.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Kind {
@@ -1008,6 +1012,47 @@ impl Conn {
             Kind::Read { op, piece, .. } => Some((op, piece)),
             _ => None,
         })
+    }
+
+    /// The writes waiting on this server that are not redirected yet, as (position among
+    /// the unanswered requests, operation, piece, key), oldest first.
+    pub(crate) fn pending_writes(&self) -> Vec<(usize, u64, u8, u64)> {
+        self.pending
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p.kind {
+                Kind::Write { op, piece, key } if op != REDIRECTED => Some((i, op, piece, key)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Take the writes at positions `at` (from [`Conn::pending_writes`], ascending) off this
+    /// server's hands: their pieces, as sent, for another server to store. The frames stay
+    /// on the link in their place (part of one may be sent already), so whatever is queued
+    /// after them here (a free of the same key) still comes after them; their answers, should
+    /// any come, name no operation ([`REDIRECTED`]) and are ignored.
+    pub(crate) fn redirect_writes(&mut self, at: &[usize]) -> Vec<Vec<u8>> {
+        let mut units = Vec::with_capacity(at.len());
+        let mut next = at.iter().copied().peekable();
+        let lens: Vec<usize> = self.pending.iter().map(|p| p.len).collect();
+        let frames = self.out.frames(lens.into_iter());
+        for ((i, p), frame) in self.pending.iter_mut().enumerate().zip(frames) {
+            if next.peek() != Some(&i) {
+                continue;
+            }
+            next.next();
+            let Kind::Write { op, .. } = &mut p.kind else {
+                unreachable!("request {i} is not a write")
+            };
+            *op = REDIRECTED;
+            units.push(written_page(frame));
+        }
+        assert!(
+            next.next().is_none(),
+            "a position past the unanswered requests"
+        );
+        units
     }
 
     /// Every unanswered request, for a store that gives this server up: writes with their
