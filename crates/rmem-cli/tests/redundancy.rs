@@ -285,6 +285,59 @@ fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
     let _ = std::fs::remove_dir_all(&run.dir);
 }
 
+/// Servers stopped and continued at random, one at a time (SIGSTOP for 0.2-1.5 s, well inside
+/// the request timeout), while the stress runs on six: with a spare server at hand the writes
+/// waiting on a stopped one go to another and its late writes are freed behind them, reads go
+/// to other pieces, and nothing is lost or wrong; no server is given up on.
+fn survives_servers_stopped_at_random(name: &str, redundancy: &str) {
+    let mut run = start_with(
+        name,
+        6,
+        redundancy,
+        "60000",
+        false,
+        &[("RMEM_RECONNECT_MS", "20000")],
+    );
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let mut stops = 0;
+    std::thread::sleep(random_ms(300, 800));
+    while run.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{redundancy}: still running after 150 s"
+        );
+        let victim = &run.servers[random_ms(0, 6).as_millis() as usize];
+        let pid = victim.child.id() as i32;
+        // SAFETY: signalling a child this test started and has not reaped.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(random_ms(200, 1500));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        stops += 1;
+        std::thread::sleep(random_ms(100, 500));
+    }
+    let out = wait_bounded(run.child, Duration::from_secs(30), "the stopped stress");
+    let what = format!("{redundancy}, {stops} stops: {}", shown(&out));
+    assert!(out.status.success(), "{what}");
+    assert!(stress_ok(&out.stdout), "{what}");
+    let v = read_json(&run.stats);
+    assert_eq!(v["servers_lost"].as_u64(), Some(0), "{v}\n{what}");
+    if stops >= 3 {
+        assert!(v["writes_redirected"].as_u64().unwrap() > 0, "{v}\n{what}");
+    }
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+#[test]
+fn replicas_2_survive_servers_stopped_at_random() {
+    survives_servers_stopped_at_random("red-stops-rep2", "replicas:2");
+}
+
+#[test]
+fn ec_4_1_survives_servers_stopped_at_random() {
+    survives_servers_stopped_at_random("red-stops-ec41", "ec:4+1");
+}
+
 /// A server that stops answering and is then killed, with no spare server to move its
 /// pieces to: its requests time out (an outage: reads fail over), the reconnect is refused,
 /// it is buried, and every write-back that waited on it is stored degraded on the others.
