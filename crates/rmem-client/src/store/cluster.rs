@@ -342,6 +342,21 @@ struct Repair {
     degraded: u64,
 }
 
+/// A page's writes in flight (write-backs and repairs), and the newest write-back among them
+/// or finished while any was in flight: a write (or repair) started before that one is
+/// superseded, and its pieces are not placed anew (after a refusal, or its server buried or
+/// gone slow): the newer write-back writes every piece, and an older piece placed after it
+/// would put old bytes where the page is read, which a page of one unsealed copy cannot show.
+/// A repair is no write-back here: it writes only the pieces it rebuilt, from a read that
+/// came after every write-back before it, so a write-back older than a repair still places
+/// its pieces. Kept while any write of the page is in flight, so a write-back that finished
+/// first still supersedes an older write that waits on a slow server.
+#[derive(Default)]
+struct Writes {
+    newest: u64,
+    in_flight: u32,
+}
+
 /// Everything the answers change, apart from the links.
 struct Book {
     /// Shared with fork() children (the same key: they read what this process sealed).
@@ -352,11 +367,8 @@ struct Book {
     next_op: u64,
     /// Pages with an operation of the pager's in flight.
     busy: HashMap<u64, u64>,
-    /// Pages being written (a write-back or a repair), and the newest such operation: only
-    /// its pieces may be placed anew (a refusal, a server buried or gone slow). An older
-    /// write's piece placed after a newer one was stored would put old bytes where the page
-    /// is read, and a page of one unsealed copy cannot tell.
-    writing: HashMap<u64, u64>,
+    /// Pages with writes in flight ([`Writes`]).
+    writing: HashMap<u64, Writes>,
     /// Servers given up, and why.
     dead: Vec<Option<String>>,
     /// Servers leaving the pool (a drain): still read, never given new pieces; their pages
@@ -542,8 +554,11 @@ impl Book {
         }
         let (page, repair) = (st.page, st.repair);
         self.ops.remove(&op);
-        if self.writing.get(&page) == Some(&op) {
-            self.writing.remove(&page);
+        if let Some(w) = self.writing.get_mut(&page) {
+            w.in_flight -= 1;
+            if w.in_flight == 0 {
+                self.writing.remove(&page);
+            }
         }
         if repair {
             todo.push(Todo::Repaired);
@@ -1385,7 +1400,6 @@ impl RemoteStore {
         let mask = mask & real;
         let op = self.book.op_id();
         self.send_pieces(op, page, g, mask, out);
-        self.book.writing.insert(page, op);
         self.book.ops.insert(
             op,
             Op::Store(Store {
@@ -1402,7 +1416,12 @@ impl RemoteStore {
             // Nothing moved (a repair raced with a write that healed the page).
             self.todo.push(Todo::Repaired);
             self.book.ops.remove(&op);
-            self.book.writing.remove(&page);
+            return op;
+        }
+        let w = self.book.writing.entry(page).or_default();
+        w.in_flight += 1;
+        if !repair {
+            w.newest = op;
         }
         op
     }
@@ -1619,8 +1638,9 @@ impl RemoteStore {
         };
         let (page, stamp) = (st.page, st.stamp);
         let current = self.book.meta.group(page);
+        let superseded = self.book.writing.get(&page).is_some_and(|w| w.newest > op);
         let same = current.is_some()
-            && self.book.writing.get(&page) == Some(&op)
+            && !superseded
             && (self.book.codec.plain() || self.book.meta.stamp(page) == stamp);
         if !same {
             let mut todo = std::mem::take(&mut self.todo);
