@@ -175,6 +175,7 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
          ({loop_mbs:.0} MB/s): target >= 0.5x; cpu: seconds over both workloads, of this \
          process (program and pager) and of the servers"
     );
+    let transparent = transparent_rows(&a, size, servers, &layouts, encrypts)?;
     let json_rows: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -196,8 +197,103 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
         "updates": a.updates, "passes": a.passes,
         "loopback_gbps": limits.loopback_gbps, "rtt_us_p50": limits.rtt_us_p50,
         "results": json_rows,
+        "transparent": transparent,
     }))
 }
+
+/// What `rmem run` users get: the pager in the program (librmem.so), not in this process as
+/// in the rows above. Each layout and encryption setting runs [`PROBE_PY`] under `rmem run
+/// --servers N --local L` (its own local servers), timed; `None` (said on stdout) without
+/// python3. Transparent mode has its own ways to be slow that an in-process store cannot
+/// show: keys set up in librmem's constructor sealed with AWS-LC's portable AES for months.
+fn transparent_rows(
+    a: &RedundancyArgs,
+    size: u64,
+    servers: usize,
+    layouts: &[Redundancy],
+    encrypts: &[bool],
+) -> Result<Option<Vec<serde_json::Value>>, String> {
+    let python = std::path::Path::new("/usr/bin/python3");
+    if !python.is_file() {
+        println!("  under rmem run: skipped, /usr/bin/python3 not found");
+        return Ok(None);
+    }
+    let rmem = rmem_cli::launch::rmem_exe()?;
+    let local = (size * a.local_percent / 100).max(1 << 20);
+    println!(
+        "  under rmem run (the pager in the program, as users run it): {} passes writing and \
+         checking {} MiB at --local {} MiB",
+        2 * a.passes,
+        size >> 20,
+        local >> 20
+    );
+    println!(
+        "  {:<12} {:>7} {:>9} {:>9}",
+        "layout", "encrypt", "seconds", "x none"
+    );
+    let mut out: Vec<serde_json::Value> = Vec::new();
+    let mut base = None;
+    for &layout in layouts {
+        for &encrypt in encrypts {
+            let mut cmd = std::process::Command::new(&rmem);
+            cmd.args(["run", "--servers", &servers.to_string()])
+                .args(["--redundancy", &layout.to_string()])
+                .args(["--local", &local.to_string()]);
+            if encrypt {
+                cmd.arg("--encrypt");
+            }
+            cmd.arg("--")
+                .arg(python)
+                .args([
+                    "-c",
+                    PROBE_PY,
+                    &size.to_string(),
+                    &(2 * a.passes).to_string(),
+                ])
+                .stdin(std::process::Stdio::null());
+            let t = Instant::now();
+            let o = cmd
+                .output()
+                .map_err(|e| format!("{}: {e}", rmem.display()))?;
+            let secs = t.elapsed().as_secs_f64();
+            if !o.status.success() || !String::from_utf8_lossy(&o.stdout).contains("checked") {
+                return Err(format!(
+                    "under rmem run, {layout}{}: {}\n{}{}",
+                    if encrypt { " encrypted" } else { "" },
+                    o.status,
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ));
+            }
+            let b = *base.get_or_insert(secs);
+            println!(
+                "  {:<12} {:>7} {:>9.2} {:>9.2}",
+                layout.to_string(),
+                if encrypt { "yes" } else { "no" },
+                secs,
+                secs / b
+            );
+            out.push(serde_json::json!({
+                "layout": layout.to_string(), "encrypt": encrypt,
+                "seconds": secs, "ratio": secs / b,
+            }));
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The transparent rows' program: SIZE bytes, one byte per 4 KiB written then checked, PASSES
+/// times over (each a new value), then "checked".
+const PROBE_PY: &str = "import sys
+n, passes = int(sys.argv[1]), int(sys.argv[2])
+b = bytearray(n)
+for r in range(passes):
+    for i in range(0, n, 4096):
+        b[i] = (i // 4096 + r) & 255
+    for i in range(0, n, 4096):
+        assert b[i] == (i // 4096 + r) & 255, (r, i)
+print('checked')
+";
 
 /// One layout and encryption setting on fresh servers: both workloads, then a server killed.
 fn one(

@@ -448,6 +448,15 @@ fn bench_redundancy_tiny_writes_its_json() {
     let v = read_json(&json);
     let rows = v["results"].as_array().unwrap();
     assert_eq!(rows.len(), 6, "{v}");
+    // The same layouts under `rmem run`, each timed (the program checked what it wrote).
+    let under_run = v["transparent"].as_array().unwrap();
+    assert_eq!(under_run.len(), 6, "{v}");
+    for (r, t) in rows.iter().zip(under_run) {
+        assert_eq!(r["layout"], t["layout"], "{v}");
+        assert_eq!(r["encrypt"], t["encrypt"], "{v}");
+        assert!(t["seconds"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    assert!(out.stdout.contains("under rmem run"), "{}", out.stdout);
     let base = rows[0]["memory_ratio"].as_f64().unwrap();
     assert!(base > 0.3, "{v}");
     for r in rows {
