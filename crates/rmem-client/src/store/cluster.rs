@@ -1232,8 +1232,10 @@ impl RemoteStore {
         let members = match old {
             Some(g) => {
                 let m = self.book.groups.members[g as usize].clone();
-                let stays = |s| self.book.placeable(s) && !(prompt && self.book.slow[s as usize]);
-                if m.iter().all(|&s| stays(s)) {
+                let b = &self.book;
+                if m.iter()
+                    .all(|&s| if prompt { b.prompt(s) } else { b.placeable(s) })
+                {
                     return Ok((g, 0));
                 }
                 let healed = self.heal(page, &m, prompt)?;
@@ -1265,7 +1267,7 @@ impl RemoteStore {
     /// and, with `prompt`, every slow one by a prompt server outside it where there is one.
     fn heal(&self, page: u64, members: &[u16], prompt: bool) -> Result<Vec<u16>, StoreError> {
         let b = &self.book;
-        let slow = |s: u16| prompt && b.placeable(s) && b.slow[s as usize];
+        let slow = |s: u16| prompt && b.placeable(s) && !b.prompt(s);
         let keep: Vec<u16> = members
             .iter()
             .copied()
