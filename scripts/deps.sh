@@ -50,6 +50,9 @@ command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v sqlite3 >/dev/null || need+=(sqlite3)
 lean=()
 command -v octave-cli >/dev/null || lean+=(octave)
+# crates/rmem-client/tests/any_cpu.rs runs erasure coding under QEMU's user-mode emulator as CPUs
+# without AVX2 and SSSE3 (qemu-x86_64 -cpu Nehalem / qemu64).
+command -v qemu-x86_64 >/dev/null || lean+=(qemu-user)
 # The multi-host test (crates/rmem-cli/tests/multihost.rs) runs sshd in network namespaces;
 # it needs root, and says that it skips without it, so only root needs these.
 if [ "$(id -u)" -eq 0 ]; then

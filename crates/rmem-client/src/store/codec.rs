@@ -13,8 +13,8 @@
 //! what they sealed; a page's [`Stamp`] says which key and which version sealed it. The sealed page is what is replicated, or split into fragments: a fragment is
 //! checked by the page it decodes to.
 
+use super::gf256::ReedSolomon;
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-use reed_solomon_erasure::galois_8::ReedSolomon;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 

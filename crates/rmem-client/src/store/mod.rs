@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod codec;
+pub mod gf256;
 pub mod mem;
 pub mod remote;
 
