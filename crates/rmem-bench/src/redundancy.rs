@@ -202,8 +202,10 @@ pub fn redundancy(a: RedundancyArgs) -> Result<(), String> {
 }
 
 /// What `rmem run` users get: the pager in the program (librmem.so), not in this process as
-/// in the rows above. Each layout and encryption setting runs [`PROBE_PY`] under `rmem run
-/// --servers N --local L` (its own local servers), timed; `None` (said on stdout) without
+/// in the rows above. Each layout and encryption setting runs [`PROBE_PY`] (the sequential
+/// workload) and [`RANDOM_PY`] (the random one) under `rmem run --servers N --local L` (its
+/// own local servers), the first timed whole, the second's updates timed by the program, each
+/// against `none`'s; `None` (said on stdout) without
 /// python3. Transparent mode has its own ways to be slow that an in-process store cannot
 /// show: keys set up in librmem's constructor sealed with AWS-LC's portable AES for months.
 fn transparent_rows(
@@ -228,54 +230,68 @@ fn transparent_rows(
         local >> 20
     );
     println!(
-        "  {:<12} {:>7} {:>9} {:>9}",
-        "layout", "encrypt", "seconds", "x none"
+        "  and {} random read-modify-writes of a byte over it after a write of every page (the \
+         updates timed by the program)",
+        a.updates
+    );
+    println!(
+        "  {:<12} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "layout", "encrypt", "seconds", "x none", "random s", "x none"
     );
     let mut out: Vec<serde_json::Value> = Vec::new();
     let mut base = None;
     for &layout in layouts {
         for &encrypt in encrypts {
-            let mut cmd = std::process::Command::new(&rmem);
-            cmd.args(["run", "--servers", &servers.to_string()])
-                .args(["--redundancy", &layout.to_string()])
-                .args(["--local", &local.to_string()]);
-            if encrypt {
-                cmd.arg("--encrypt");
-            }
-            cmd.arg("--")
-                .arg(python)
-                .args([
-                    "-c",
-                    PROBE_PY,
-                    &size.to_string(),
-                    &(2 * a.passes).to_string(),
-                ])
-                .stdin(std::process::Stdio::null());
-            let t = Instant::now();
-            let o = cmd
-                .output()
-                .map_err(|e| format!("{}: {e}", rmem.display()))?;
-            let secs = t.elapsed().as_secs_f64();
-            if !o.status.success() || !String::from_utf8_lossy(&o.stdout).contains("checked") {
-                return Err(format!(
-                    "under rmem run, {layout}{}: {}\n{}{}",
-                    if encrypt { " encrypted" } else { "" },
-                    o.status,
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                ));
-            }
-            let b = *base.get_or_insert(secs);
+            let run = |script: &str, arg: usize| {
+                let mut cmd = std::process::Command::new(&rmem);
+                cmd.args(["run", "--servers", &servers.to_string()])
+                    .args(["--redundancy", &layout.to_string()])
+                    .args(["--local", &local.to_string()]);
+                if encrypt {
+                    cmd.arg("--encrypt");
+                }
+                cmd.arg("--")
+                    .arg(python)
+                    .args(["-c", script, &size.to_string(), &arg.to_string()])
+                    .stdin(std::process::Stdio::null());
+                let t = Instant::now();
+                let o = cmd
+                    .output()
+                    .map_err(|e| format!("{}: {e}", rmem.display()))?;
+                let secs = t.elapsed().as_secs_f64();
+                let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+                if !o.status.success() || !stdout.contains("checked") {
+                    return Err(format!(
+                        "under rmem run, {layout}{}: {}\n{stdout}{}",
+                        if encrypt { " encrypted" } else { "" },
+                        o.status,
+                        String::from_utf8_lossy(&o.stderr)
+                    ));
+                }
+                Ok((secs, stdout))
+            };
+            let (secs, _) = run(PROBE_PY, 2 * a.passes)?;
+            let (_, said) = run(RANDOM_PY, a.updates)?;
+            let random = said
+                .split_whitespace()
+                .skip_while(|w| *w != "random")
+                .nth(1)
+                .and_then(|w| w.parse::<f64>().ok())
+                .ok_or_else(|| format!("the random probe said {said:?}"))?;
+            let (b, rb) = *base.get_or_insert((secs, random));
             println!(
-                "  {:<12} {:>7} {:>9.2} {:>9.2}",
+                "  {:<12} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
                 layout.to_string(),
                 if encrypt { "yes" } else { "no" },
                 secs,
-                secs / b
+                secs / b,
+                random,
+                random / rb
             );
             out.push(serde_json::json!({
                 "layout": layout.to_string(), "encrypt": encrypt,
                 "seconds": secs, "ratio": secs / b,
+                "random_seconds": random, "random_ratio": random / rb,
             }));
         }
     }
@@ -293,6 +309,29 @@ for r in range(passes):
     for i in range(0, n, 4096):
         assert b[i] == (i // 4096 + r) & 255, (r, i)
 print('checked')
+";
+
+/// The transparent rows' second program: SIZE bytes, one byte per 4 KiB written (every page
+/// then has a copy on the servers), then UPDATES read-modify-writes of a random byte, timed
+/// here; each updated byte checked against a replay of the updates; "random SECONDS checked".
+const RANDOM_PY: &str = "import sys, time, random
+n, updates = int(sys.argv[1]), int(sys.argv[2])
+b = bytearray(n)
+b[0::4096] = b'\\x01' * len(range(0, n, 4096))
+r = random.Random(7)
+t = time.perf_counter()
+for _ in range(updates):
+    i = r.randrange(n)
+    b[i] = (b[i] + 1) & 255
+s = time.perf_counter() - t
+r = random.Random(7)
+want = {}
+for _ in range(updates):
+    i = r.randrange(n)
+    want[i] = want.get(i, 1 if i % 4096 == 0 else 0) + 1
+for i, v in want.items():
+    assert b[i] == v & 255, (i, b[i], v)
+print('random %.6f checked' % s)
 ";
 
 /// One layout and encryption setting on fresh servers: both workloads, then a server killed.

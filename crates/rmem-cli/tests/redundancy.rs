@@ -455,6 +455,7 @@ fn bench_redundancy_tiny_writes_its_json() {
         assert_eq!(r["layout"], t["layout"], "{v}");
         assert_eq!(r["encrypt"], t["encrypt"], "{v}");
         assert!(t["seconds"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(t["random_seconds"].as_f64().unwrap() > 0.0, "{v}");
     }
     assert!(out.stdout.contains("under rmem run"), "{}", out.stdout);
     let base = rows[0]["memory_ratio"].as_f64().unwrap();
