@@ -146,6 +146,7 @@ impl Stats {
             pieces_bad: store(|c| &c.pieces_bad),
             failovers: store(|c| &c.failovers),
             writes_redirected: store(|c| &c.writes_redirected),
+            writes_released: store(|c| &c.writes_released),
             swap_ins: self.swap_ins.load(Relaxed),
             swap_outs: self.swap_outs.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
@@ -220,6 +221,7 @@ pub struct StatsSnapshot {
     pub pieces_bad: u64,
     pub failovers: u64,
     pub writes_redirected: u64,
+    pub writes_released: u64,
 }
 
 impl StatsSnapshot {
@@ -262,6 +264,7 @@ impl StatsSnapshot {
             ("pieces_bad", self.pieces_bad),
             ("failovers", self.failovers),
             ("writes_redirected", self.writes_redirected),
+            ("writes_released", self.writes_released),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");
@@ -294,15 +297,20 @@ impl StatsSnapshot {
 
     /// A short human summary, one line per group.
     pub fn summary(&self) -> String {
-        let lost = if self.servers_lost > 0 || self.pieces_bad > 0 || self.writes_redirected > 0 {
+        let lost = if self.servers_lost > 0
+            || self.pieces_bad > 0
+            || self.writes_redirected > 0
+            || self.writes_released > 0
+        {
             format!(
-                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over, {} writes redirected ({})",
+                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over, {} writes redirected, {} released held ({})",
                 self.servers_lost,
                 self.pages_repaired,
                 self.repair_s,
                 self.pieces_bad,
                 self.failovers,
                 self.writes_redirected,
+                self.writes_released,
                 self.layout
             )
         } else {

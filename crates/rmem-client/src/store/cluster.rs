@@ -220,6 +220,9 @@ struct Store {
     stamp: Stamp,
     waiting: u32,
     repair: bool,
+    /// Told to the pager as stored while pieces still waited on slow servers
+    /// ([`RemoteStore::release_held_writes`]): their answers finish it without a second word.
+    released: bool,
 }
 
 enum Op {
@@ -414,6 +417,10 @@ pub struct RemoteStore {
     finished: Vec<u64>,
     /// The pool this client is in, if any: where new servers come from, and its grant.
     pool: Option<Pool>,
+    /// Write-backs held only by slow servers are told to the pager as stored (see
+    /// [`RemoteStore::release_held_writes`]); off where a front end promises that what it
+    /// acknowledged has every piece stored (`rmem nbd`'s FLUSH).
+    release_held: bool,
 }
 
 /// A client's part of a pool, as the store follows it.
@@ -552,7 +559,7 @@ impl Book {
         if st.waiting != 0 {
             return;
         }
-        let (page, repair) = (st.page, st.repair);
+        let (page, repair, released) = (st.page, st.repair, st.released);
         self.ops.remove(&op);
         if let Some(w) = self.writing.get_mut(&page) {
             w.in_flight -= 1;
@@ -562,7 +569,7 @@ impl Book {
         }
         if repair {
             todo.push(Todo::Repaired);
-        } else {
+        } else if !released {
             self.unbusy(page, op);
             f(Completion::Stored {
                 page: PageIndex(page),
@@ -879,6 +886,7 @@ impl RemoteStore {
             next_revive: Instant::now(),
             child_codec: None,
             finished: Vec::new(),
+            release_held: true,
             pool: None,
         };
         let unit = store.book.unit();
@@ -1409,6 +1417,7 @@ impl RemoteStore {
                 stamp,
                 waiting: mask,
                 repair,
+                released: false,
             }),
         );
         if mask == 0 {
@@ -2305,6 +2314,7 @@ impl RemoteStore {
                 continue;
             }
             self.redirect_writes(s);
+            self.release_held_writes(s);
             let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();
             for (op, piece) in reads {
                 let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
@@ -2328,6 +2338,55 @@ impl RemoteStore {
                 self.todo.push(Todo::Ask(op));
             }
         }
+    }
+
+    /// Write-backs still waiting on slow server `s` (no prompt server took them: see
+    /// [`RemoteStore::redirect_writes`]) whose every other piece is acknowledged, and enough
+    /// pieces to read the page from (K, or one copy), are told to the pager as stored (through
+    /// `finished`), so that a server that hangs holds the program for [`HEDGE_AFTER`], not for
+    /// the request timeout and the reconnect window: with `ec:K+1` on K+1 servers (the
+    /// default layout) there is never a spare to redirect to. Until `s` answers, the page has
+    /// one piece fewer than its layout; the write stays in flight there (the link keeps it,
+    /// and re-sends it on a reconnect), and should `s` refuse it or be buried, the piece is
+    /// placed again or rebuilt as any other. Reads ask `s` last meanwhile.
+    fn release_held_writes(&mut self, s: usize) {
+        if !self.release_held {
+            return;
+        }
+        let r = self.book.codec.redundancy();
+        let width = r.width() as u32;
+        // Pieces each write waits for on slow servers.
+        let mut held: HashMap<u64, u32> = HashMap::new();
+        for x in (0..self.conns.len()).filter(|&x| self.book.slow[x]) {
+            for (_, op, piece, _) in self.conns[x].pending_writes() {
+                *held.entry(op).or_default() |= bit(piece as usize);
+            }
+        }
+        for (_, op, _, _) in self.conns[s].pending_writes() {
+            let Some(Op::Store(st)) = self.book.ops.get_mut(&op) else {
+                continue;
+            };
+            let waiting = st.waiting;
+            if st.repair
+                || st.released
+                || waiting & !held.get(&op).copied().unwrap_or(0) != 0
+                || ((width - waiting.count_ones()) as usize) < r.needed()
+            {
+                continue;
+            }
+            st.released = true;
+            let page = st.page;
+            self.book.unbusy(page, op);
+            self.finished.push(page);
+            self.book.counters.writes_released.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Every write-back counts as stored only once each of its pieces is acknowledged, however
+    /// long a slow server takes (what `rmem nbd` promises after a FLUSH); by default one held
+    /// only by slow servers is released (see [`RemoteStore::release_held_writes`]).
+    pub fn hold_writes_until_stored(&mut self) {
+        self.release_held = false;
     }
 
     /// Each write waiting on slow server `s` whose piece is still `s`'s to hold goes to a
@@ -2530,6 +2589,13 @@ impl PageStore for RemoteStore {
             }
         }
         self.hedge();
+        // Write-backs released just now (see `release_held_writes`) go to the pager in this
+        // poll: nothing else may wake it before its next tick.
+        for page in std::mem::take(&mut self.finished) {
+            f(Completion::Stored {
+                page: PageIndex(page),
+            });
+        }
         self.work(&mut f)?;
         Ok(n)
     }
@@ -2710,6 +2776,7 @@ impl PageStore for RemoteStore {
             // The parent's finished write-backs are the parent's: the child reinstalls those
             // pages from its copy of the staging slots (PageStates::after_fork).
             finished: Vec::new(),
+            release_held: true,
             // The pool is the parent's to follow: the child goes on with the servers its
             // snapshot is on (a drained server keeps the child's snapshot until it ends).
             pool: None,

@@ -120,6 +120,9 @@ pub struct StoreCounters {
     pub failovers: AtomicU64,
     /// Writes taken off a server that went silent or lost its link, and sent to another.
     pub writes_redirected: AtomicU64,
+    /// Write-backs told to the pager as stored while one of their pieces still waited on a
+    /// silent server with no other to take it.
+    pub writes_released: AtomicU64,
 }
 
 /// A place pages live when they are not resident.
