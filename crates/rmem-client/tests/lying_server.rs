@@ -396,6 +396,53 @@ fn writes_held_by_a_silent_server_without_a_spare_are_released() {
     );
 }
 
+/// Released write-backs leave their pieces on the silent server's link: at most
+/// `RELEASED_MAX_BYTES` of them, so that a hung server cannot grow the client by all a program
+/// writes meanwhile. Past it, writes wait for the server as before, and every one completes
+/// once it answers.
+#[test]
+fn released_writes_are_bounded() {
+    use rmem_client::store::cluster::RELEASED_MAX_BYTES;
+    let (silent, _) = proxy(server(), Mode::StallWrites(Duration::from_secs(3)));
+    let mut s = store_on(&[silent, server()], "replicas:2", false);
+    let counters = s.counters().unwrap();
+    // Each piece is a page and its 16-byte checksum.
+    let cap = RELEASED_MAX_BYTES / (PS as u64 + 16);
+    let pages = cap + 512;
+    let stalled = Instant::now();
+    for p in 0..pages {
+        s.store(PageIndex(p), &page(p, 0)).unwrap();
+    }
+    s.flush().unwrap();
+    let mut stored = 0;
+    while stalled.elapsed() < Duration::from_millis(2000) {
+        s.poll(&mut |c| stored += u64::from(matches!(c, Completion::Stored { .. })))
+            .unwrap();
+        s.tick(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let released = counters.writes_released.load(Relaxed);
+    assert!(
+        released <= cap && released + 64 >= cap,
+        "{released} released against a cap of {cap} pieces"
+    );
+    assert_eq!(
+        stored, released,
+        "only the released were told stored while it was silent"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while stored < pages {
+        assert!(Instant::now() < deadline, "{stored} of {pages} stored");
+        s.poll(&mut |c| stored += u64::from(matches!(c, Completion::Stored { .. })))
+            .unwrap();
+        s.tick(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for p in (0..pages).step_by(97) {
+        assert!(fetch_one(&mut s, p).unwrap() == page(p, 0), "page {p}");
+    }
+}
+
 /// A server that answers a read under another request's tag is buried (a bad frame is never
 /// retried), with writes sent after that read still unanswered on its link: each of them is
 /// taken back exactly as it was sent and goes on with the other copy, the read fails over,

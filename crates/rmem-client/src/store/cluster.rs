@@ -81,6 +81,11 @@ const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
 /// Connecting to a server the manager offers gives up after this long (the pager waits
 /// meanwhile), and is tried again after [`REVIVE_EVERY`].
 const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
+/// Most bytes of pieces of released write-backs ([`RemoteStore::release_held_writes`]) left
+/// waiting on slow servers' links: past it, write-backs wait for those servers as before
+/// (each piece is kept on its link until answered, so that a hung server does not grow this
+/// client's memory by a write-heavy program's whole output).
+pub const RELEASED_MAX_BYTES: u64 = 32 << 20;
 
 const CHUNK: usize = 1 << 16;
 /// Fetch buffers kept for reuse.
@@ -384,6 +389,8 @@ struct Book {
     /// tick; only with redundancy (a page of one copy cannot be read without its server
     /// anyway).
     slow: Vec<bool>,
+    /// Bytes of the pieces released write-backs still wait for ([`RELEASED_MAX_BYTES`]).
+    released_bytes: u64,
     /// Fetch buffers to reuse (`Codec::slots` units each).
     bufs: Vec<Vec<u8>>,
     /// A sealed page's copy, to check a repair's seal on.
@@ -555,6 +562,9 @@ impl Book {
         let Some(Op::Store(st)) = self.ops.get_mut(&op) else {
             return;
         };
+        if st.released && st.waiting & bit(piece) != 0 {
+            self.released_bytes -= self.codec.unit_len() as u64;
+        }
         st.waiting &= !bit(piece);
         if st.waiting != 0 {
             return;
@@ -852,6 +862,7 @@ impl RemoteStore {
         };
         let mut store = RemoteStore {
             book: Book {
+                released_bytes: 0,
                 bufs: Vec::new(),
                 scratch: Vec::new(),
                 codec: Arc::new(codec),
@@ -2355,6 +2366,7 @@ impl RemoteStore {
         }
         let r = self.book.codec.redundancy();
         let width = r.width() as u32;
+        let unit = self.book.codec.unit_len() as u64;
         // Pieces each write waits for on slow servers.
         let mut held: HashMap<u64, u32> = HashMap::new();
         for x in (0..self.conns.len()).filter(|&x| self.book.slow[x]) {
@@ -2374,6 +2386,11 @@ impl RemoteStore {
             {
                 continue;
             }
+            let bytes = unit * u64::from(waiting.count_ones());
+            if self.book.released_bytes + bytes > RELEASED_MAX_BYTES {
+                return; // the rest wait for their servers
+            }
+            self.book.released_bytes += bytes;
             st.released = true;
             let page = st.page;
             self.book.unbusy(page, op);
@@ -2755,6 +2772,7 @@ impl PageStore for RemoteStore {
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
                 slow: vec![false; self.conns.len()],
+                released_bytes: 0,
                 bufs: Vec::new(),
                 scratch: Vec::new(),
                 counters,
