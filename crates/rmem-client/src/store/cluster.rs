@@ -2325,7 +2325,6 @@ impl RemoteStore {
                 continue;
             }
             self.redirect_writes(s);
-            self.release_held_writes(s);
             let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();
             for (op, piece) in reads {
                 let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
@@ -2349,39 +2348,40 @@ impl RemoteStore {
                 self.todo.push(Todo::Ask(op));
             }
         }
+        self.release_held_writes();
     }
 
-    /// Write-backs still waiting on slow server `s` (no prompt server took them: see
+    /// Write-backs still waiting on slow servers (no prompt server took them: see
     /// [`RemoteStore::redirect_writes`]) whose every other piece is acknowledged, and enough
     /// pieces to read the page from (K, or one copy), are told to the pager as stored (through
     /// `finished`), so that a server that hangs holds the program for [`HEDGE_AFTER`], not for
     /// the request timeout and the reconnect window: with `ec:K+1` on K+1 servers (the
-    /// default layout) there is never a spare to redirect to. Until `s` answers, the page has
-    /// one piece fewer than its layout; the write stays in flight there (the link keeps it,
-    /// and re-sends it on a reconnect), and should `s` refuse it or be buried, the piece is
-    /// placed again or rebuilt as any other. Reads ask `s` last meanwhile.
-    fn release_held_writes(&mut self, s: usize) {
+    /// default layout) there is never a spare to redirect to. Until the slow server answers,
+    /// the page has a piece fewer than its layout; the write stays in flight there (the link
+    /// keeps it, and re-sends it on a reconnect), and should that server refuse it or be
+    /// buried, the piece is placed again or rebuilt as any other. Reads ask it last meanwhile.
+    fn release_held_writes(&mut self) {
         if !self.release_held {
             return;
         }
         let r = self.book.codec.redundancy();
         let width = r.width() as u32;
         let unit = self.book.codec.unit_len() as u64;
-        // Pieces each write waits for on slow servers.
-        let mut held: HashMap<u64, u32> = HashMap::new();
+        // Pieces each write waits for on slow servers, oldest write first.
+        let mut held: std::collections::BTreeMap<u64, u32> = Default::default();
         for x in (0..self.conns.len()).filter(|&x| self.book.slow[x]) {
             for (_, op, piece, _) in self.conns[x].pending_writes() {
                 *held.entry(op).or_default() |= bit(piece as usize);
             }
         }
-        for (_, op, _, _) in self.conns[s].pending_writes() {
+        for (op, on_slow) in held {
             let Some(Op::Store(st)) = self.book.ops.get_mut(&op) else {
                 continue;
             };
             let waiting = st.waiting;
             if st.repair
                 || st.released
-                || waiting & !held.get(&op).copied().unwrap_or(0) != 0
+                || waiting & !on_slow != 0
                 || ((width - waiting.count_ones()) as usize) < r.needed()
             {
                 continue;
@@ -2579,11 +2579,6 @@ impl PageStore for RemoteStore {
             n += 1;
             f(c)
         };
-        for page in std::mem::take(&mut self.finished) {
-            f(Completion::Stored {
-                page: PageIndex(page),
-            });
-        }
         let now = Instant::now();
         for s in 0..self.conns.len() {
             if self.book.dead[s].is_some() || self.conns[s].pending.is_empty() {
@@ -2606,8 +2601,8 @@ impl PageStore for RemoteStore {
             }
         }
         self.hedge();
-        // Write-backs released just now (see `release_held_writes`) go to the pager in this
-        // poll: nothing else may wake it before its next tick.
+        // Write-backs finished in `tick`, and those released just now (see
+        // `release_held_writes`): nothing else may wake the pager for them before its next tick.
         for page in std::mem::take(&mut self.finished) {
             f(Completion::Stored {
                 page: PageIndex(page),

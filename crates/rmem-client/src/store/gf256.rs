@@ -53,12 +53,18 @@ impl reed_solomon_erasure::Field for Gf256 {
     }
 
     fn mul_slice(c: u8, input: &[u8], out: &mut [u8]) {
-        apply::<false>(Kernel::best(), c, input, out);
+        apply::<false>(best(), c, input, out);
     }
 
     fn mul_slice_add(c: u8, input: &[u8], out: &mut [u8]) {
-        apply::<true>(Kernel::best(), c, input, out);
+        apply::<true>(best(), c, input, out);
     }
+}
+
+/// [`Kernel::best`], found once.
+fn best() -> Kernel {
+    static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+    *BEST.get_or_init(Kernel::best)
 }
 
 /// A way to multiply a slice by a constant.
