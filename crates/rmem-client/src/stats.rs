@@ -147,6 +147,7 @@ impl Stats {
             failovers: store(|c| &c.failovers),
             writes_redirected: store(|c| &c.writes_redirected),
             writes_released: store(|c| &c.writes_released),
+            writes_degraded: store(|c| &c.writes_degraded),
             swap_ins: self.swap_ins.load(Relaxed),
             swap_outs: self.swap_outs.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
@@ -222,6 +223,7 @@ pub struct StatsSnapshot {
     pub failovers: u64,
     pub writes_redirected: u64,
     pub writes_released: u64,
+    pub writes_degraded: u64,
 }
 
 impl StatsSnapshot {
@@ -265,6 +267,7 @@ impl StatsSnapshot {
             ("failovers", self.failovers),
             ("writes_redirected", self.writes_redirected),
             ("writes_released", self.writes_released),
+            ("writes_degraded", self.writes_degraded),
         ];
         for (k, v) in ints {
             let _ = writeln!(s, "  \"{k}\": {v},");
@@ -301,9 +304,10 @@ impl StatsSnapshot {
             || self.pieces_bad > 0
             || self.writes_redirected > 0
             || self.writes_released > 0
+            || self.writes_degraded > 0
         {
             format!(
-                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over, {} writes redirected, {} released held ({})",
+                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over, {} writes redirected, {} released held, {} stored a piece short ({})",
                 self.servers_lost,
                 self.pages_repaired,
                 self.repair_s,
@@ -311,6 +315,7 @@ impl StatsSnapshot {
                 self.failovers,
                 self.writes_redirected,
                 self.writes_released,
+                self.writes_degraded,
                 self.layout
             )
         } else {

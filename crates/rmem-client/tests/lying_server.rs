@@ -14,7 +14,7 @@ use rmem_proto::{parse_header, Op, Response, HEADER_LEN};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -394,6 +394,134 @@ fn writes_held_by_a_silent_server_without_a_spare_are_released() {
         took >= Duration::from_millis(1900),
         "stored after {took:?}, while the server was silent"
     );
+}
+
+/// A proxy to `real` that passes everything until its switch is set, then closes every link
+/// and drops every new one at once: a server that died.
+fn mortal(real: String) -> (String, Arc<AtomicBool>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let dead = Arc::new(AtomicBool::new(false));
+    let killed = dead.clone();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let Ok(client) = client else { return };
+            if killed.load(Relaxed) {
+                continue; // dropped: closed before a word
+            }
+            let up = TcpStream::connect(&real).unwrap();
+            let ends = [client.try_clone().unwrap(), up.try_clone().unwrap()];
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), up.try_clone().unwrap()),
+                (up, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+            let killed = killed.clone();
+            std::thread::spawn(move || {
+                while !killed.load(Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                for e in &ends {
+                    let _ = e.shutdown(std::net::Shutdown::Both);
+                }
+            });
+        }
+    });
+    (addr, dead)
+}
+
+/// A server silent for a while (its answers held 2 s), and no server outside the pages'
+/// groups to take its pieces (replicas:2 on two, ec:2+1 on three, as the default layout
+/// always is): write-backs made once it is known silent are stored with a piece fewer, not
+/// queued on its link, where they would wait in this client's memory and hold the program
+/// past `RELEASED_MAX_BYTES`. When it answers again those pages are repaired, so that losing
+/// another server afterwards loses none of them.
+#[test]
+fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_answers() {
+    for (layout, encrypt, others) in [("replicas:2", false, 0), ("ec:2+1", true, 1)] {
+        let (silent, stalls) = proxy(server(), Mode::StallWrites(Duration::from_secs(2)));
+        let (doomed, kill) = mortal(server());
+        let servers: Vec<String> = [silent, doomed]
+            .into_iter()
+            .chain((0..others).map(|_| server()))
+            .collect();
+        let t = Duration::from_secs(5);
+        let timing = Timing {
+            connect: t,
+            request: t,
+            heartbeat: t,
+            reconnect: Duration::from_millis(300),
+        };
+        let layout_of = Layout {
+            placement: Placement::Priority,
+            redundancy: Redundancy::parse(layout).unwrap(),
+            encrypt,
+        };
+        let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout_of, timing).unwrap();
+        let counters = s.counters().unwrap();
+        let pages = 32u64;
+        let stalled = Instant::now();
+        // Round 0 goes to every server; the silent one's pieces are released.
+        store_rounds(&mut s, pages, 1, layout);
+        assert_eq!(stalls.load(Relaxed), 1, "{layout}: never silent");
+        // Rounds 1 and 2 while it is silent: stored past it.
+        let t = Instant::now();
+        store_all(&mut s, pages, 1);
+        store_all(&mut s, pages, 2);
+        assert!(
+            t.elapsed() < Duration::from_millis(1000),
+            "{layout}: {:?}",
+            t.elapsed()
+        );
+        assert!(
+            stalled.elapsed() < Duration::from_secs(2),
+            "{layout}: too late"
+        );
+        let released = counters.writes_released.load(Relaxed);
+        let degraded = counters.writes_degraded.load(Relaxed);
+        assert!(
+            released <= pages && degraded >= 2 * pages,
+            "{layout}: {released} released, {degraded} stored a piece short"
+        );
+        for p in 0..pages {
+            assert!(
+                fetch_one(&mut s, p).unwrap() == page(p, 2),
+                "{layout}: page {p}"
+            );
+        }
+        // It answers again: the pages written past it are repaired.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counters.pages_repaired.load(Relaxed) < pages || s.in_flight() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{layout}: {} repaired, {} in flight",
+                counters.pages_repaired.load(Relaxed),
+                s.in_flight()
+            );
+            s.poll(&mut |_| {}).unwrap();
+            s.tick(Instant::now()).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Another server dies: every page is still whole.
+        kill.store(true, Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while counters.servers_lost.load(Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "{layout}: the server never died");
+            s.poll(&mut |_| {})
+                .unwrap_or_else(|e| panic!("{layout}: {e}"));
+            s.tick(Instant::now())
+                .unwrap_or_else(|e| panic!("{layout}: {e}"));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for p in 0..pages {
+            let data = fetch_one(&mut s, p).unwrap_or_else(|e| panic!("{layout}: page {p}: {e}"));
+            assert!(data == page(p, 2), "{layout}: page {p}");
+        }
+    }
 }
 
 /// Released write-backs leave their pieces on the silent server's link: at most

@@ -78,6 +78,9 @@ pub const PULL_REFUSAL_HOLD: Duration = Duration::from_secs(30);
 /// comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
 const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
+/// A server slow for this long or longer is named on stderr when it answers again (with the
+/// write-backs stored with a piece fewer meanwhile); shorter silences are only counted.
+const SLOW_TOLD_AFTER: Duration = Duration::from_secs(1);
 /// Connecting to a server the manager offers gives up after this long (the pager waits
 /// meanwhile), and is tried again after [`REVIVE_EVERY`].
 const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
@@ -348,6 +351,9 @@ struct Repair {
     pages: u64,
     /// Pages left with fewer pieces than the redundancy's, for want of servers.
     degraded: u64,
+    /// Only catching up on a short silence of a server ([`RemoteStore::catch_up`]): not said
+    /// on stderr when done.
+    quiet: bool,
 }
 
 /// A page's writes in flight (write-backs and repairs), and the newest write-back among them
@@ -387,8 +393,12 @@ struct Book {
     /// write-backs go elsewhere while another server can take them, and those waiting on
     /// them are redirected ([`RemoteStore::redirect_writes`]). Refreshed on every poll and
     /// tick; only with redundancy (a page of one copy cannot be read without its server
-    /// anyway).
-    slow: Vec<bool>,
+    /// anyway). Since when each has been slow.
+    slow: Vec<Option<Instant>>,
+    /// Write-backs stored with a piece fewer since the last catch-up, because a member was
+    /// slow and no prompt server could take its piece ([`RemoteStore::degrade`]): their pages
+    /// are repaired when a slow server answers again ([`RemoteStore::hedge`]).
+    degraded_while_slow: u64,
     /// Bytes of the pieces released write-backs still wait for ([`RELEASED_MAX_BYTES`]).
     released_bytes: u64,
     /// Fetch buffers to reuse (`Codec::slots` units each).
@@ -470,7 +480,11 @@ impl Book {
 
     /// Whether server `s` may be given pieces and answers: placeable and not slow.
     fn prompt(&self, s: u16) -> bool {
-        self.placeable(s) && !self.slow[s as usize]
+        self.placeable(s) && !self.slow(s)
+    }
+
+    fn slow(&self, s: u16) -> bool {
+        self.slow[s as usize].is_some()
     }
 
     fn op_id(&mut self) -> u64 {
@@ -875,6 +889,7 @@ impl RemoteStore {
                 dead: Vec::new(),
                 draining: Vec::new(),
                 slow: Vec::new(),
+                degraded_while_slow: 0,
                 counters: Arc::new(StoreCounters {
                     layout: format!(
                         "{}{}",
@@ -941,7 +956,7 @@ impl RemoteStore {
         self.conns.push(conn);
         self.book.dead.push(None);
         self.book.draining.push(false);
-        self.book.slow.push(false);
+        self.book.slow.push(None);
     }
 
     /// Act on what the pool's manager last said: join the servers it offers that this store
@@ -1150,7 +1165,7 @@ impl RemoteStore {
         }
         // Servers with room before full ones, and slow ones last of all (stable: the order
         // above holds within each).
-        order.sort_by_key(|&s| (self.book.slow[s as usize], self.conns[s as usize].full));
+        order.sort_by_key(|&s| (self.book.slow(s), self.conns[s as usize].full));
         let mut out: Vec<u16> = keep.to_vec();
         for &s in &order {
             if out.len() == w {
@@ -1257,7 +1272,10 @@ impl RemoteStore {
                 {
                     return Ok((g, 0));
                 }
-                let healed = self.heal(page, &m, prompt)?;
+                let mut healed = self.heal(page, &m, prompt)?;
+                if prompt {
+                    self.degrade(&mut healed);
+                }
                 if *healed == *m {
                     return Ok((g, 0)); // slow members, and no prompt server to take over
                 }
@@ -1265,7 +1283,9 @@ impl RemoteStore {
             }
             None => {
                 self.within_grant(page)?;
-                self.choose(page, &[], false)?
+                let mut chosen = self.choose(page, &[], false)?;
+                self.degrade(&mut chosen);
+                chosen
             }
         };
         let g = self.book.groups.intern(&members);
@@ -1310,6 +1330,33 @@ impl RemoteStore {
             }
         }
         Ok(healed)
+    }
+
+    /// Leave out of a write-back's `members` the slow ones that [`RemoteStore::heal`] kept (no
+    /// prompt server could take their piece), where its prompt members hold enough pieces to
+    /// read the page: the page is stored with a piece fewer (as when too few servers are left)
+    /// and repaired once a slow server answers again ([`RemoteStore::catch_up`]). A piece sent
+    /// to a hung server would wait on its link, in this client's memory, and hold the program
+    /// until answered ([`RemoteStore::release_held_writes`] can release only so many); with
+    /// `ec:K+1` on K+1 servers, the default layout, there is never a spare to send it to
+    /// instead. The slow server is told to free its older copy, behind what it was sent
+    /// before. Not where a front end holds writes until every piece is stored (`rmem nbd`).
+    fn degrade(&mut self, members: &mut [u16]) {
+        let b = &self.book;
+        if !self.release_held || !members.iter().any(|&s| b.placeable(s) && b.slow(s)) {
+            return;
+        }
+        let prompt = members.iter().filter(|&&s| b.prompt(s)).count();
+        if prompt < b.codec.redundancy().needed() {
+            return;
+        }
+        for m in members.iter_mut() {
+            if b.placeable(*m) && b.slow(*m) {
+                *m = NONE;
+            }
+        }
+        self.book.degraded_while_slow += 1;
+        self.book.counters.writes_degraded.fetch_add(1, Relaxed);
     }
 
     /// Write the pieces of `page` in `mask` to their group's members.
@@ -1540,7 +1587,7 @@ impl RemoteStore {
         let order = (0..members.len()).map(|i| (start + i) % members.len());
         let shaky = |i: &usize| {
             let s = members[*i];
-            s != NONE && (self.conns[s as usize].in_outage() || self.book.slow[s as usize])
+            s != NONE && (self.conns[s as usize].in_outage() || self.book.slow(s))
         };
         let (shaky, steady): (Vec<usize>, Vec<usize>) = order.partition(shaky);
         for i in steady.into_iter().chain(shaky) {
@@ -1802,6 +1849,7 @@ impl RemoteStore {
         let queued = self.repair.queue.len() - before;
         if queued > 0 {
             self.repair.started.get_or_insert_with(Instant::now);
+            self.repair.quiet = false;
         }
         queued
     }
@@ -1958,15 +2006,17 @@ impl RemoteStore {
             } else {
                 String::new()
             };
-            eprintln!(
-                "rmem: repair done: {} pages {} in {secs:.2} s{short}",
-                self.repair.pages,
-                if self.book.draining.iter().any(|&d| d) {
-                    "rebuilt or moved"
-                } else {
-                    "rebuilt"
-                }
-            );
+            if !std::mem::take(&mut self.repair.quiet) {
+                eprintln!(
+                    "rmem: repair done: {} pages {} in {secs:.2} s{short}",
+                    self.repair.pages,
+                    if self.book.draining.iter().any(|&d| d) {
+                        "rebuilt or moved"
+                    } else {
+                        "rebuilt"
+                    }
+                );
+            }
             self.repair.pages = 0;
             self.repair.degraded = 0;
         }
@@ -2315,13 +2365,27 @@ impl RemoteStore {
             return;
         }
         let now = Instant::now();
+        let mut answers_again = Vec::new();
         for s in 0..self.conns.len() {
             let c = &self.conns[s];
-            self.book.slow[s] = self.book.dead[s].is_none()
+            let slow = self.book.dead[s].is_none()
                 && (c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER));
+            let was = self.book.slow[s];
+            self.book.slow[s] = match (slow, was) {
+                (true, None) => Some(now),
+                (true, since) => since,
+                (false, Some(since)) if self.book.dead[s].is_none() => {
+                    answers_again.push((s, now - since));
+                    None
+                }
+                (false, _) => None,
+            };
+        }
+        if !answers_again.is_empty() {
+            self.catch_up(&answers_again);
         }
         for s in 0..self.conns.len() {
-            if !self.book.slow[s] {
+            if !self.book.slow(s as u16) {
                 continue;
             }
             self.redirect_writes(s);
@@ -2369,7 +2433,7 @@ impl RemoteStore {
         let unit = self.book.codec.unit_len() as u64;
         // Pieces each write waits for on slow servers, oldest write first.
         let mut held: std::collections::BTreeMap<u64, u32> = Default::default();
-        for x in (0..self.conns.len()).filter(|&x| self.book.slow[x]) {
+        for x in (0..self.conns.len()).filter(|&x| self.book.slow(x as u16)) {
             for (_, op, piece, _) in self.conns[x].pending_writes() {
                 *held.entry(op).or_default() |= bit(piece as usize);
             }
@@ -2396,6 +2460,36 @@ impl RemoteStore {
             self.book.unbusy(page, op);
             self.finished.push(page);
             self.book.counters.writes_released.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Servers that were slow answer again (each with how long it was slow): the pages stored
+    /// with a piece fewer meanwhile ([`RemoteStore::degrade`]) are repaired, their missing
+    /// pieces written where a repair puts them (most likely back on those servers). Said on
+    /// stderr when a server was slow for [`SLOW_TOLD_AFTER`] or more; a shorter blip is only
+    /// counted.
+    fn catch_up(&mut self, answers_again: &[(usize, Duration)]) {
+        let degraded = std::mem::take(&mut self.book.degraded_while_slow);
+        if degraded == 0 {
+            return;
+        }
+        let running = self.repair.started.is_some();
+        let queued = self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
+        let told: Vec<String> = answers_again
+            .iter()
+            .filter(|&&(_, t)| t >= SLOW_TOLD_AFTER)
+            .map(|&(s, t)| format!("{} after {:.1} s", self.conns[s].name, t.as_secs_f64()))
+            .collect();
+        if !running && queued > 0 {
+            self.repair.quiet = told.is_empty();
+        }
+        if !told.is_empty() {
+            eprintln!(
+                "rmem: memory server {} silent answers again; restoring --redundancy {} on \
+                 the {queued} pages written with a piece fewer meanwhile",
+                told.join(", "),
+                self.book.codec.redundancy()
+            );
         }
     }
 
@@ -2766,7 +2860,8 @@ impl PageStore for RemoteStore {
                 writing: HashMap::new(),
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
-                slow: vec![false; self.conns.len()],
+                slow: vec![None; self.conns.len()],
+                degraded_while_slow: 0,
                 released_bytes: 0,
                 bufs: Vec::new(),
                 scratch: Vec::new(),

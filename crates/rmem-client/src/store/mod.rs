@@ -123,6 +123,9 @@ pub struct StoreCounters {
     /// Write-backs told to the pager as stored while one of their pieces still waited on a
     /// silent server with no other to take it.
     pub writes_released: AtomicU64,
+    /// Write-backs stored with a piece fewer than the layout's because a member was silent
+    /// and no other server could take its piece (repaired when it answers again).
+    pub writes_degraded: AtomicU64,
 }
 
 /// A place pages live when they are not resident.
