@@ -524,6 +524,38 @@ fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_ans
     }
 }
 
+/// A server is slow only if it has not answered, not if its answers wait unread: a pager busy
+/// elsewhere for longer than `HEDGE_AFTER` (here: asleep 150 ms with writes in flight, which
+/// the servers answered at once) must not take the servers for silent in its next tick and
+/// store its next write-back a piece short (or redirect writes) on that account.
+#[test]
+fn answers_waiting_unread_do_not_make_a_server_slow() {
+    let mut s = store_on(&[server(), server(), server()], "replicas:2", false);
+    let counters = s.counters().unwrap();
+    for round in 0..3 {
+        for p in 0..4 {
+            s.store(PageIndex(p), &page(p, round)).unwrap();
+        }
+        s.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        s.tick(Instant::now()).unwrap();
+        s.store(PageIndex(100 + round), &page(100, round)).unwrap();
+        let (mut stored, deadline) = (0, Instant::now() + Duration::from_secs(10));
+        while stored < 5 {
+            assert!(Instant::now() < deadline, "{stored} of 5 stored");
+            s.poll(&mut |c| stored += u64::from(matches!(c, Completion::Stored { .. })))
+                .unwrap();
+        }
+    }
+    let degraded = counters.writes_degraded.load(Relaxed);
+    let redirected = counters.writes_redirected.load(Relaxed);
+    assert_eq!(
+        (degraded, redirected),
+        (0, 0),
+        "stored a piece short, redirected"
+    );
+}
+
 /// Released write-backs leave their pieces on the silent server's link: at most
 /// `RELEASED_MAX_BYTES` of them, so that a hung server cannot grow the client by all a program
 /// writes meanwhile. Past it, writes wait for the server as before, and every one completes

@@ -391,8 +391,8 @@ struct Book {
     /// Servers that answered nothing for [`HEDGE_AFTER`] while a request waited, or whose
     /// link is down and being reopened: alive, still read (and their reads hedged), but new
     /// write-backs go elsewhere while another server can take them, and those waiting on
-    /// them are redirected ([`RemoteStore::redirect_writes`]). Refreshed on every poll and
-    /// tick; only with redundancy (a page of one copy cannot be read without its server
+    /// them are redirected ([`RemoteStore::redirect_writes`]). Refreshed on every poll, once
+    /// the answers are read (not in tick: see there); only with redundancy (a page of one copy cannot be read without its server
     /// anyway). Since when each has been slow.
     slow: Vec<Option<Instant>>,
     /// Write-backs stored with a piece fewer since the last catch-up, because a member was
@@ -2716,7 +2716,9 @@ impl PageStore for RemoteStore {
 
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         self.each_live(|c| c.tick(now))?;
-        self.hedge();
+        // No `hedge` here: it judges a server by how long it has been silent, and answers may
+        // wait unread in its socket (the pager was away); `poll`, which every front end calls
+        // on each pass, hedges after reading them.
         self.revive(now);
         self.follow_pool(now);
         // No one to hand a completion to here: a write-back that finishes is kept for the
