@@ -397,17 +397,22 @@ fn writes_held_by_a_silent_server_without_a_spare_are_released() {
 }
 
 /// A proxy to `real` that passes everything until its switch is set, then closes every link
-/// and drops every new one at once: a server that died.
-fn mortal(real: String) -> (String, Arc<AtomicBool>) {
+/// and drops every new one at once (a server that died) or, with `hang`, holds every new one
+/// and says nothing (a hung host). Cleared again, it passes new links once more.
+fn mortal(real: String, hang: bool) -> (String, Arc<AtomicBool>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let dead = Arc::new(AtomicBool::new(false));
     let killed = dead.clone();
     std::thread::spawn(move || {
+        let mut held = Vec::new();
         for client in l.incoming() {
             let Ok(client) = client else { return };
             if killed.load(Relaxed) {
-                continue; // dropped: closed before a word
+                if hang {
+                    held.push(client);
+                }
+                continue; // dropped: closed before a word, or held silent
             }
             let up = TcpStream::connect(&real).unwrap();
             let ends = [client.try_clone().unwrap(), up.try_clone().unwrap()];
@@ -444,7 +449,7 @@ fn mortal(real: String) -> (String, Arc<AtomicBool>) {
 fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_answers() {
     for (layout, encrypt, others) in [("replicas:2", false, 0), ("ec:2+1", true, 1)] {
         let (silent, stalls) = proxy(server(), Mode::StallWrites(Duration::from_secs(2)));
-        let (doomed, kill) = mortal(server());
+        let (doomed, kill) = mortal(server(), false);
         let servers: Vec<String> = [silent, doomed]
             .into_iter()
             .chain((0..others).map(|_| server()))
@@ -554,6 +559,83 @@ fn answers_waiting_unread_do_not_make_a_server_slow() {
         (0, 0),
         "stored a piece short, redirected"
     );
+}
+
+/// A buried server whose host no longer answers (it accepts connections and says nothing: a
+/// hung host) is tried again beside the store, not on the thread that drives it: each try
+/// (every 2 s) held that thread, and with it every fault, for up to the connect timeout
+/// (100 ms before, on the pager's thread) for as long as the host stayed hung. Once the host
+/// answers again the server is taken back and holds pages again.
+#[test]
+fn a_buried_server_that_hangs_is_tried_again_without_holding_the_store() {
+    let (doomed, kill) = mortal(server(), true);
+    let timing = Timing {
+        connect: Duration::from_secs(1),
+        request: Duration::from_secs(5),
+        heartbeat: Duration::from_secs(5),
+        reconnect: Duration::from_millis(300),
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse("replicas:2").unwrap(),
+        encrypt: false,
+    };
+    let servers = [doomed.clone(), server(), server()];
+    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let counters = s.counters().unwrap();
+    store_all(&mut s, 16, 0);
+    kill.store(true, Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters.servers_lost.load(Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the server was never buried");
+        s.poll(&mut |_| {}).unwrap();
+        s.tick(Instant::now()).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Two tries or more at the hung host, the store driven all along.
+    let (start, mut longest, mut round) = (Instant::now(), Duration::ZERO, 1);
+    while start.elapsed() < Duration::from_millis(4500) {
+        let t = Instant::now();
+        s.tick(t).unwrap();
+        longest = longest.max(t.elapsed());
+        store_all(&mut s, 16, round);
+        round += 1;
+    }
+    assert!(
+        longest < Duration::from_millis(100),
+        "a tick took {longest:?} while the buried server hung"
+    );
+    for p in 0..16 {
+        assert!(
+            fetch_one(&mut s, p).unwrap() == page(p, round - 1),
+            "page {p}"
+        );
+    }
+    // The host answers again: the server is back and takes new pages (placed on the first
+    // server first).
+    kill.store(false, Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let on_it = |s: &RemoteStore| {
+        s.used_per_server()
+            .iter()
+            .find(|(name, _)| *name == doomed)
+            .map_or(0, |&(_, bytes)| bytes)
+    };
+    let mut fresh = 1000;
+    while on_it(&s) == 0 {
+        assert!(Instant::now() < deadline, "the server never came back");
+        s.store(PageIndex(fresh), &page(fresh, 0)).unwrap();
+        fresh += 1;
+        s.flush().unwrap();
+        for _ in 0..10 {
+            s.poll(&mut |_| {}).unwrap();
+            s.tick(Instant::now()).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    for p in (1000..fresh).step_by(7) {
+        assert!(fetch_one(&mut s, p).unwrap() == page(p, 0), "page {p}");
+    }
 }
 
 /// Released write-backs leave their pieces on the silent server's link: at most

@@ -47,6 +47,7 @@ use rmem_proto::pool::{
 use rmem_proto::{PageKey, Request, SessionId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,10 +75,9 @@ pub const PULL_PER_SERVER: usize = 2 * PULL_KEYS;
 /// A server that failed a pull moves its share through this client for this long, then is
 /// asked to pull again (it may have been full, or cut off from the other server, for a while).
 pub const PULL_REFUSAL_HOLD: Duration = Duration::from_secs(30);
-/// A buried server is tried again this often, with this connect timeout, so that one that
-/// comes back takes new pages.
+/// A buried server is tried again this often (on a thread of its own, with the connect
+/// timeout), so that one that comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
-const REVIVE_TIMEOUT: Duration = Duration::from_millis(100);
 /// A server slow for this long or longer is named on stderr when it answers again (with the
 /// write-backs stored with a piece fewer meanwhile); shorter silences are only counted.
 const SLOW_TOLD_AFTER: Duration = Duration::from_secs(1);
@@ -423,6 +423,8 @@ pub struct RemoteStore {
     repair: Repair,
     pulls: Pulls,
     next_revive: Instant,
+    /// Per server, a try to reach it again in flight ([`RemoteStore::revive`]).
+    reviving: Vec<Option<mpsc::Receiver<Result<Conn, StoreError>>>>,
     /// The codec the fork() child of the latest snapshot seals with (its own key: see
     /// [`Stamp`]), made in [`PageStore::snapshot`] where failing is an answer; the child
     /// takes it from its copy of this store.
@@ -910,6 +912,7 @@ impl RemoteStore {
             repair: Repair::default(),
             pulls: Pulls::default(),
             next_revive: Instant::now(),
+            reviving: Vec::new(),
             child_codec: None,
             finished: Vec::new(),
             release_held: true,
@@ -957,6 +960,7 @@ impl RemoteStore {
         self.book.dead.push(None);
         self.book.draining.push(false);
         self.book.slow.push(None);
+        self.reviving.push(None);
     }
 
     /// Act on what the pool's manager last said: join the servers it offers that this store
@@ -2286,32 +2290,66 @@ impl RemoteStore {
     }
 
     /// Try buried servers again now and then: one that answers takes new pages (a fresh
-    /// session: whatever it kept of the old one is not trusted).
+    /// session: whatever it kept of the old one is not trusted). Each try opens its link on a
+    /// thread of its own (as a reconnect does), taken here on a later call once open: a
+    /// connect on this thread held the pager (and every fault) for up to the connect timeout
+    /// every [`REVIVE_EVERY`] for as long as a buried server's host stayed down or hung.
     fn revive(&mut self, now: Instant) {
+        for s in 0..self.conns.len() {
+            let Some(dialing) = &self.reviving[s] else {
+                continue;
+            };
+            let opened = match dialing.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => continue,
+                Ok(opened) => opened,
+                Err(mpsc::TryRecvError::Disconnected) => continue,
+            };
+            self.reviving[s] = None;
+            // A drained server left on purpose: it is not called back.
+            let (Ok(mut c), true) = (
+                opened,
+                self.book.dead[s].is_some() && !self.book.draining[s],
+            ) else {
+                continue;
+            };
+            c.set_timing(self.timing);
+            let name = c.name.clone();
+            eprintln!("rmem: memory server {name} is back; it takes new pages");
+            self.forget_pieces_on(s as u16);
+            self.conns[s] = c;
+            self.book.dead[s] = None;
+            self.book.draining[s] = false;
+            self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
+        }
         if now < self.next_revive || !self.any_lost() {
             return;
         }
         self.next_revive = now + REVIVE_EVERY;
-        let mut timing = self.timing;
-        timing.connect = REVIVE_TIMEOUT;
         for s in 0..self.conns.len() {
-            // A drained server left on purpose: it is not called back.
-            if self.book.dead[s].is_none() || self.book.draining[s] {
+            if self.book.dead[s].is_none() || self.book.draining[s] || self.reviving[s].is_some() {
                 continue;
             }
             let Ok(session) = SessionId::random() else {
                 return;
             };
-            let name = self.conns[s].name.clone();
-            if let Ok(c) = Conn::connect(&name, &self.token, self.book.unit(), session, timing) {
-                let mut c = c;
-                c.set_timing(self.timing);
-                eprintln!("rmem: memory server {name} is back; it takes new pages");
-                self.forget_pieces_on(s as u16);
-                self.conns[s] = c;
-                self.book.dead[s] = None;
-                self.book.draining[s] = false;
-                self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
+            let (name, token, unit) = (
+                self.conns[s].name.clone(),
+                self.token.clone(),
+                self.book.unit(),
+            );
+            let timing = self.timing;
+            let (done, dialing) = mpsc::channel();
+            let dial = move || {
+                // Nobody takes a link opened after the store is gone: it is closed.
+                let _ = done.send(Conn::connect(&name, &token, unit, session, timing));
+            };
+            // No thread to be had now: tried again after REVIVE_EVERY.
+            if std::thread::Builder::new()
+                .name("rmem-revive".into())
+                .spawn(dial)
+                .is_ok()
+            {
+                self.reviving[s] = Some(dialing);
             }
         }
     }
@@ -2475,22 +2513,31 @@ impl RemoteStore {
         }
         let running = self.repair.started.is_some();
         let queued = self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
-        let told: Vec<String> = answers_again
+        let told: Vec<(&str, f64)> = answers_again
             .iter()
             .filter(|&&(_, t)| t >= SLOW_TOLD_AFTER)
-            .map(|&(s, t)| format!("{} after {:.1} s", self.conns[s].name, t.as_secs_f64()))
+            .map(|&(s, t)| (self.conns[s].name.as_str(), t.as_secs_f64()))
             .collect();
         if !running && queued > 0 {
             self.repair.quiet = told.is_empty();
         }
-        if !told.is_empty() {
-            eprintln!(
-                "rmem: memory server {} silent answers again; restoring --redundancy {} on \
-                 the {queued} pages written with a piece fewer meanwhile",
-                told.join(", "),
-                self.book.codec.redundancy()
-            );
-        }
+        let who = match told.as_slice() {
+            [] => return,
+            [(name, t)] => format!("memory server {name} answers again after {t:.1} s of silence"),
+            many => format!(
+                "memory servers {} answer again after {} s of silence",
+                many.iter().map(|m| m.0).collect::<Vec<_>>().join(", "),
+                many.iter()
+                    .map(|m| format!("{:.1}", m.1))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        eprintln!(
+            "rmem: {who}; restoring --redundancy {} on the {queued} pages written with a piece \
+             fewer meanwhile",
+            self.book.codec.redundancy()
+        );
     }
 
     /// Every write-back counts as stored only once each of its pieces is acknowledged, however
@@ -2882,6 +2929,7 @@ impl PageStore for RemoteStore {
                 ..Pulls::default()
             },
             next_revive: Instant::now(),
+            reviving: self.conns.iter().map(|_| None).collect(),
             child_codec: None,
             // The parent's finished write-backs are the parent's: the child reinstalls those
             // pages from its copy of the staging slots (PageStates::after_fork).
