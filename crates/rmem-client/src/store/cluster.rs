@@ -2522,6 +2522,9 @@ impl RemoteStore {
             self.repair.quiet = told.is_empty();
         }
         let who = match told.as_slice() {
+            // Nothing to say, or nothing left to restore (the pages were written again whole,
+            // or freed, or are queued already).
+            _ if queued == 0 => return,
             [] => return,
             [(name, t)] => format!("memory server {name} answers again after {t:.1} s of silence"),
             many => format!(
