@@ -441,10 +441,11 @@ fn mortal(real: String, hang: bool) -> (String, Arc<AtomicBool>) {
 
 /// A server silent for a while (its answers held 2 s), and no server outside the pages'
 /// groups to take its pieces (replicas:2 on two, ec:2+1 on three, as the default layout
-/// always is): write-backs made once it is known silent are stored with a piece fewer, not
-/// queued on its link, where they would wait in this client's memory and hold the program
-/// past `RELEASED_MAX_BYTES`. When it answers again those pages are repaired, so that losing
-/// another server afterwards loses none of them.
+/// always is): once as much as may be released waits on its link (here one round of pages:
+/// the bound is lowered from `RELEASED_MAX_BYTES`), write-backs are stored with a piece
+/// fewer, not queued there, where they would wait in this client's memory and hold the
+/// program. When it answers again those pages are repaired, so that losing another server
+/// afterwards loses none of them.
 #[test]
 fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_answers() {
     for (layout, encrypt, others) in [("replicas:2", false, 0), ("ec:2+1", true, 1)] {
@@ -469,6 +470,7 @@ fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_ans
         let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout_of, timing).unwrap();
         let counters = s.counters().unwrap();
         let pages = 32u64;
+        s.set_released_max_bytes(pages * s.unit_len() as u64);
         let stalled = Instant::now();
         // Round 0 goes to every server; the silent one's pieces are released.
         store_rounds(&mut s, pages, 1, layout);

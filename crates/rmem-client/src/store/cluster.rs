@@ -191,6 +191,9 @@ struct Fetch {
     asked: u32,
     answered: u32,
     bad: u32,
+    /// Pieces on a server that was given up and has come back since this read began: its
+    /// fresh session holds none of them, so they are neither asked nor waited for there.
+    gone: u32,
     /// A seal failed with enough pieces in: ask every piece, try without each.
     all: bool,
     repair: bool,
@@ -401,6 +404,8 @@ struct Book {
     degraded_while_slow: u64,
     /// Bytes of the pieces released write-backs still wait for ([`RELEASED_MAX_BYTES`]).
     released_bytes: u64,
+    /// The most of them ([`RELEASED_MAX_BYTES`] unless a test sets it).
+    released_max: u64,
     /// Fetch buffers to reuse (`Codec::slots` units each).
     bufs: Vec<Vec<u8>>,
     /// A sealed page's copy, to check a repair's seal on.
@@ -879,6 +884,7 @@ impl RemoteStore {
         let mut store = RemoteStore {
             book: Book {
                 released_bytes: 0,
+                released_max: RELEASED_MAX_BYTES,
                 bufs: Vec::new(),
                 scratch: Vec::new(),
                 codec: Arc::new(codec),
@@ -1337,17 +1343,33 @@ impl RemoteStore {
     }
 
     /// Leave out of a write-back's `members` the slow ones that [`RemoteStore::heal`] kept (no
-    /// prompt server could take their piece), where its prompt members hold enough pieces to
-    /// read the page: the page is stored with a piece fewer (as when too few servers are left)
-    /// and repaired once a slow server answers again ([`RemoteStore::catch_up`]). A piece sent
-    /// to a hung server would wait on its link, in this client's memory, and hold the program
-    /// until answered ([`RemoteStore::release_held_writes`] can release only so many); with
-    /// `ec:K+1` on K+1 servers, the default layout, there is never a spare to send it to
-    /// instead. The slow server is told to free its older copy, behind what it was sent
-    /// before. Not where a front end holds writes until every piece is stored (`rmem nbd`).
+    /// prompt server could take their piece), once what already waits on the slow links is
+    /// as much as may be released ([`RELEASED_MAX_BYTES`]), and where its prompt members hold
+    /// enough pieces to read the page: the page is stored with a piece fewer (as when too few
+    /// servers are left) and repaired once a slow server answers again
+    /// ([`RemoteStore::catch_up`]). Until that bound the piece goes to the slow server and the
+    /// write-back is released ([`RemoteStore::release_held_writes`]): a page whose piece waits
+    /// on a link is whole as soon as its server answers, where a page stored short stays short
+    /// until its repair, which needs every other piece; a server lost in that time (one that
+    /// was stopped too, or killed while the repair read from it) would lose the pages that a
+    /// pause of another had left short. Past the bound, a piece sent to a hung server would
+    /// hold the program until answered; with `ec:K+1` on K+1 servers, the default layout,
+    /// there is never a spare to send it to instead. The slow server is told to free its older
+    /// copy, behind what it was sent before. Not where a front end holds writes until every
+    /// piece is stored (`rmem nbd`).
     fn degrade(&mut self, members: &mut [u16]) {
         let b = &self.book;
-        if !self.release_held || !members.iter().any(|&s| b.placeable(s) && b.slow(s)) {
+        let slow = |s: u16| b.placeable(s) && b.slow(s);
+        let short = members.iter().filter(|&&s| slow(s)).count() as u64;
+        if !self.release_held || short == 0 {
+            return;
+        }
+        // What the slow links hold now, and this write's pieces there.
+        let held: u64 = (0..self.conns.len() as u16)
+            .filter(|&x| b.slow(x))
+            .map(|x| self.conns[x as usize].held_bytes())
+            .sum();
+        if held + short * b.unit() as u64 <= b.released_max {
             return;
         }
         let prompt = members.iter().filter(|&&s| b.prompt(s)).count();
@@ -1355,7 +1377,7 @@ impl RemoteStore {
             return;
         }
         for m in members.iter_mut() {
-            if b.placeable(*m) && b.slow(*m) {
+            if slow(*m) {
                 *m = NONE;
             }
         }
@@ -1528,6 +1550,7 @@ impl RemoteStore {
                 asked: 0,
                 answered: 0,
                 bad: 0,
+                gone: 0,
                 all: false,
                 repair: purpose != Purpose::Page,
                 moving: match purpose {
@@ -1554,8 +1577,9 @@ impl RemoteStore {
         if fe.moving != 0 {
             let (moving, asked) = (fe.moving, fe.asked);
             let failed = moving & fe.answered & !fe.have != 0;
-            let gone =
-                (0..members.len()).any(|i| moving & bit(i) != 0 && !self.book.alive(members[i]));
+            let gone = (0..members.len()).any(|i| {
+                moving & bit(i) != 0 && (!self.book.alive(members[i]) || fe.gone & bit(i) != 0)
+            });
             let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) else {
                 unreachable!()
             };
@@ -1599,7 +1623,7 @@ impl RemoteStore {
                 break;
             }
             let s = members[i];
-            if fe.asked & bit(i) != 0 || !self.book.alive(s) {
+            if fe.asked & bit(i) != 0 || !self.book.alive(s) || fe.gone & bit(i) != 0 {
                 continue;
             }
             asked.push(i);
@@ -1612,7 +1636,7 @@ impl RemoteStore {
             let waiting = (0..members.len())
                 .filter(|&i| {
                     fe.asked & fe.answered & bit(i) != 0
-                        && (fe.have | fe.bad) & bit(i) == 0
+                        && (fe.have | fe.bad | fe.gone) & bit(i) == 0
                         && self.book.alive(members[i])
                 })
                 .fold(0, |m, i| m | bit(i));
@@ -2361,6 +2385,18 @@ impl RemoteStore {
     /// of another member found too few pieces of a page the runtime thought whole.)
     fn forget_pieces_on(&mut self, s: u16) {
         let book = &mut self.book;
+        // Reads in flight keep the group they started with: they must not ask `s` for its
+        // piece now that it lives again (it answers that it has no such page: taken for a bad
+        // piece, a round trip lost), nor wait there for the answer to one asked before it was
+        // given up (that request went with the old link).
+        for op in book.ops.values_mut() {
+            if let Op::Fetch(fe) = op {
+                let m = &book.groups.members[fe.group as usize];
+                fe.gone |= (0..m.len())
+                    .filter(|&i| m[i] == s)
+                    .fold(0, |acc, i| acc | bit(i));
+            }
+        }
         let mut to = HashMap::new();
         for g in 0..book.groups.members.len() {
             let m = &book.groups.members[g];
@@ -2489,7 +2525,7 @@ impl RemoteStore {
                 continue;
             }
             let bytes = unit * u64::from(waiting.count_ones());
-            if self.book.released_bytes + bytes > RELEASED_MAX_BYTES {
+            if self.book.released_bytes + bytes > self.book.released_max {
                 return; // the rest wait for their servers
             }
             self.book.released_bytes += bytes;
@@ -2548,6 +2584,13 @@ impl RemoteStore {
     /// only by slow servers is released (see [`RemoteStore::release_held_writes`]).
     pub fn hold_writes_until_stored(&mut self) {
         self.release_held = false;
+    }
+
+    /// At most `bytes` of pieces of released write-backs wait on slow links at a time
+    /// ([`RELEASED_MAX_BYTES`] by default); past it, write-backs are stored a piece short
+    /// ([`RemoteStore::degrade`]). For tests, which cannot afford to write the default's worth.
+    pub fn set_released_max_bytes(&mut self, bytes: u64) {
+        self.book.released_max = bytes;
     }
 
     /// Each write waiting on slow server `s` whose piece is still `s`'s to hold goes to a
@@ -2673,6 +2716,7 @@ impl PageStore for RemoteStore {
                 asked: 0,
                 answered: 0,
                 bad: 0,
+                gone: 0,
                 all: false,
                 repair: false,
                 moving: 0,
@@ -2915,6 +2959,7 @@ impl PageStore for RemoteStore {
                 slow: vec![None; self.conns.len()],
                 degraded_while_slow: 0,
                 released_bytes: 0,
+                released_max: RELEASED_MAX_BYTES,
                 bufs: Vec::new(),
                 scratch: Vec::new(),
                 counters,

@@ -194,6 +194,11 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
+    /// Bytes of the frames held until answered (sent or not).
+    fn held(&self) -> usize {
+        self.segs.iter().map(Vec::len).sum::<usize>() - self.acked
+    }
+
     pub(crate) fn unsent(&self) -> &[u8] {
         let (mut i, mut at) = (self.sent_seg, self.sent);
         while let Some(s) = self.segs.get(i) {
@@ -1004,6 +1009,12 @@ impl Conn {
     pub(crate) fn silent_for(&self, now: Instant) -> Option<Duration> {
         let p = self.pending.front()?;
         Some(now.saturating_duration_since(p.sent.max(self.last_activity)))
+    }
+
+    /// Bytes this link keeps in memory for its unanswered requests (to re-send them on a new
+    /// link should this one drop): what a server that stops answering makes this client hold.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.out.held() as u64
     }
 
     /// The reads waiting on this server, as (operation, piece).

@@ -1,0 +1,35 @@
+#!/bin/bash
+# The 8-thread verifying stress (tests/c/stress.c) under `rmem run --api`, with one memory
+# server at a time stopped (SIGSTOP) for 0.2-3 s at random for the whole run, and up to KILLS
+# of them killed (stopped 0.5 s, then SIGKILL; `rmem run` starts a killed local server again)
+# at least 8 s apart. Prints the stress's verdict (mismatches), what the runtime said about
+# servers, and its counters. docs/benchmarks.md ("Write-backs stored a piece short").
+#
+# usage: tools/chaos-stress.sh SERVERS LAYOUT OPS [KILLS]   e.g. 6 ec:4+1 250000 2
+# Run from the repository root after `cargo build --release --workspace`.
+set -u
+N=$1; L=$2; OPS=$3; K=${4:-0}
+OUT=$(mktemp -d /tmp/rmem-chaos.XXXXXX)
+gcc -O2 -pthread -I include tests/c/stress.c -o "$OUT/stress" -L target/release -lrmem || exit 1
+( LD_LIBRARY_PATH=target/release timeout 600 target/release/rmem run --api --servers "$N" \
+    --redundancy "$L" --page-size 4K --local 8M --stats-json "$OUT/stats.json" \
+    -- "$OUT/stress" 8 32 "$OPS" > "$OUT/out" 2> "$OUT/err"; echo "rc=$?" >> "$OUT/out" ) &
+RUN=$!
+sleep 1.5
+kills=0; last=$(date +%s)
+while kill -0 $RUN 2>/dev/null && pgrep -f "$OUT/stress" > /dev/null; do
+  # This run's servers: children of its `rmem run` helper, listening.
+  v=$(pgrep -f "rmem server --listen" | shuf -n1); [ -z "$v" ] && break
+  now=$(date +%s)
+  if [ "$kills" -lt "$K" ] && [ $((now - last)) -ge 8 ] && [ $((RANDOM % 3)) = 0 ]; then
+    kill -STOP "$v"; sleep 0.5; kill -KILL "$v"; kills=$((kills + 1)); last=$now
+    echo "killed server pid $v"; sleep 1; continue
+  fi
+  kill -STOP "$v"; sleep 0.$(shuf -i 2-9 -n1); [ $((RANDOM % 4)) = 0 ] && sleep 2
+  kill -CONT "$v"; sleep 0.$(shuf -i 1-5 -n1)
+done
+wait $RUN
+tail -2 "$OUT/out"
+grep -E "lost|is back|answers again" "$OUT/err" | cut -c1-160 | head -8
+python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:d[k] for k in ('writes_redirected','writes_released','writes_degraded','pages_repaired','failovers','servers_lost','pieces_bad','layout')})" "$OUT/stats.json"
+echo "(files in $OUT)"
