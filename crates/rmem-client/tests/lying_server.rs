@@ -176,6 +176,20 @@ fn store_all(s: &mut RemoteStore, pages: u64, round: u64) {
     }
 }
 
+/// Poll and tick `s` every few milliseconds until `done` holds (10 s at most); `what` names
+/// what was awaited when it does not come, or when the store fails meanwhile.
+fn pump_until(s: &mut RemoteStore, what: &str, mut done: impl FnMut(&RemoteStore) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done(s) {
+        assert!(Instant::now() < deadline, "never came: {what}");
+        s.poll(&mut |_| {})
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        s.tick(Instant::now())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Page `p` read back, or the error that ended the read.
 /// Store pages `0..pages` `rounds` times over (round r's contents `page(p, r)`) without
 /// waiting, then poll until every write-back is told stored (10 s at most): how long it took.
@@ -501,29 +515,14 @@ fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_ans
             );
         }
         // It answers again: the pages written past it are repaired.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while counters.pages_repaired.load(Relaxed) < pages || s.in_flight() > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{layout}: {} repaired, {} in flight",
-                counters.pages_repaired.load(Relaxed),
-                s.in_flight()
-            );
-            s.poll(&mut |_| {}).unwrap();
-            s.tick(Instant::now()).unwrap();
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        pump_until(&mut s, &format!("{layout}: the pages repaired"), |s| {
+            counters.pages_repaired.load(Relaxed) >= pages && s.in_flight() == 0
+        });
         // Another server dies: every page is still whole.
         kill.store(true, Relaxed);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while counters.servers_lost.load(Relaxed) == 0 {
-            assert!(Instant::now() < deadline, "{layout}: the server never died");
-            s.poll(&mut |_| {})
-                .unwrap_or_else(|e| panic!("{layout}: {e}"));
-            s.tick(Instant::now())
-                .unwrap_or_else(|e| panic!("{layout}: {e}"));
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        pump_until(&mut s, &format!("{layout}: the server dead"), |_| {
+            counters.servers_lost.load(Relaxed) > 0
+        });
         for p in 0..pages {
             let data = fetch_one(&mut s, p).unwrap_or_else(|e| panic!("{layout}: page {p}: {e}"));
             assert!(data == page(p, 2), "{layout}: page {p}");
@@ -587,13 +586,9 @@ fn a_buried_server_that_hangs_is_tried_again_without_holding_the_store() {
     let counters = s.counters().unwrap();
     store_all(&mut s, 16, 0);
     kill.store(true, Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counters.servers_lost.load(Relaxed) == 0 {
-        assert!(Instant::now() < deadline, "the server was never buried");
-        s.poll(&mut |_| {}).unwrap();
-        s.tick(Instant::now()).unwrap();
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    pump_until(&mut s, "the server buried", |_| {
+        counters.servers_lost.load(Relaxed) > 0
+    });
     // Two tries or more at the hung host, the store driven all along.
     let (start, mut longest, mut round) = (Instant::now(), Duration::ZERO, 1);
     while start.elapsed() < Duration::from_millis(4500) {

@@ -394,14 +394,14 @@ struct Book {
     /// Servers that answered nothing for [`HEDGE_AFTER`] while a request waited, or whose
     /// link is down and being reopened: alive, still read (and their reads hedged), but new
     /// write-backs go elsewhere while another server can take them, and those waiting on
-    /// them are redirected ([`RemoteStore::redirect_writes`]). Refreshed on every poll, once
-    /// the answers are read (not in tick: see there); only with redundancy (a page of one copy cannot be read without its server
-    /// anyway). Since when each has been slow.
+    /// them are redirected ([`RemoteStore::redirect_writes`]). Since when each has been slow.
+    /// Refreshed on every poll, once the answers are read (not in tick: see there); only with
+    /// redundancy (a page of one copy cannot be read without its server anyway).
     slow: Vec<Option<Instant>>,
-    /// Write-backs stored with a piece fewer since the last catch-up, because a member was
-    /// slow and no prompt server could take its piece ([`RemoteStore::degrade`]): their pages
-    /// are repaired when a slow server answers again ([`RemoteStore::hedge`]).
-    degraded_while_slow: u64,
+    /// A write-back was stored with a piece fewer since the last catch-up, because a member
+    /// was slow and no prompt server could take its piece ([`RemoteStore::degrade`]): its page
+    /// is repaired when a slow server answers again ([`RemoteStore::catch_up`]).
+    short_since_catch_up: bool,
     /// Bytes of the pieces released write-backs still wait for ([`RELEASED_MAX_BYTES`]).
     released_bytes: u64,
     /// The most of them ([`RELEASED_MAX_BYTES`] unless a test sets it).
@@ -897,7 +897,7 @@ impl RemoteStore {
                 dead: Vec::new(),
                 draining: Vec::new(),
                 slow: Vec::new(),
-                degraded_while_slow: 0,
+                short_since_catch_up: false,
                 counters: Arc::new(StoreCounters {
                     layout: format!(
                         "{}{}",
@@ -1381,7 +1381,7 @@ impl RemoteStore {
                 *m = NONE;
             }
         }
-        self.book.degraded_while_slow += 1;
+        self.book.short_since_catch_up = true;
         self.book.counters.writes_degraded.fetch_add(1, Relaxed);
     }
 
@@ -2323,10 +2323,14 @@ impl RemoteStore {
             let Some(dialing) = &self.reviving[s] else {
                 continue;
             };
-            let opened = match dialing.try_recv() {
+            // A thread that ended without a word (it cannot, short of a panic) is a failed try:
+            // the next is due after REVIVE_EVERY.
+            let Ok(opened) = (match dialing.try_recv() {
                 Err(mpsc::TryRecvError::Empty) => continue,
-                Ok(opened) => opened,
-                Err(mpsc::TryRecvError::Disconnected) => continue,
+                got => got,
+            }) else {
+                self.reviving[s] = None;
+                continue;
             };
             self.reviving[s] = None;
             // A drained server left on purpose: it is not called back.
@@ -2543,8 +2547,7 @@ impl RemoteStore {
     /// stderr when a server was slow for [`SLOW_TOLD_AFTER`] or more; a shorter blip is only
     /// counted.
     fn catch_up(&mut self, answers_again: &[(usize, Duration)]) {
-        let degraded = std::mem::take(&mut self.book.degraded_while_slow);
-        if degraded == 0 {
+        if !std::mem::take(&mut self.book.short_since_catch_up) {
             return;
         }
         let running = self.repair.started.is_some();
@@ -2554,13 +2557,13 @@ impl RemoteStore {
             .filter(|&&(_, t)| t >= SLOW_TOLD_AFTER)
             .map(|&(s, t)| (self.conns[s].name.as_str(), t.as_secs_f64()))
             .collect();
-        if !running && queued > 0 {
+        if queued == 0 {
+            return; // the pages were written again whole meanwhile, or freed
+        }
+        if !running {
             self.repair.quiet = told.is_empty();
         }
         let who = match told.as_slice() {
-            // Nothing to say, or nothing left to restore (the pages were written again whole,
-            // or freed, or are queued already).
-            _ if queued == 0 => return,
             [] => return,
             [(name, t)] => format!("memory server {name} answers again after {t:.1} s of silence"),
             many => format!(
@@ -2957,7 +2960,7 @@ impl PageStore for RemoteStore {
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
                 slow: vec![None; self.conns.len()],
-                degraded_while_slow: 0,
+                short_since_catch_up: false,
                 released_bytes: 0,
                 released_max: RELEASED_MAX_BYTES,
                 bufs: Vec::new(),
