@@ -1,6 +1,8 @@
 //! A server that returns altered, stale and swapped pages (a proxy in front of a real server
 //! that rewrites its answers): with redundancy every lie is caught by the page's seal, the
-//! page is served from the other pieces, and the lies are counted. Real servers, in-process;
+//! page is served from the other pieces, and the lies are counted. Also servers that go
+//! silent or hang (write-backs released and stored short past them; a buried server, and one
+//! a pool's manager offers, dialled without holding the store). Real servers, in-process;
 //! every wait is bounded.
 
 mod common;
@@ -190,7 +192,6 @@ fn pump_until(s: &mut RemoteStore, what: &str, mut done: impl FnMut(&RemoteStore
     }
 }
 
-/// Page `p` read back, or the error that ended the read.
 /// Store pages `0..pages` `rounds` times over (round r's contents `page(p, r)`) without
 /// waiting, then poll until every write-back is told stored (10 s at most): how long it took.
 fn store_rounds(s: &mut RemoteStore, pages: u64, rounds: u64, what: &str) -> Duration {
@@ -211,6 +212,51 @@ fn store_rounds(s: &mut RemoteStore, pages: u64, rounds: u64, what: &str) -> Dur
     t.elapsed()
 }
 
+/// For 4.5 s (two tries or more at a hung host every 2 s), tick the store and write pages
+/// `0..16` again each round from `round` on: each tick must take under 100 ms (`while_what`
+/// names the hang in the failure). The next round, not done.
+fn ticks_stay_short(s: &mut RemoteStore, mut round: u64, while_what: &str) -> u64 {
+    let (start, mut longest) = (Instant::now(), Duration::ZERO);
+    while start.elapsed() < Duration::from_millis(4500) {
+        let t = Instant::now();
+        s.tick(t).unwrap();
+        longest = longest.max(t.elapsed());
+        store_all(s, 16, round);
+        round += 1;
+    }
+    assert!(
+        longest < Duration::from_millis(100),
+        "a tick took {longest:?} while {while_what}"
+    );
+    round
+}
+
+/// Store fresh pages from 1000 on (round 0), driving the store, until `server` holds some (10 s
+/// at most, else fail saying `what`): the pages stored.
+fn store_until_on(s: &mut RemoteStore, server: &str, what: &str) -> std::ops::Range<u64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let on_it = |s: &RemoteStore| {
+        s.used_per_server()
+            .iter()
+            .find(|(name, _)| name == server)
+            .map_or(0, |&(_, bytes)| bytes)
+    };
+    let mut fresh = 1000;
+    while on_it(s) == 0 {
+        assert!(Instant::now() < deadline, "{what}");
+        s.store(PageIndex(fresh), &page(fresh, 0)).unwrap();
+        fresh += 1;
+        s.flush().unwrap();
+        for _ in 0..10 {
+            s.poll(&mut |_| {}).unwrap();
+            s.tick(Instant::now()).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    1000..fresh
+}
+
+/// Page `p` read back, or the error that ended the read.
 fn fetch_one(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     s.fetch(PageIndex(p)).map_err(|e| e.to_string())?;
     let mut got = None;
@@ -590,18 +636,7 @@ fn a_buried_server_that_hangs_is_tried_again_without_holding_the_store() {
         counters.servers_lost.load(Relaxed) > 0
     });
     // Two tries or more at the hung host, the store driven all along.
-    let (start, mut longest, mut round) = (Instant::now(), Duration::ZERO, 1);
-    while start.elapsed() < Duration::from_millis(4500) {
-        let t = Instant::now();
-        s.tick(t).unwrap();
-        longest = longest.max(t.elapsed());
-        store_all(&mut s, 16, round);
-        round += 1;
-    }
-    assert!(
-        longest < Duration::from_millis(100),
-        "a tick took {longest:?} while the buried server hung"
-    );
+    let round = ticks_stay_short(&mut s, 1, "the buried server hung");
     for p in 0..16 {
         assert!(
             fetch_one(&mut s, p).unwrap() == page(p, round - 1),
@@ -611,27 +646,97 @@ fn a_buried_server_that_hangs_is_tried_again_without_holding_the_store() {
     // The host answers again: the server is back and takes new pages (placed on the first
     // server first).
     kill.store(false, Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let on_it = |s: &RemoteStore| {
-        s.used_per_server()
-            .iter()
-            .find(|(name, _)| *name == doomed)
-            .map_or(0, |&(_, bytes)| bytes)
-    };
-    let mut fresh = 1000;
-    while on_it(&s) == 0 {
-        assert!(Instant::now() < deadline, "the server never came back");
-        s.store(PageIndex(fresh), &page(fresh, 0)).unwrap();
-        fresh += 1;
-        s.flush().unwrap();
-        for _ in 0..10 {
-            s.poll(&mut |_| {}).unwrap();
-            s.tick(Instant::now()).unwrap();
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-    for p in (1000..fresh).step_by(7) {
+    let fresh = store_until_on(&mut s, &doomed, "the server never came back");
+    for p in fresh.step_by(7) {
         assert!(fetch_one(&mut s, p).unwrap() == page(p, 0), "page {p}");
+    }
+}
+
+/// A server the pool's manager offers whose host hangs (it accepts and says nothing) is dialled
+/// on a thread of its own, not on the store's: every try, each `REVIVE_EVERY`, held the store
+/// (and every fault of the program) for the join timeout. Once it answers it joins and takes
+/// new pages.
+#[test]
+fn an_offered_server_that_hangs_is_dialled_without_holding_the_store() {
+    use rmem_client::pool::ManagerConn;
+    use rmem_proto::pool::{PoolRequest, ServerBeat, UNLIMITED};
+    use rmem_server::manager::{Manager, ManagerConfig};
+    let m = Manager::bind(ManagerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: TOKEN.to_vec(),
+        heartbeat: Duration::from_millis(100),
+        max_remote_bytes: UNLIMITED,
+    })
+    .unwrap();
+    let manager = m.local_addr().to_string();
+    m.spawn();
+    // Beats for the servers named in `beating`, as their own `--manager` would send them.
+    let beating = Arc::new(std::sync::Mutex::new(vec![server(), server()]));
+    let names = beating.clone();
+    let at = manager.clone();
+    let rounds = Arc::new(AtomicU64::new(0));
+    let beaten = rounds.clone();
+    std::thread::spawn(move || {
+        let mut conns: HashMap<String, ManagerConn> = HashMap::new();
+        loop {
+            for addr in names.lock().unwrap().clone() {
+                let c = conns.entry(addr.clone()).or_insert_with(|| {
+                    ManagerConn::connect(&at, TOKEN, Duration::from_secs(5)).unwrap()
+                });
+                let beat = PoolRequest::ServerBeat(ServerBeat {
+                    addr,
+                    capacity_bytes: 64 << 20,
+                    used_bytes: 0,
+                    flags: 0,
+                    sessions: Vec::new(),
+                    node: String::new(),
+                });
+                c.ask(&beat, Duration::from_secs(5)).unwrap();
+            }
+            beaten.fetch_add(1, Relaxed);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let config = rmem_client::Config {
+        manager: Some(manager),
+        token: TOKEN.to_vec(),
+        page_size: PS,
+        placement: Placement::Stripe,
+        redundancy: Some(Redundancy::None),
+        connect_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    beaten_once(&rounds);
+    let mut s = RemoteStore::from_config(&config).unwrap();
+    assert_eq!(
+        s.used_per_server().len(),
+        2,
+        "the store starts on the two servers"
+    );
+    // A third server is offered, its host hung.
+    let (hung, hang) = mortal(server(), true);
+    hang.store(true, Relaxed);
+    beating.lock().unwrap().push(hung.clone());
+    let round = ticks_stay_short(&mut s, 0, "an offered server hung");
+    assert_eq!(s.used_per_server().len(), 2, "a hung server joined");
+    // Its host answers: it joins and takes new pages.
+    hang.store(false, Relaxed);
+    let fresh = store_until_on(&mut s, &hung, "the offered server never joined");
+    for p in fresh.chain(0..16) {
+        let round = if p < 1000 { round - 1 } else { 0 };
+        assert!(fetch_one(&mut s, p).unwrap() == page(p, round), "page {p}");
+    }
+}
+
+/// Wait (5 s at most) until the heartbeat thread counting `rounds` began a round and ended it.
+fn beaten_once(rounds: &AtomicU64) {
+    let (from, deadline) = (
+        rounds.load(Relaxed),
+        Instant::now() + Duration::from_secs(5),
+    );
+    while rounds.load(Relaxed) < from + 2 {
+        assert!(Instant::now() < deadline, "no heartbeat round");
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

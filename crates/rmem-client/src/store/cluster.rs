@@ -81,8 +81,8 @@ const REVIVE_EVERY: Duration = Duration::from_secs(2);
 /// A server slow for this long or longer is named on stderr when it answers again (with the
 /// write-backs stored with a piece fewer meanwhile); shorter silences are only counted.
 const SLOW_TOLD_AFTER: Duration = Duration::from_secs(1);
-/// Connecting to a server the manager offers gives up after this long (the pager waits
-/// meanwhile), and is tried again after [`REVIVE_EVERY`].
+/// Connecting to a server the manager offers gives up after this long (on a thread of its
+/// own: the pager goes on meanwhile), and is tried again after [`REVIVE_EVERY`].
 const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
 /// Most bytes of pieces of released write-backs ([`RemoteStore::release_held_writes`]) left
 /// waiting on slow servers' links: past it, write-backs wait for those servers as before
@@ -456,6 +456,10 @@ struct Pool {
     grant_bytes: u64,
     /// Offered servers that could not be joined, and when to try again.
     retry: HashMap<String, Instant>,
+    /// Offered servers being dialled, each on a thread of its own: the link, once open, is
+    /// taken on a later call (a connect on the pager's thread held every fault for up to
+    /// [`JOIN_TIMEOUT`] every [`REVIVE_EVERY`] while an offered server's host hung).
+    joining: HashMap<String, mpsc::Receiver<Result<Conn, StoreError>>>,
     /// Draining servers this client cannot let go (too few others for its layout): said once.
     stuck: std::collections::HashSet<String>,
 }
@@ -465,6 +469,30 @@ struct Pool {
 /// a repair keeps what came as it came, and fragments are gathered to be decoded together.
 fn opened_where_it_comes(codec: &Codec, for_pager: bool) -> bool {
     codec.slots() == 1 && for_pager
+}
+
+/// Open a link to `server` in `session` on a thread of its own (named `thread`), so that a host
+/// that is down or hangs holds nobody: the link, or why it could not be opened, comes through
+/// the receiver (closed if the receiver is gone by then). None: no thread to be had now (the
+/// caller tries again later).
+fn dial_apart(
+    thread: &str,
+    server: &str,
+    token: &[u8],
+    unit: usize,
+    session: SessionId,
+    timing: Timing,
+) -> Option<mpsc::Receiver<Result<Conn, StoreError>>> {
+    let (done, dialing) = mpsc::channel();
+    let (server, token) = (server.to_string(), token.to_vec());
+    let dial = move || {
+        let _ = done.send(Conn::connect(&server, &token, unit, session, timing));
+    };
+    std::thread::Builder::new()
+        .name(thread.into())
+        .spawn(dial)
+        .ok()
+        .map(|_| dialing)
 }
 
 fn bit(piece: usize) -> u32 {
@@ -953,6 +981,7 @@ impl RemoteStore {
             grant_bytes: link.view().grant_bytes,
             link,
             retry: HashMap::new(),
+            joining: HashMap::new(),
             stuck: Default::default(),
         });
         Ok(store)
@@ -987,6 +1016,10 @@ impl RemoteStore {
             })
             .collect();
         pool.link.report(uses);
+        self.take_joins();
+        let Some(pool) = &mut self.pool else {
+            return;
+        };
         let epoch = pool.link.epoch();
         let retry_due = pool.retry.values().any(|&t| t <= now);
         if epoch == pool.epoch && !retry_due {
@@ -995,6 +1028,9 @@ impl RemoteStore {
         pool.epoch = epoch;
         let view = pool.link.view();
         pool.grant_bytes = view.grant_bytes;
+        // A server no longer offered is not tried again (a later offer dials at once).
+        pool.retry
+            .retain(|addr, _| view.servers.iter().any(|o| o.addr == *addr));
         for offer in view.servers {
             if let Some(s) = self.conns.iter().position(|c| c.name == offer.addr) {
                 // What the server has free now, and what of it this client holds.
@@ -1063,34 +1099,80 @@ impl RemoteStore {
             let pool = self.pool.as_mut().expect("checked");
             let due = pool.retry.get(&offer.addr).is_none_or(|&t| t <= now);
             let leaving = offer.flags & (SERVER_DRAINING | SERVER_RECLAIMING) != 0;
-            if leaving || !due || self.conns.len() >= SERVERS_MAX {
+            if leaving
+                || !due
+                || pool.joining.contains_key(&offer.addr)
+                || self.conns.len() >= SERVERS_MAX
+            {
                 continue;
             }
+            // Tried again after REVIVE_EVERY unless it joins meanwhile (then forgotten).
+            pool.retry.insert(offer.addr.clone(), now + REVIVE_EVERY);
             let mut timing = self.timing;
             timing.connect = JOIN_TIMEOUT;
             let unit = self.book.unit();
-            match Conn::connect(&offer.addr, &self.token, unit, self.session, timing) {
-                Ok(mut c) => {
-                    c.set_timing(self.timing);
-                    c.disk = offer.flags & SERVER_DISK != 0;
-                    eprintln!(
-                        "rmem: memory server {} joined the pool; it takes new pages{}",
-                        offer.addr,
-                        if c.disk {
-                            " (on disk: once the RAM servers are full)"
-                        } else {
-                            ""
-                        }
-                    );
-                    pool.retry.remove(&offer.addr);
-                    self.join(c);
-                    // Pages left short of pieces for want of servers can be whole again.
-                    self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
-                }
-                Err(_) => {
-                    pool.retry.insert(offer.addr, now + REVIVE_EVERY);
-                }
+            if let Some(dialing) = dial_apart(
+                "rmem-join",
+                &offer.addr,
+                &self.token,
+                unit,
+                self.session,
+                timing,
+            ) {
+                pool.joining.insert(offer.addr, dialing);
             }
+        }
+    }
+
+    /// Take the links to offered servers that opened since the last call: each joins, unless
+    /// the manager has since stopped offering it as a server to place on (gone, leaving, or
+    /// short of memory), or this store is full of servers. A failed dial is tried again once
+    /// due (its retry time was set when it started).
+    fn take_joins(&mut self) {
+        let Some(pool) = &mut self.pool else {
+            return;
+        };
+        let mut opened = Vec::new();
+        pool.joining
+            .retain(|addr, dialing| match dialing.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => true,
+                Ok(Ok(c)) => {
+                    opened.push((addr.clone(), c));
+                    false
+                }
+                // A failed dial, or a thread that ended without a word: due again at its retry.
+                Ok(Err(_)) | Err(mpsc::TryRecvError::Disconnected) => false,
+            });
+        if opened.is_empty() {
+            return;
+        }
+        let view = pool.link.view();
+        for (addr, mut c) in opened {
+            let offer = view.servers.iter().find(|o| o.addr == addr);
+            let Some(offer) =
+                offer.filter(|o| o.flags & (SERVER_DRAINING | SERVER_RECLAIMING) == 0)
+            else {
+                // Not offered for new pages any more: the link closes; a later offer dials
+                // again.
+                continue;
+            };
+            if self.conns.len() >= SERVERS_MAX || self.conns.iter().any(|k| k.name == addr) {
+                continue;
+            }
+            c.set_timing(self.timing);
+            c.disk = offer.flags & SERVER_DISK != 0;
+            eprintln!(
+                "rmem: memory server {addr} joined the pool; it takes new pages{}",
+                if c.disk {
+                    " (on disk: once the RAM servers are full)"
+                } else {
+                    ""
+                }
+            );
+            self.pool.as_mut().expect("checked").retry.remove(&addr);
+            self.join(c);
+            // Pages left short of pieces for want of servers can be whole again.
+            self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
         }
     }
 
@@ -2360,25 +2442,9 @@ impl RemoteStore {
             let Ok(session) = SessionId::random() else {
                 return;
             };
-            let (name, token, unit) = (
-                self.conns[s].name.clone(),
-                self.token.clone(),
-                self.book.unit(),
-            );
-            let timing = self.timing;
-            let (done, dialing) = mpsc::channel();
-            let dial = move || {
-                // Nobody takes a link opened after the store is gone: it is closed.
-                let _ = done.send(Conn::connect(&name, &token, unit, session, timing));
-            };
-            // No thread to be had now: tried again after REVIVE_EVERY.
-            if std::thread::Builder::new()
-                .name("rmem-revive".into())
-                .spawn(dial)
-                .is_ok()
-            {
-                self.reviving[s] = Some(dialing);
-            }
+            let (name, unit) = (&self.conns[s].name, self.book.unit());
+            self.reviving[s] =
+                dial_apart("rmem-revive", name, &self.token, unit, session, self.timing);
         }
     }
 
