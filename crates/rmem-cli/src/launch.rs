@@ -524,8 +524,16 @@ impl ServerProc {
             return;
         };
         drop(s.stdin.take());
+        let pgid = s.child.id() as i32;
+        if matches!(s.child.try_wait(), Ok(None)) {
+            // A server someone stopped (SIGSTOP, a debugger, job control) would read its closed
+            // stdin and each signal below only once continued: the grace would pass twice for
+            // nothing before the SIGKILL. Continuing a running one changes nothing.
+            // SAFETY: signalling the process group of our own child, not reaped yet (so its id
+            // cannot have been reused).
+            unsafe { libc::kill(-pgid, libc::SIGCONT) };
+        }
         if wait_exit(&mut s.child, grace).is_none() {
-            let pgid = s.child.id() as i32;
             // SAFETY: signalling the process group of our own child, which is not reaped yet
             // (so its id cannot have been reused).
             unsafe { libc::kill(-pgid, libc::SIGTERM) };

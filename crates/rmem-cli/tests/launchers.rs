@@ -224,3 +224,53 @@ fn bad_hosts_files_and_options_are_refused_with_the_place() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A memory server `rmem run` started and someone stopped (SIGSTOP, a debugger, job control)
+/// ends with the run: it is continued, reads its closed stdin and exits. Stopped, it ignored the
+/// closed pipe and the SIGTERM, and the run ended only after twice the 2 s grace and a SIGKILL.
+#[test]
+fn a_stopped_server_of_its_own_ends_with_the_run() {
+    let dir = scratch("stopped-server");
+    let done = dir.join("done");
+    let _ = std::fs::remove_file(&done);
+    let child = Command::new(rmem())
+        .args(["run", "--api", "--servers", "2", "--", "sh", "-c"])
+        .arg(format!("sleep 2; date +%s.%N > {}", done.display()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let servers = launched_servers(child.id(), 2);
+    // SAFETY: stopping a process this test started (indirectly); it is continued or killed by
+    // rmem run below.
+    unsafe { libc::kill(servers[0] as i32, libc::SIGSTOP) };
+    let out = wait_bounded(
+        child,
+        Duration::from_secs(30),
+        "rmem run with a stopped server",
+    );
+    let ended = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(out.status.success(), "{:?}\n{}", out.status, out.stderr);
+    let program_ended: f64 = std::fs::read_to_string(&done)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Twice the grace (4 s) before; a few milliseconds now.
+    assert!(
+        ended - program_ended < 3.0,
+        "rmem run ended {:.1} s after its program\n{}",
+        ended - program_ended,
+        out.stderr
+    );
+    for s in servers {
+        assert!(
+            !Path::new(&format!("/proc/{s}")).exists(),
+            "server {s} left running"
+        );
+    }
+}

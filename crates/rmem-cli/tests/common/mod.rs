@@ -224,8 +224,10 @@ pub fn launched_servers(launcher: u32, n: usize) -> Vec<u32> {
             .split_whitespace()
             .filter_map(|p| p.parse::<u32>().ok())
             .filter(|p| {
+                // `rmem server ...`: its first argument, not a word of a path (the program's
+                // command line may name a directory called so).
                 std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.contains("server"))
+                    .is_ok_and(|c| c.split('\0').nth(1) == Some("server"))
             })
             .collect();
         let program_running = kids.split_whitespace().count() > servers.len();
