@@ -72,6 +72,10 @@ pub const FREE_KEYS_MAX: usize = 65536;
 pub const PULL_KEYS_MAX: usize = 1024;
 /// Longest server address a `Pull` names (`ip:port`).
 pub const PULL_FROM_MAX: usize = 255;
+/// The message of a `Pulled` answer whose server stopped because it had no room for the next
+/// page (the pull itself worked): the client places the rest elsewhere, where any other
+/// message means the server could not pull and the rest moves through the client.
+pub const PULLED_FULL: &str = "this server is full";
 /// Most sessions one `StatusOk` lists (the largest first); `sessions_total` counts them all.
 pub const STATUS_SESSIONS_MAX: usize = 65536;
 

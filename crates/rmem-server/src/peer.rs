@@ -280,7 +280,7 @@ pub(crate) fn pull(
             pages
                 .store(to.sessions, to.capacity, key, page)
                 .map_err(|e| match e {
-                    StoreRefusal::Full => "this server is full".to_string(),
+                    StoreRefusal::Full => rmem_proto::PULLED_FULL.to_string(),
                     e => format!("cannot store it: {e}"),
                 })
         });

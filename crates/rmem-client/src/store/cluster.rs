@@ -309,10 +309,10 @@ struct Pulls {
     moves: HashMap<u64, PullMove>,
     batches: HashMap<u64, PullBatch>,
     next_batch: u64,
-    /// Servers a pull failed on while its source still answered (they cannot reach it, do
-    /// not know the token, or had no room), and until when their pages move through this
-    /// client instead: a full server frees room, a link comes back, so they are asked to
-    /// pull again after `hold`.
+    /// Servers a pull failed on while its source still answered (they cannot reach it, or do
+    /// not know the token), and until when their pages move through this client instead: a
+    /// link comes back, so they are asked to pull again after `hold`. (A server that stopped
+    /// for want of room is not here: it is marked full, and the pages go elsewhere.)
     refused: Vec<Option<Instant>>,
     /// How long a refusal holds: [`PULL_REFUSAL_HOLD`].
     hold: Duration,
@@ -2296,7 +2296,12 @@ impl RemoteStore {
                     .get(page)
                     .is_some_and(|mv| !self.overtaken(*page, mv))
             });
-        if blamed
+        // A server with no room left pulled what fitted: it is full, not unable to pull, and
+        // the rest is placed elsewhere (pulled there where another server has room) instead
+        // of being written through this client to the same full server.
+        if blamed && why == rmem_proto::PULLED_FULL {
+            self.conns[dst].full = true;
+        } else if blamed
             && self.book.alive(b.dst)
             && self.book.alive(b.src)
             && !self.conns[src].in_outage()

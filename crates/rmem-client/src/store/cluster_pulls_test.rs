@@ -378,3 +378,40 @@ fn a_lost_copy_is_pulled_from_the_other_and_serves_when_that_one_is_lost_too() {
     assert_eq!(c.pieces_bad.load(Relaxed), 0);
     check_all(&mut s, pages, |_| 0);
 }
+
+/// A taking server that runs out of room in the middle of a pull (another client filled it
+/// since this one last heard its numbers) is full, not unable to pull: the rest of the drain
+/// is pulled by a server with room, nothing goes through the client, and the full server is
+/// not held as refusing.
+#[test]
+fn a_taker_that_fills_up_mid_pull_is_full_and_the_rest_is_pulled_elsewhere() {
+    let (a, _) = server();
+    let small = Server::bind(ServerConfig::loopback(160 * PS as u64, TOKEN)).unwrap();
+    let b = small.local_addr().to_string();
+    small.spawn();
+    let servers = [a, b.clone(), server().0];
+    let mut s = store_on(&servers, "none");
+    let pages = 100;
+    write_all(&mut s, pages, 0);
+    // Another client takes most of the second server's room: this one's numbers for it are
+    // its own (nothing placed there yet), so the drain asks it to pull first.
+    let mut other = store_on(std::slice::from_ref(&b), "none");
+    write_all(&mut other, 130, 1);
+    let queued = s.drain(0) as u64;
+    assert_eq!(queued, pages);
+    drive(&mut s, "the drain", |s, _| repair_done(s));
+    let c = s.counters().unwrap();
+    assert_eq!(
+        c.pieces_pulled.load(Relaxed),
+        pages,
+        "every page pulled, none through the client"
+    );
+    assert!(s.conns[1].full, "the server out of room is known full");
+    assert!(
+        !s.pulls.refuses(1, Instant::now()),
+        "a full server is not held as unable to pull"
+    );
+    assert!(s.conns[1].used_bytes > 0 && s.conns[2].used_bytes > 0);
+    assert_eq!(s.conns[0].used_bytes, 0);
+    check_all(&mut s, pages, |_| 0);
+}
