@@ -2296,10 +2296,11 @@ impl RemoteStore {
                     .get(page)
                     .is_some_and(|mv| !self.overtaken(*page, mv))
             });
-        // A server with no room left pulled what fitted: it is full, not unable to pull, and
-        // the rest is placed elsewhere (pulled there where another server has room) instead
-        // of being written through this client to the same full server.
-        if blamed && why == rmem_proto::PULLED_FULL {
+        // A server with no room left pulled what fitted: it is full (whatever else happened to
+        // the pages meanwhile), not unable to pull, and the rest is placed elsewhere (pulled
+        // there where another server has room) instead of being written through this client
+        // to the same full server.
+        if stored < b.items.len() && why == rmem_proto::PULLED_FULL {
             self.conns[dst].full = true;
         } else if blamed
             && self.book.alive(b.dst)
