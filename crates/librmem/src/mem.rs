@@ -193,7 +193,7 @@ fn fixed_on_region(
     }
     let start = addr as u64;
     let anon = flags & libc::MAP_ANONYMOUS != 0;
-    if !start.is_multiple_of(PIECE) || (!anon && (off < 0 || off as u64 % PIECE != 0)) {
+    if !start.is_multiple_of(PIECE) || (!anon && (off < 0 || !(off as u64).is_multiple_of(PIECE))) {
         return fail(libc::EINVAL);
     }
     // Flags Linux ignores, or that only say when pages arrive.
