@@ -400,6 +400,65 @@ fn max_remote_is_enforced_by_the_grant_and_by_the_client() {
     assert_stress_ok(&wait_bounded(child, Duration::from_secs(120), "stress"));
 }
 
+/// A server registered at an address this client cannot reach (here a port nobody listens on,
+/// beaten for by the test: as a server that took its own loopback or a network this node is
+/// not on for its address would be): the program runs on the other servers and says once which
+/// server it cannot reach, and why.
+#[test]
+fn an_offered_server_this_client_cannot_reach_is_named() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let _servers = servers(&m.addr, 1, "64M");
+    let nowhere = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (beating, at, addr) = (stop.clone(), m.addr.clone(), nowhere.clone());
+    let beats = std::thread::spawn(move || {
+        let mut c =
+            rmem_client::pool::ManagerConn::connect(&at, TOKEN.as_bytes(), Duration::from_secs(5))
+                .unwrap();
+        while !beating.load(std::sync::atomic::Ordering::Relaxed) {
+            let beat = rmem_proto::pool::PoolRequest::ServerBeat(rmem_proto::pool::ServerBeat {
+                addr: addr.clone(),
+                capacity_bytes: 64 << 20,
+                used_bytes: 0,
+                flags: 0,
+                sessions: Vec::new(),
+                node: String::new(),
+            });
+            c.ask(&beat, Duration::from_secs(5)).unwrap();
+            std::thread::sleep(Duration::from_millis(BEAT_MS));
+        }
+    });
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 2).unwrap();
+    let run = run_in_pool(
+        &m.addr,
+        &[],
+        &[
+            "/usr/bin/python3",
+            "-c",
+            "import time; b = bytearray(8 << 20); time.sleep(4); print('done', len(b))",
+        ],
+        false,
+    );
+    let out = wait_bounded(
+        run,
+        Duration::from_secs(60),
+        "a program beside an unreachable server",
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beats.join().unwrap();
+    assert!(
+        out.status.success() && out.stdout.contains("done"),
+        "{}",
+        shown(&out)
+    );
+    let said = format!("memory server {nowhere}, offered by the pool's manager, cannot be reached");
+    assert_eq!(out.stderr.matches(&said).count(), 1, "{}", shown(&out));
+}
+
 #[test]
 fn bad_input_gives_a_clear_error() {
     let _one = serial();

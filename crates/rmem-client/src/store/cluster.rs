@@ -462,6 +462,8 @@ struct Pool {
     joining: HashMap<String, mpsc::Receiver<Result<Conn, StoreError>>>,
     /// Draining servers this client cannot let go (too few others for its layout): said once.
     stuck: std::collections::HashSet<String>,
+    /// Offered servers this client could not reach: said once, until it joins.
+    unreachable: std::collections::HashSet<String>,
 }
 
 /// Whether a fetched piece is decoded in the link's input buffer, where it came, rather than
@@ -469,6 +471,17 @@ struct Pool {
 /// a repair keeps what came as it came, and fragments are gathered to be decoded together.
 fn opened_where_it_comes(codec: &Codec, for_pager: bool) -> bool {
     codec.slots() == 1 && for_pager
+}
+
+/// Say that pool server `addr` could not be reached (`e`). Said once per server until it
+/// joins: a server that registered an address this client cannot reach (its own loopback, a
+/// network this node is not on) otherwise takes no page from it, and nothing says why.
+fn say_unreachable(addr: &str, e: &StoreError) {
+    eprintln!(
+        "rmem: memory server {addr}, offered by the pool's manager, cannot be reached from \
+         here ({e}); tried again every {} s",
+        REVIVE_EVERY.as_secs()
+    );
 }
 
 /// Open a link to `server` in `session` on a thread of its own (named `thread`), so that a host
@@ -953,11 +966,13 @@ impl RemoteStore {
             pool: None,
         };
         let unit = store.book.unit();
+        let mut unreachable = std::collections::HashSet::new();
         for s in servers {
             match Conn::connect(s, token, unit, session, timing) {
                 Ok(c) => store.join(c),
                 Err(e) if pool.is_some() => {
-                    eprintln!("rmem: the pool's memory server {s} is not usable now ({e})")
+                    say_unreachable(s, &e);
+                    unreachable.insert(s.clone());
                 }
                 Err(e) => return Err(e),
             }
@@ -983,6 +998,7 @@ impl RemoteStore {
             retry: HashMap::new(),
             joining: HashMap::new(),
             stuck: Default::default(),
+            unreachable,
         });
         Ok(store)
     }
@@ -1132,7 +1148,7 @@ impl RemoteStore {
         let Some(pool) = &mut self.pool else {
             return;
         };
-        let mut opened = Vec::new();
+        let (mut opened, mut failed) = (Vec::new(), Vec::new());
         pool.joining
             .retain(|addr, dialing| match dialing.try_recv() {
                 Err(mpsc::TryRecvError::Empty) => true,
@@ -1141,8 +1157,17 @@ impl RemoteStore {
                     false
                 }
                 // A failed dial, or a thread that ended without a word: due again at its retry.
-                Ok(Err(_)) | Err(mpsc::TryRecvError::Disconnected) => false,
+                Ok(Err(e)) => {
+                    failed.push((addr.clone(), e));
+                    false
+                }
+                Err(mpsc::TryRecvError::Disconnected) => false,
             });
+        for (addr, e) in failed {
+            if pool.unreachable.insert(addr.clone()) {
+                say_unreachable(&addr, &e);
+            }
+        }
         if opened.is_empty() {
             return;
         }
@@ -1169,7 +1194,9 @@ impl RemoteStore {
                     ""
                 }
             );
-            self.pool.as_mut().expect("checked").retry.remove(&addr);
+            let pool = self.pool.as_mut().expect("checked");
+            pool.retry.remove(&addr);
+            pool.unreachable.remove(&addr);
             self.join(c);
             // Pages left short of pieces for want of servers can be whole again.
             self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
