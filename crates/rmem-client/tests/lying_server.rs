@@ -675,10 +675,11 @@ fn an_offered_server_that_hangs_is_dialled_without_holding_the_store() {
     let names = beating.clone();
     let at = manager.clone();
     let rounds = Arc::new(AtomicU64::new(0));
-    let beaten = rounds.clone();
-    std::thread::spawn(move || {
+    let (beaten, stop) = (rounds.clone(), Arc::new(AtomicBool::new(false)));
+    let stopped = stop.clone();
+    let beats = std::thread::spawn(move || {
         let mut conns: HashMap<String, ManagerConn> = HashMap::new();
-        loop {
+        while !stopped.load(Relaxed) {
             for addr in names.lock().unwrap().clone() {
                 let c = conns.entry(addr.clone()).or_insert_with(|| {
                     ManagerConn::connect(&at, TOKEN, Duration::from_secs(5)).unwrap()
@@ -726,6 +727,8 @@ fn an_offered_server_that_hangs_is_dialled_without_holding_the_store() {
         let round = if p < 1000 { round - 1 } else { 0 };
         assert!(fetch_one(&mut s, p).unwrap() == page(p, round), "page {p}");
     }
+    stop.store(true, Relaxed);
+    beats.join().unwrap();
 }
 
 /// Wait (5 s at most) until the heartbeat thread counting `rounds` began a round and ended it.

@@ -143,6 +143,14 @@ pub struct ServerOffer {
     pub flags: u32,
 }
 
+impl ServerOffer {
+    /// Whether new pages may go there: it is neither leaving the pool nor reclaiming its
+    /// node's memory.
+    pub fn takes_pages(&self) -> bool {
+        self.flags & (SERVER_DRAINING | SERVER_RECLAIMING) == 0
+    }
+}
+
 /// A server in the manager's status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerRow {

@@ -868,7 +868,7 @@ impl RemoteStore {
         let servers: Vec<String> = view
             .servers
             .iter()
-            .filter(|s| s.flags & (SERVER_DRAINING | SERVER_RECLAIMING) == 0)
+            .filter(|s| s.takes_pages())
             .map(|s| s.addr.clone())
             .collect();
         if servers.is_empty() {
@@ -1114,8 +1114,7 @@ impl RemoteStore {
             }
             let pool = self.pool.as_mut().expect("checked");
             let due = pool.retry.get(&offer.addr).is_none_or(|&t| t <= now);
-            let leaving = offer.flags & (SERVER_DRAINING | SERVER_RECLAIMING) != 0;
-            if leaving
+            if !offer.takes_pages()
                 || !due
                 || pool.joining.contains_key(&offer.addr)
                 || self.conns.len() >= SERVERS_MAX
@@ -1174,9 +1173,7 @@ impl RemoteStore {
         let view = pool.link.view();
         for (addr, mut c) in opened {
             let offer = view.servers.iter().find(|o| o.addr == addr);
-            let Some(offer) =
-                offer.filter(|o| o.flags & (SERVER_DRAINING | SERVER_RECLAIMING) == 0)
-            else {
+            let Some(offer) = offer.filter(|o| o.takes_pages()) else {
                 // Not offered for new pages any more: the link closes; a later offer dials
                 // again.
                 continue;
