@@ -637,8 +637,12 @@ fn summary(json: &str, elapsed: Duration) -> String {
         0 => String::new(),
         p => format!(", {p} pieces of 4 KiB"),
     };
+    let written = match n("sub_page_write_backs") {
+        0 => String::new(),
+        w => format!(" (and {w} pages' written pieces of 4 KiB alone)"),
+    };
     format!(
-        "rmem: {:.2} s, {} faults ({} swap-ins{pieces}, {} zero-fills), {} swap-outs, {} evictions{unchanged}\n\
+        "rmem: {:.2} s, {} faults ({} swap-ins{pieces}, {} zero-fills), {} swap-outs{written}, {} evictions{unchanged}\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
          rmem: fault latency p50 {:.1} us, p99 {:.1} us, max {:.1} ms{replaced}",
         elapsed.as_secs_f64(),

@@ -48,14 +48,15 @@ fn eight_children_read_a_256_mib_snapshot_while_the_parent_writes() {
 
 /// fork() while 8 threads fault, evict and write back: each child sees the memory of the
 /// instant of the fork (a word a thread was storing then may be on either side), then runs a
-/// verified workload of its own; the parent's verification is unaffected.
-#[test]
-fn fork_during_the_verifying_stress() {
+/// verified workload of its own; the parent's verification is unaffected. On 4 KiB pages, and
+/// on the default 64 KiB with sub-page pieces, where random writes leave pages holding written
+/// pieces at the fork (written back and waited for before the child's snapshot).
+fn fork_during_the_verifying_stress(page: &str) {
     let prog = build_c("tests/c/stress.c");
-    let dir = scratch("fork-stress");
+    let dir = scratch(&format!("fork-stress-{page}"));
     let stats = dir.join("stats.json");
     let mut cmd = rmem_run(
-        &["--api", "--local", "8M", "--page-size", "4K"],
+        &["--api", "--local", "8M", "--page-size", page],
         &stats,
         &[prog.to_str().unwrap(), "8", "32", "60000"],
         false,
@@ -69,7 +70,21 @@ fn fork_during_the_verifying_stress() {
         "{}",
         ok(&out)
     );
+    if page == "64K" {
+        let v = read_json(&stats);
+        assert!(v["sub_page_write_backs"].as_u64().unwrap() > 1000, "{v}");
+    }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fork_during_the_verifying_stress_on_4k_pages() {
+    fork_during_the_verifying_stress("4K");
+}
+
+#[test]
+fn fork_during_the_verifying_stress_with_written_pieces() {
+    fork_during_the_verifying_stress("64K");
 }
 
 /// bash under `--min-alloc 0` on 4 KiB pages with 256 KiB local: every variable lives in

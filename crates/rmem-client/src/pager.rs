@@ -316,8 +316,9 @@ struct Core {
 
 /// Where a victim that may be dirty went ([`Core::move_out`]).
 enum Out {
-    /// Into this staging slot, to be written back.
-    Staged(u32),
+    /// Into this staging slot, to be written back: whole, or (a partial page) only the
+    /// written pieces in `pieces`.
+    Staged { slot: u32, pieces: u64 },
     /// Nowhere: a page a fork child inherited and never wrote; drop it like a clean page.
     Unwritten,
     /// Out of the region and gone: it was zero-filled and is all zeros, so it is untouched
@@ -331,9 +332,11 @@ fn all_zero(data: &[u8]) -> bool {
         .all(|c| c.iter().fold(0u8, |acc, &b| acc | b) == 0)
 }
 
-/// A partial page faulted on again within this many fetches of its last piece is fetched
-/// whole: the program works on it (a sort's merge on the lines of a few pages), where random
-/// access over many pages comes back to a page only after many faults elsewhere.
+/// A partial page faulted on again, at the piece next to its last, within this many fetches
+/// of that piece is fetched whole: the program scans it (a sort's merge through the lines of a
+/// run). Any other later piece is random access within the page (a sort's output, which
+/// reads lines in sorted order at random places of its text, comes back to a page many times
+/// while its pieces are resident): it comes alone.
 const DENSE_WITHIN: u64 = 64;
 
 /// Pages per region of [`Core::learnt`] (16 MiB of 64 KiB pages): an allocation's worth,
@@ -358,9 +361,10 @@ const WRITES_PROBE: u64 = 16;
 /// What one region of [`DENSITY_PAGES`] pages has shown of the program's use of its pages.
 #[derive(Clone, Copy, Default)]
 struct Learnt {
-    /// Partial pages wanted whole soon after their first piece (+1 each) or leaving with
-    /// their few pieces (-1 each), saturating at [`DENSITY_MAX`]: above 0, faults there fetch
-    /// whole pages from the start (see [`DENSE_PROBE`]).
+    /// Partial pages faulted on again by a scan (+1 each: see [`DENSE_WITHIN`]) or at a
+    /// piece away from their last (-1 each), or leaving with their few pieces (-1 each),
+    /// saturating at [`DENSITY_MAX`]: above 0, faults there fetch whole pages from the start
+    /// (see [`DENSE_PROBE`]).
     score: i8,
     /// Pages fetched write-protected that the program then wrote (+1 each) or that left
     /// unwritten (-1 each), saturating at [`DENSITY_MAX`] (see [`WRITES_SURE`]).
@@ -591,14 +595,7 @@ impl Pager {
             for f in faults.drain(..) {
                 self.core.fault(&mut *self.store, f, now)?;
             }
-            let core = &mut self.core;
-            let mut result = Ok(());
-            let completed = self.store.poll(&mut |c| {
-                if result.is_ok() {
-                    result = core.complete(c);
-                }
-            })?;
-            result?;
+            let completed = self.poll_store()?;
             work += completed;
             if completed > 0 || self.core.pages.reinstall_waiting() {
                 self.core.settle(&mut *self.store)?;
@@ -707,6 +704,7 @@ impl Pager {
     /// pager's own table (None where that fails: the snapshot is then freed by its lease).
     fn park_for_fork(&mut self, watch: RawFd) -> Result<(Parked, Option<OwnedFd>), PagerError> {
         assert!(self.core.drops.is_empty(), "clean victims left undropped");
+        self.write_back_pieces()?;
         self.core.drop_pieces()?;
         for p in self.core.frees.drain(..) {
             self.store.free(p)?;
@@ -725,6 +723,56 @@ impl Pager {
             },
             watch,
         ))
+    }
+
+    /// Before a fork: every piece the program wrote in a partial page is on the servers, so
+    /// that the child's snapshot has it and no page keeps pieces at the fork
+    /// ([`Core::drop_pieces`]). Partial pages with written pieces leave now (their pieces
+    /// written back alone), and the pager waits for those write-backs, and for the fetches of
+    /// pages with written pieces, to land: a round trip, paid only by a fork made while some
+    /// page holds written pieces.
+    fn write_back_pieces(&mut self) -> Result<(), PagerError> {
+        let mut fds = Vec::new();
+        while self.core.pages.any_written_pieces() {
+            for p in self.core.pages.pieced_pages() {
+                let core = &mut self.core;
+                if core.pages.get(p) != PageState::Partial
+                    || core.pages.written_pieces(p) == 0
+                    || core.staging.available() == 0
+                {
+                    continue;
+                }
+                core.pages.take_out(p);
+                let Out::Staged { slot, pieces } = core.move_out(p)? else {
+                    unreachable!("a partial page with written pieces stays to be written")
+                };
+                // SAFETY: the slot was just filled and is held until the write completes.
+                let data = unsafe { core.staging.bytes(slot) };
+                self.store.store_parts(p, data, pieces)?;
+            }
+            let completed = self.poll_store()?;
+            if completed == 0 {
+                fds.clear();
+                self.store.wait_fds(&mut fds);
+                // SAFETY: `fds` is a valid array of pollfd of the given length.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 10) };
+                self.store.tick(Instant::now())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deliver the store's finished operations to the pager; how many pages completed.
+    fn poll_store(&mut self) -> Result<usize, PagerError> {
+        let core = &mut self.core;
+        let mut result = Ok(());
+        let completed = self.store.poll(&mut |c| {
+            if result.is_ok() {
+                result = core.complete(c);
+            }
+        })?;
+        result?;
+        Ok(completed)
     }
 
     /// End the snapshots of fork children that have exited or exec'd.
@@ -1034,11 +1082,7 @@ impl Core {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
             PageState::Remote => {
                 let write = f.write || self.writes_follow(page);
-                let piece = if write {
-                    None
-                } else {
-                    self.piece_for(page, &f)
-                };
+                let piece = self.piece_for(page, &f);
                 self.fault_remote(store, page, f, t0, piece, write)
             }
             PageState::Partial => self.fault_partial(store, page, f, t0),
@@ -1080,15 +1124,20 @@ impl Core {
         Ok(())
     }
 
-    /// The piece of `page` a fault on it fetches alone, or None to fetch the whole page: a
-    /// read away from every fault stream (random access: a hash table's lookup, a sort's
-    /// comparison, a garbage collector's mark) brings 4 KiB in a round trip of its own size
-    /// where the whole page would bring 16 times that for one word. A write fetches the
-    /// whole page, as does a fault that continues a stream (or starts one beside pages on
-    /// their way); the first page of a new stream costs one piece's round trip more.
+    /// The piece of `page` a fault on it fetches alone, or None to fetch the whole page: an
+    /// access away from every fault stream (random access: a hash table's lookup or update, a
+    /// sort's comparison, a garbage collector's mark) brings 4 KiB in a round trip of its own
+    /// size where the whole page would bring 16 times that for one word; a write maps its
+    /// piece writable, and the page's written pieces go back alone. A fault that continues
+    /// a stream (or starts one beside pages on their way) fetches the whole page, as does one
+    /// on a pinned page; the first page of a new stream costs one piece's round trip more.
     fn piece_for(&mut self, page: PageIndex, f: &Fault) -> Option<u8> {
         let piece = (f.address - self.addr(page)) / PIECE;
-        if !self.sub_page || f.write || self.near_stream(page, piece) || self.dense(page) {
+        if !self.sub_page
+            || self.near_stream(page, piece)
+            || self.pages.is_locked(page)
+            || self.dense(page)
+        {
             return None;
         }
         Some(piece as u8)
@@ -1159,13 +1208,14 @@ impl Core {
             || (piece + 1 == self.pages.pieces() && whole(page.0 + 1))
     }
 
-    /// A fault on a page that holds some of its pieces: a read of another piece fetches
-    /// that piece, unless the page is wanted densely (its last piece came fewer than
-    /// [`DENSE_WITHIN`] fetches ago, or was its neighbour: a scan; or half the page is here;
-    /// or a stream of faults reaches it): then the whole page comes, as it does for a
-    /// write (the only thing a write-protect fault here can be), and is mapped around the
-    /// pieces already there. Room is made first; where that drops this very page, the fault
-    /// is served as one on a remote page.
+    /// A fault on a page that holds some of its pieces. A write to a piece it holds
+    /// (a write-protect fault) makes that piece writable and written, nothing fetched. A
+    /// fault on another piece fetches that piece (writable for a write), unless the page is
+    /// wanted densely (its last piece, next to this one, came fewer than [`DENSE_WITHIN`]
+    /// fetches ago: a scan; or half the page is here; or a stream of faults reaches it; or it
+    /// is pinned): then the whole page comes and is mapped around the pieces already
+    /// there. Room is made first; where that drops this very page, the fault is served as one
+    /// on a remote page.
     fn fault_partial(
         &mut self,
         store: &mut dyn PageStore,
@@ -1175,31 +1225,50 @@ impl Core {
     ) -> Result<(), PagerError> {
         let i = (f.address - self.addr(page)) / PIECE;
         let write = f.write || f.write_protect;
-        if self.pages.present(page) & (1 << i) != 0 && !write {
-            if !self.piece_missing(f.address) {
-                // A message queued before the piece was mapped: the thread retries.
-                self.uffd.wake(self.addr(page), self.ps())?;
-                return Ok(());
+        if self.pages.present(page) & (1 << i) != 0 {
+            let written = self.pages.written_pieces(page) & (1 << i) != 0;
+            // A write-protect fault is told apart from a missing piece by the kernel, except
+            // when faults arrive by signal (write_protect is then a guess).
+            let maybe_missing = !f.write_protect || self.uffd.by_signal();
+            if !(maybe_missing && self.piece_missing(f.address)) {
+                if write && !written && !self.pages.is_locked(page) {
+                    return self.write_piece(page, i as u8);
+                }
+                if !(write && self.pages.is_locked(page)) {
+                    // A message queued before the piece was mapped or made writable: the
+                    // thread retries.
+                    self.uffd.wake(self.addr(page), self.ps())?;
+                    return Ok(());
+                }
+                // A pinned page is made whole and writable (mlock's populate), below.
+            } else if written {
+                // The program dropped the piece with a raw madvise(2) system call (librmem's
+                // madvise never lets one reach the region). A written piece reads as zeros, as
+                // Linux gives; one not written comes again from the server's copy (Linux would
+                // give zeros; a piece never fetched and dropped so cannot be told from one not
+                // fetched yet, so both read the copy: docs/configuration.md).
+                return self.zero_piece_kept(f.address);
+            } else {
+                self.pages.lose_piece(page, i as u8);
             }
-            // The program dropped the piece with a raw madvise(2) system call (librmem's
-            // madvise never lets one reach the region): it comes again from the server's copy
-            // (Linux would give zeros; a piece never fetched and dropped so cannot be told
-            // from one not fetched yet, so both read the copy: docs/configuration.md).
-            self.pages.lose_piece(page, i as u8);
         }
         let have = self.pages.present(page);
-        let soon = self
+        // A scan through the page: the piece next to the one fetched last, soon after it.
+        let scan = self
             .pages
             .last_piece(page)
-            .is_some_and(|(_, ago)| ago < DENSE_WITHIN);
-        let whole = write
-            || soon
+            .map(|(last, ago)| ago < DENSE_WITHIN && u64::from(last).abs_diff(i) == 1);
+        let whole = scan == Some(true)
             || u64::from(have.count_ones()) * 2 >= self.pages.pieces()
-            || self.near_stream(page, i);
+            || self.near_stream(page, i)
+            || self.pages.is_locked(page);
         let piece = (!whole).then_some(i as u8);
-        if soon {
+        // Fetched for a read where writes follow reads: mapped writable (the whole page, or
+        // the piece, written), as on a remote page.
+        let write = write || self.writes_follow(page);
+        if let Some(scan) = scan {
             // Learnt before room is made: that may drop this very page.
-            self.learn_density(page, true);
+            self.learn_density(page, scan);
         }
         // Room first, as for a remote page. It may be made by dropping this very page (it is
         // in the policy): the fault is then one on a remote page.
@@ -1238,6 +1307,27 @@ impl Core {
         self.prefetch_after(page, store, t0)
     }
 
+    /// The program wrote piece `i` of a partial page, which it holds write-protected: the
+    /// piece becomes writable and is written back alone when the page leaves.
+    fn write_piece(&mut self, page: PageIndex, i: u8) -> Result<(), PagerError> {
+        self.pages.write_piece(page, i);
+        self.learn_writes(page, true);
+        self.uffd
+            .write_protect(self.addr(page) + u64::from(i) * PIECE, PIECE, false, false)?;
+        Stats::add(&self.stats.wp_faults, 1);
+        Ok(())
+    }
+
+    /// A written piece of a partial page that the program dropped with a raw madvise(2)
+    /// system call reads as zeros (writable, still written), as Linux gives.
+    fn zero_piece_kept(&mut self, fault_addr: u64) -> Result<(), PagerError> {
+        let piece = fault_addr & !(PIECE - 1);
+        // `Around` here means the piece was populated meanwhile: that is all the fault needs.
+        let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
+        Stats::add(&self.stats.pieces_zeroed, 1);
+        Ok(())
+    }
+
     /// A page only a server holds: fetch it (or only its piece `piece`) and, if the budget
     /// is full, evict a victim while the fetch travels. It is mapped writable (dirty) if
     /// `write`: the fault is a write, or writes follow reads where it is.
@@ -1256,7 +1346,8 @@ impl Core {
             return Ok(());
         }
         // One victim makes room for a page, unless it is partial: it gives back only its
-        // pieces, so partial victims (clean, dropped together below) are taken until there is
+        // pieces, so partial victims (clean ones dropped together below, those with written
+        // pieces moved out and their pieces written back at once) are taken until there is
         // room or a whole victim comes.
         let need = if piece.is_some() {
             1
@@ -1268,6 +1359,14 @@ impl Core {
         let mut victim = None;
         while self.pages.resident_units() - dropping + need > room {
             match self.pick_victim() {
+                Some(v) if self.pages.written_pieces(v) != 0 => {
+                    let Out::Staged { slot, pieces } = self.move_out(v)? else {
+                        unreachable!("a partial page with written pieces stays to be written")
+                    };
+                    // SAFETY: the slot was just filled and is held until the write completes.
+                    let data = unsafe { self.staging.bytes(slot) };
+                    store.store_parts(v, data, pieces)?;
+                }
                 Some(v) if self.pages.get(v) == PageState::Partial => {
                     dropping += self.pages.units_of(v);
                     self.drops.push(v);
@@ -1307,7 +1406,7 @@ impl Core {
             _ => Out::Unwritten,
         };
         match (victim, out) {
-            (Some(v), Out::Staged(slot)) => {
+            (Some(v), Out::Staged { slot, .. }) => {
                 // SAFETY: the slot was just filled by move_out and is released only when the
                 // write-back completes.
                 let data = unsafe { self.staging.bytes(slot) };
@@ -1476,21 +1575,26 @@ impl Core {
             let Some(v) = self.pick_victim() else {
                 break;
             };
-            dropping += self.pages.units_of(v);
-            let out = if self.pages.get(v).may_be_dirty() {
+            let units = self.pages.units_of(v);
+            dropping += units;
+            let out = if self.pages.get(v).may_be_dirty() || self.pages.written_pieces(v) != 0 {
                 self.move_out(v)?
             } else {
                 Out::Unwritten
             };
             match out {
-                Out::Staged(slot) => {
-                    dropping -= self.pages.pieces();
+                Out::Staged { slot, pieces } => {
+                    dropping -= units;
                     // SAFETY: the slot was just filled and is held until the write completes.
                     let data = unsafe { self.staging.bytes(slot) };
-                    store.store(v, data)?;
+                    if pieces == 0 {
+                        store.store(v, data)?;
+                    } else {
+                        store.store_parts(v, data, pieces)?;
+                    }
                 }
                 Out::Unwritten => self.drops.push(v),
-                Out::Unchanged => dropping -= self.pages.pieces(),
+                Out::Unchanged => dropping -= units,
             }
         }
         self.drop_clean()
@@ -1508,7 +1612,11 @@ impl Core {
         for i in 0..self.drops.len() {
             let v = self.drops[i];
             match self.pages.get(v) {
-                PageState::Partial => self.learn_density(v, false),
+                PageState::Partial => {
+                    // Clean: its pieces came write-protected and were never written.
+                    self.learn_density(v, false);
+                    self.learn_writes(v, false);
+                }
                 PageState::Clean => self.learn_writes(v, false),
                 _ => {}
             }
@@ -1527,9 +1635,14 @@ impl Core {
 
     /// Before a fork: no page keeps some of its pieces. A fork child's pages are mapped
     /// without write protection, so a piece the child inherited could be written unseen and
-    /// then overwritten by the rest of its page. Partial pages are dropped (they are clean);
-    /// those being fetched lose their pieces, and their fetch installs every piece.
+    /// then overwritten by the rest of its page. Partial pages are dropped (they are clean:
+    /// written pieces were written back first, [`Pager::write_back_pieces`]); those being
+    /// fetched lose their pieces, and their fetch installs every piece.
     fn drop_pieces(&mut self) -> Result<(), PagerError> {
+        assert!(
+            !self.pages.any_written_pieces(),
+            "written pieces left at a fork"
+        );
         for p in self.pages.pieced_pages() {
             if self.pages.get(p) == PageState::Partial {
                 self.pages.take_out(p);
@@ -1544,14 +1657,23 @@ impl Core {
         self.drop_clean()
     }
 
-    /// Move a victim that may be dirty out of the region into a staging slot, atomically with
-    /// respect to the program: from here on its threads fault on it and wait. Nothing moves
-    /// for a page a fork child inherited and never wrote (its server copy, or zero, is
-    /// current: it is dropped like a clean page), and a zero-filled page that is all zeros
-    /// leaves its slot at once, written nowhere.
+    /// Move a victim that may be dirty (or a partial one with written pieces) out of the
+    /// region into a staging slot, atomically with respect to the program: from here on its
+    /// threads fault on it and wait. Nothing moves for a page a fork child inherited and never
+    /// wrote (its server copy, or zero, is current: it is dropped like a clean page), and a
+    /// zero-filled page that is all zeros leaves its slot at once, written nowhere. A partial
+    /// page moves whole (its missing pieces arrive as zeros) and only its written pieces are
+    /// to be written.
     fn move_out(&mut self, v: PageIndex) -> Result<Out, PagerError> {
         let ps = self.ps();
-        let forked = self.pages.get(v) != PageState::Dirty;
+        let forked = matches!(
+            self.pages.get(v),
+            PageState::ForkedClean | PageState::ForkedZero
+        );
+        if self.pages.get(v) == PageState::Partial {
+            // It leaves with its few pieces, as a clean partial page dropped does.
+            self.learn_density(v, false);
+        }
         let slot = self
             .staging
             .take(&mut self.dropper)
@@ -1596,11 +1718,19 @@ impl Core {
             Stats::add(&self.stats.dirty_unchanged, 1);
             return Ok(Out::Unchanged);
         }
-        self.pages.begin_leave(v, slot);
+        let pieces = self.pages.begin_leave(v, slot);
         Stats::add(&self.stats.evictions, 1);
-        Stats::add(&self.stats.swap_outs, 1);
-        Stats::add(&self.stats.bytes_written_back, ps);
-        Ok(Out::Staged(slot))
+        if pieces == 0 {
+            Stats::add(&self.stats.swap_outs, 1);
+            Stats::add(&self.stats.bytes_written_back, ps);
+        } else {
+            Stats::add(&self.stats.sub_page_write_backs, 1);
+            Stats::add(
+                &self.stats.bytes_written_back,
+                u64::from(pieces.count_ones()) * PIECE,
+            );
+        }
+        Ok(Out::Staged { slot, pieces })
     }
 
     /// A store operation finished.
@@ -1639,7 +1769,8 @@ impl Core {
             Landed::Piece { piece, fill } => {
                 let data = data.expect("a piece comes from a fetch");
                 assert_eq!(data.len() as u64, PIECE, "page {} piece {piece}", page.0);
-                self.install_at(page, u64::from(piece) * PIECE, data.as_ptr(), PIECE, true)?;
+                let at = u64::from(piece) * PIECE;
+                self.install_at(page, at, data.as_ptr(), PIECE, !fill.write)?;
                 // Threads that wait on other pieces of the page fault again, on them.
                 self.uffd.wake(self.addr(page), self.ps())?;
                 Stats::add(&self.stats.sub_page_fetches, 1);
@@ -1678,6 +1809,10 @@ impl Core {
             }
             Landed::Remote { slot } => {
                 self.staging.release(slot);
+            }
+            Landed::Refetch { slot } => {
+                self.staging.release(slot);
+                self.uffd.wake(self.addr(page), self.ps())?;
             }
             Landed::Queued => {}
             Landed::Synced { .. } => unreachable!("the pager never syncs a resident page"),

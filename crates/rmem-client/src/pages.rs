@@ -16,6 +16,8 @@ use crate::PageIndex;
 ///  Dirty --evict(move out)--> Leaving --written--> Remote
 ///  Dirty --evict(move out, zero-filled and all zeros again)--> Untouched
 ///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
+///  Partial --evict(written pieces: move out)--> Leaving --written--> Remote
+///  LeavingWanted(pieces) --written--> Remote (fetched again by the faults that wait)
 ///  Dirty --sync--> Syncing --written--> Clean
 ///  Syncing --write--> SyncingDirty --written--> Dirty
 ///  ForkedClean --evict(unwritten)--> Remote   ForkedZero --evict(unwritten)--> Untouched
@@ -61,8 +63,9 @@ pub enum PageState {
     /// As `ForkedClean` for a page the parent had zero-filled and never written: no server
     /// copy.
     ForkedZero = 11,
-    /// Some 4 KiB pieces of a remote page are mapped, write-protected, from the server's
-    /// copy; the rest are not populated (a sub-page fetch: state.rs keeps which).
+    /// Some 4 KiB pieces of a remote page are mapped from the server's copy, write-protected
+    /// unless the program wrote them (then writable, and written back alone); the rest are
+    /// not populated (a sub-page fetch: state.rs keeps which, and which were written).
     Partial = 12,
 }
 
@@ -144,6 +147,8 @@ impl PageState {
                 | (Filling, Partial)
                 | (Partial, Filling)
                 | (Partial, Remote)
+                | (Partial, Leaving)
+                | (LeavingWanted, Remote)
                 | (_, Untouched)
         )
     }

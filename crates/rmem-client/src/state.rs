@@ -36,6 +36,10 @@ pub struct Fill {
 struct Leave {
     slot: u32,
     wanted: Option<Fill>,
+    /// A partial page's written pieces, written back alone (0: the whole page). The slot
+    /// holds the page's other pieces too where they were mapped, and zeros where not: it is
+    /// never reinstalled, the page is fetched again ([`Landed::Refetch`]).
+    pieces: u64,
 }
 
 /// What the end of a fetch or a write-back means for the page.
@@ -58,6 +62,10 @@ pub enum Landed {
     Piece { piece: u8, fill: Fill },
     /// Written back and not wanted: it is remote now; free its slot.
     Remote { slot: u32 },
+    /// A partial page's written pieces are written back, and the program wanted the page
+    /// meanwhile: it is remote now; free its slot and wake the threads that wait, which fault
+    /// on it again and fetch it.
+    Refetch { slot: u32 },
     /// Written back and wanted: it waits in the reinstall queue.
     Queued,
     /// Written back while staying resident ([`PageStates::begin_sync`]): Clean now, or Dirty
@@ -76,10 +84,12 @@ pub enum Freed {
     Later,
 }
 
-/// The pieces a page holds (a bit each), the one fetched last, and when (in fetches).
+/// The pieces a page holds (a bit each), those of them the program wrote (mapped writable,
+/// written back alone), the one fetched last, and when (in fetches).
 #[derive(Clone, Copy, Debug, Default)]
 struct Part {
     mask: u64,
+    written: u64,
     last: u8,
     at: u64,
 }
@@ -150,6 +160,37 @@ impl PageStates {
     /// The pieces of `page` mapped now (0 for a page not partial).
     pub fn present(&self, page: PageIndex) -> u64 {
         self.parts.get(&page).map_or(0, |p| p.mask)
+    }
+
+    /// The pieces of `page` the program wrote (0 for a page not partial).
+    pub fn written_pieces(&self, page: PageIndex) -> u64 {
+        self.parts.get(&page).map_or(0, |p| p.written)
+    }
+
+    /// Whether any page holds written pieces, mapped or on their way to the servers.
+    pub fn any_written_pieces(&self) -> bool {
+        self.parts.values().any(|p| p.written != 0) || self.leaving.values().any(|l| l.pieces != 0)
+    }
+
+    /// The program wrote piece `i` of a partial page (a write-protect fault on it): it is
+    /// mapped writable from now on and written back alone when the page leaves.
+    pub fn write_piece(&mut self, page: PageIndex, i: u8) {
+        assert_eq!(self.get(page), PageState::Partial, "page {}", page.0);
+        let part = self.parts.get_mut(&page).expect("a partial page's pieces");
+        assert!(
+            part.mask & (1 << i) != 0,
+            "page {} piece {i} written but not held",
+            page.0
+        );
+        part.written |= 1 << i;
+        if !self.locked.contains(&page) {
+            self.policy.on_write(page);
+        }
+    }
+
+    /// Whether the program pinned `page` (mlock).
+    pub fn is_locked(&self, page: PageIndex) -> bool {
+        !self.locked.is_empty() && self.locked.contains(&page)
     }
 
     /// The piece of `page` fetched last, if it holds any, and how many fetches landed since.
@@ -348,13 +389,14 @@ impl PageStates {
     }
 
     /// Piece `i` of a partial page is no longer mapped (the program dropped it with a raw
-    /// madvise(2) system call): it is fetched again when touched.
+    /// madvise(2) system call): it is fetched again when touched. Not a written piece (the
+    /// pager maps zeros there instead, as Linux would).
     pub fn lose_piece(&mut self, page: PageIndex, i: u8) {
         assert_eq!(self.get(page), PageState::Partial, "page {}", page.0);
         let part = self.parts.get_mut(&page).expect("a partial page's pieces");
         assert!(
-            part.mask & (1 << i) != 0,
-            "page {} piece {i} not held",
+            part.mask & !part.written & (1 << i) != 0,
+            "page {} piece {i} not held, or written",
             page.0
         );
         part.mask &= !(1 << i);
@@ -398,10 +440,13 @@ impl PageStates {
                 .get_mut(&page)
                 .expect("a piece's page is partial");
             part.mask |= 1 << piece;
+            if fill.write {
+                part.written |= 1 << piece;
+            }
             part.last = piece;
             part.at = self.fetches;
             self.table.transition(page, PageState::Partial);
-            self.admit(page, Admission::Fetched, false);
+            self.admit(page, Admission::Fetched, fill.write);
             return Landed::Piece { piece, fill };
         }
         // A prefetch nothing has touched yet is not a reference: the policy keeps it apart.
@@ -413,9 +458,10 @@ impl PageStates {
         self.mapped(page, fill, None, how)
     }
 
-    /// A page is mapped from a fetch or a staging slot: Clean or Dirty, admitted to the policy.
+    /// A page is mapped from a fetch or a staging slot: Clean or Dirty (written, or holding
+    /// written pieces), admitted to the policy.
     fn mapped(&mut self, page: PageIndex, fill: Fill, slot: Option<u32>, how: Admission) -> Landed {
-        let write = fill.write || self.locked.contains(&page);
+        let write = fill.write || self.locked.contains(&page) || self.written_pieces(page) != 0;
         let to = if write {
             PageState::Dirty
         } else {
@@ -500,7 +546,7 @@ impl PageStates {
             "the policy chose page {} in state {s:?}",
             v.0
         );
-        if s.may_be_dirty() && !slot_free {
+        if (s.may_be_dirty() || self.written_pieces(v) != 0) && !slot_free {
             // Every write-back slot is busy: keep the page and wait for an acknowledgement.
             self.policy.insert(v, Admission::Declined);
             self.in_policy += 1;
@@ -515,6 +561,12 @@ impl PageStates {
             PageState::Clean | PageState::ForkedClean => PageState::Remote,
             PageState::ZeroClean | PageState::ForkedZero => PageState::Untouched,
             PageState::Partial => {
+                assert_eq!(
+                    self.written_pieces(v),
+                    0,
+                    "page {} dropped with written pieces",
+                    v.0
+                );
                 self.leave_parts(v, None);
                 PageState::Remote
             }
@@ -563,6 +615,10 @@ impl PageStates {
             prefetched: false,
             piece: None,
         };
+        assert!(
+            self.leaving.values().all(|l| l.pieces == 0),
+            "written pieces in flight at a fork"
+        );
         let mut leaving: Vec<PageIndex> = self.leaving.keys().copied().collect();
         leaving.sort_unstable();
         for &page in &leaving {
@@ -578,11 +634,26 @@ impl PageStates {
         self.check();
     }
 
-    /// A dirty victim was moved out into staging `slot`; its write-back starts.
-    pub fn begin_leave(&mut self, v: PageIndex, slot: u32) {
+    /// A dirty victim, or a partial one with written pieces, was moved out into staging
+    /// `slot`; its write-back starts. Returns the pieces to write back alone (0: the whole
+    /// page).
+    pub fn begin_leave(&mut self, v: PageIndex, slot: u32) -> u64 {
         self.zero_origin.remove(&v);
+        let pieces = self.written_pieces(v);
+        if self.get(v) == PageState::Partial {
+            assert_ne!(pieces, 0, "page {} left with no written piece", v.0);
+            self.leave_parts(v, None);
+        }
         self.table.transition(v, PageState::Leaving);
-        self.leaving.insert(v, Leave { slot, wanted: None });
+        self.leaving.insert(
+            v,
+            Leave {
+                slot,
+                wanted: None,
+                pieces,
+            },
+        );
+        pieces
     }
 
     /// The program faulted on a page whose write-back is in flight.
@@ -617,6 +688,12 @@ impl PageStates {
             Landed::Released {
                 slot: Some(leave.slot),
             }
+        } else if leave.wanted.is_some() && leave.pieces != 0 {
+            // The slot holds zeros where pieces were not mapped: the page comes from the
+            // server again.
+            self.leaving.remove(&page);
+            self.table.transition(page, PageState::Remote);
+            Landed::Refetch { slot: leave.slot }
         } else if leave.wanted.is_some() {
             self.reinstall.push_back(page);
             Landed::Queued

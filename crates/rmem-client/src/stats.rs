@@ -36,6 +36,9 @@ pub struct Stats {
     /// Faults served by fetching the faulting 4 KiB piece alone (sub-page fetches; not in
     /// `swap_ins`, which counts whole pages).
     pub sub_page_fetches: AtomicU64,
+    /// Write-backs of a partial page's written 4 KiB pieces alone (in `evictions`, not in
+    /// `swap_outs`, which counts whole pages; their bytes in `bytes_written_back`).
+    pub sub_page_write_backs: AtomicU64,
     latency: [AtomicU64; BUCKETS],
     /// The page store's own counters and its layout (`ec:4+1, encrypted`), once it starts.
     pub store: std::sync::OnceLock<(std::sync::Arc<crate::store::StoreCounters>, String)>,
@@ -62,6 +65,7 @@ impl Default for Stats {
             pieces_replaced: AtomicU64::new(0),
             dirty_unchanged: AtomicU64::new(0),
             sub_page_fetches: AtomicU64::new(0),
+            sub_page_write_backs: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             store: std::sync::OnceLock::new(),
         }
@@ -170,6 +174,7 @@ impl Stats {
             pieces_replaced: self.pieces_replaced.load(Relaxed),
             dirty_unchanged: self.dirty_unchanged.load(Relaxed),
             sub_page_fetches: self.sub_page_fetches.load(Relaxed),
+            sub_page_write_backs: self.sub_page_write_backs.load(Relaxed),
         }
     }
 }
@@ -207,6 +212,8 @@ pub struct StatsSnapshot {
     pub dirty_unchanged: u64,
     /// 4 KiB pieces fetched alone (sub-page fetches), not counted in `swap_ins`.
     pub sub_page_fetches: u64,
+    /// Partial pages whose written 4 KiB pieces were written back alone.
+    pub sub_page_write_backs: u64,
     /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
     pub layout: String,
     /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
@@ -259,6 +266,7 @@ impl StatsSnapshot {
             ("pieces_replaced", self.pieces_replaced),
             ("dirty_unchanged", self.dirty_unchanged),
             ("sub_page_fetches", self.sub_page_fetches),
+            ("sub_page_write_backs", self.sub_page_write_backs),
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
             ("pieces_moved", self.pieces_moved),

@@ -234,6 +234,9 @@ struct Store {
     /// Told to the pager as stored while pieces still waited on slow servers
     /// ([`RemoteStore::release_held_writes`]): their answers finish it without a second word.
     released: bool,
+    /// A partial page's written pieces ([`PageStore::store_parts`]): byte ranges of its one
+    /// copy, one `WriteRange` each, not answered yet (0: pieces of the layout).
+    ranges: u32,
 }
 
 enum Op {
@@ -257,6 +260,8 @@ enum Todo {
         stamp: Stamp,
         units: Vec<u8>,
         have: u32,
+        /// The read's operation: writes started after it are not in `units`.
+        read: u64,
     },
     /// A repair's writes are all acknowledged.
     Repaired,
@@ -386,6 +391,10 @@ struct Book {
     busy: HashMap<u64, u64>,
     /// Pages with writes in flight ([`Writes`]).
     writing: HashMap<u64, Writes>,
+    /// While a repair or drain runs: the last write of pieces over each page where it is
+    /// ([`PageStore::store_parts`]), by operation. A move that read the page through this
+    /// client before it is stale (the page's group does not change, so nothing else tells).
+    parted: HashMap<u64, u64>,
     /// Servers given up, and why.
     dead: Vec<Option<String>>,
     /// Servers leaving the pool (a drain): still read, never given new pieces; their pages
@@ -566,6 +575,7 @@ impl Book {
                         stamp,
                         units,
                         have: 1,
+                        read: op,
                     });
                     return;
                 }
@@ -624,6 +634,10 @@ impl Book {
         let Some(Op::Store(st)) = self.ops.get_mut(&op) else {
             return;
         };
+        if st.ranges > 1 {
+            st.ranges -= 1;
+            return;
+        }
         if st.released && st.waiting & bit(piece) != 0 {
             self.released_bytes -= self.codec.unit_len() as u64;
         }
@@ -700,6 +714,7 @@ impl Book {
                     stamp: fe.stamp,
                     units: fe.buf,
                     have: fe.have,
+                    read: op,
                 });
             }
             return;
@@ -773,6 +788,7 @@ impl Book {
                     stamp,
                     units: fe.buf,
                     have: (1u32 << self.codec.redundancy().width()) - 1,
+                    read: op,
                 });
             } else {
                 self.unbusy(page, op);
@@ -935,6 +951,7 @@ impl RemoteStore {
                 next_op: 0,
                 busy: HashMap::new(),
                 writing: HashMap::new(),
+                parted: HashMap::new(),
                 dead: Vec::new(),
                 draining: Vec::new(),
                 slow: Vec::new(),
@@ -1608,6 +1625,7 @@ impl RemoteStore {
                 waiting: mask,
                 repair,
                 released: false,
+                ranges: 0,
             }),
         );
         if mask == 0 {
@@ -1627,17 +1645,22 @@ impl RemoteStore {
         op
     }
 
-    /// Start reading `page` from its group: one copy, or K+1 fragments (late binding: the
-    /// first K decode it).
-    fn start_fetch(&mut self, page: u64, purpose: Purpose) -> Result<u64, StoreError> {
-        let g = self
-            .book
+    /// The group `page` is stored on, to `what` it (a pager's request for a page it never
+    /// stored is a bug, reported as the store's).
+    fn group_of(&self, page: u64, what: &str) -> Result<u16, StoreError> {
+        self.book
             .meta
             .group(page)
             .ok_or_else(|| StoreError::Protocol {
                 server: "(none)".into(),
-                what: format!("page {page} has no remote copy to fetch"),
-            })?;
+                what: format!("page {page} has no remote copy to {what}"),
+            })
+    }
+
+    /// Start reading `page` from its group: one copy, or K+1 fragments (late binding: the
+    /// first K decode it).
+    fn start_fetch(&mut self, page: u64, purpose: Purpose) -> Result<u64, StoreError> {
+        let g = self.group_of(page, "fetch")?;
         let codec = &self.book.codec;
         let buf = if codec.plain() || opened_where_it_comes(codec, purpose == Purpose::Page) {
             Vec::new()
@@ -1840,6 +1863,16 @@ impl RemoteStore {
             return Ok(());
         };
         let (page, stamp) = (st.page, st.stamp);
+        if st.ranges > 0 {
+            // Written pieces go over the page where it is; its server refuses them only
+            // where the page must be copied first (shared with a fork child's snapshot) and
+            // it has no room for the copy.
+            let server = refused.map_or_else(|| "(none)".into(), |s| self.conns[s].name.clone());
+            return Err(StoreError::AllFull {
+                page,
+                servers: format!("{server} has no room to copy the page it holds"),
+            });
+        }
         let current = self.book.meta.group(page);
         let superseded = self.book.writing.get(&page).is_some_and(|w| w.newest > op);
         let same = current.is_some()
@@ -1965,7 +1998,7 @@ impl RemoteStore {
                 // A sub-page fetch's.
                 Kind::ReadRange { op, .. } => self.lost_read(op, 0),
                 Kind::WriteRange { .. } => {
-                    unreachable!("the cluster layer writes no byte ranges")
+                    unreachable!("byte ranges are written only to pages of one copy")
                 }
             }
         }
@@ -2029,6 +2062,7 @@ impl RemoteStore {
                     stamp,
                     units,
                     have,
+                    read,
                 } => {
                     // The pieces that will move must be among those in hand (a move's: another
                     // server may have started draining since it was read).
@@ -2036,9 +2070,13 @@ impl RemoteStore {
                         let m = &self.book.groups.members[g as usize];
                         (0..m.len()).all(|i| have & bit(i) != 0 || self.book.placeable(m[i]))
                     });
+                    // Pieces written over the page where it is after this read was sent (on the
+                    // same link, so the read has them not) are not in hand either.
+                    let parted = self.book.parted.get(&page).is_some_and(|&w| w > read);
                     let unchanged = covered
                         && self.book.meta.stamp(page) == stamp
-                        && !self.book.busy.contains_key(&page);
+                        && !self.book.busy.contains_key(&page)
+                        && !parted;
                     if unchanged {
                         self.start_repair_store(page, stamp, &units)?;
                     }
@@ -2153,6 +2191,7 @@ impl RemoteStore {
             }
             self.repair.pages = 0;
             self.repair.degraded = 0;
+            self.book.parted.clear();
         }
         Ok(())
     }
@@ -2796,14 +2835,7 @@ impl PageStore for RemoteStore {
     fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
         assert!(self.book.codec.plain(), "part reads of sealed pages");
         let op = self.book.op_id();
-        let g = self
-            .book
-            .meta
-            .group(page.0)
-            .ok_or_else(|| StoreError::Protocol {
-                server: "(none)".into(),
-                what: format!("page {} has no remote copy to fetch", page.0),
-            })?;
+        let g = self.group_of(page.0, "fetch")?;
         self.book.ops.insert(
             op,
             Op::Fetch(Fetch {
@@ -2841,6 +2873,62 @@ impl PageStore for RemoteStore {
     /// ahead of its victim").
     fn fetch_ahead(&self) -> bool {
         self.book.codec.redundancy().needed() == 1
+    }
+
+    /// Each run of written pieces is one `WriteRange` to the page's one server, where the
+    /// page stays. A move of the page under way is not its latest then: a pull is superseded
+    /// here, and a move through this client finds the page busy when its read comes back
+    /// (`Todo::RepairWrite`), so it moves later, from a read sent after these writes on the
+    /// same link.
+    fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {
+        assert!(self.book.codec.plain(), "part writes of sealed pages");
+        debug_assert_eq!(data.len(), self.book.codec.page_size());
+        let g = self.group_of(page.0, "write pieces of")?;
+        let s = self.book.groups.members[g as usize][0];
+        if !self.book.alive(s) {
+            return Err(StoreError::Lost {
+                servers: self.dead_list(),
+                detail: format!("page {} was on it", page.0),
+            });
+        }
+        self.supersede(page.0);
+        let op = self.book.op_id();
+        if self.repair.started.is_some() {
+            self.book.parted.insert(page.0, op);
+        }
+        let mut ranges = 0;
+        for (at, len) in super::piece_runs(pieces) {
+            self.conns[s as usize].submit(
+                Request::WriteRange {
+                    key: PageKey(page.0),
+                    offset: at as u32,
+                    data: &data[at..at + len],
+                },
+                Kind::WriteRange {
+                    op,
+                    key: page.0,
+                    offset: at as u32,
+                },
+            );
+            ranges += 1;
+        }
+        assert!(ranges > 0, "page {}: no written piece to store", page.0);
+        self.book.ops.insert(
+            op,
+            Op::Store(Store {
+                page: page.0,
+                stamp: Stamp::default(),
+                waiting: bit(0),
+                repair: false,
+                released: false,
+                ranges,
+            }),
+        );
+        let w = self.book.writing.entry(page.0).or_default();
+        w.in_flight += 1;
+        w.newest = op;
+        self.book.busy.insert(page.0, op);
+        Ok(())
     }
 
     fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {
@@ -3053,6 +3141,7 @@ impl PageStore for RemoteStore {
                 next_op: 0,
                 busy: HashMap::new(),
                 writing: HashMap::new(),
+                parted: HashMap::new(),
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
                 slow: vec![None; self.conns.len()],

@@ -111,6 +111,15 @@ fn page(n: u64, round: u64) -> Vec<u8> {
 }
 
 fn store_on(servers: &[String], redundancy: &str) -> RemoteStore {
+    store_with(servers, redundancy, PS, true)
+}
+
+fn store_with(
+    servers: &[String],
+    redundancy: &str,
+    page_size: usize,
+    encrypt: bool,
+) -> RemoteStore {
     let t = Duration::from_secs(5);
     let timing = Timing {
         connect: t,
@@ -121,9 +130,9 @@ fn store_on(servers: &[String], redundancy: &str) -> RemoteStore {
     let layout = Layout {
         placement: Placement::Priority,
         redundancy: Redundancy::parse(redundancy).unwrap(),
-        encrypt: true,
+        encrypt,
     };
-    RemoteStore::connect_with(servers, TOKEN, PS, layout, timing).unwrap()
+    RemoteStore::connect_with(servers, TOKEN, page_size, layout, timing).unwrap()
 }
 
 /// Poll until `done` says so (bounded): the completions seen on the way.
@@ -145,24 +154,30 @@ fn write_all(s: &mut RemoteStore, pages: u64, round: u64) {
     drive(s, "write-backs", |_, seen| seen as u64 == pages);
 }
 
+/// Page `p` as the store reads it now.
+fn read(s: &mut RemoteStore, p: u64) -> Vec<u8> {
+    s.fetch(PageIndex(p)).unwrap();
+    s.flush().unwrap();
+    let mut got = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "page {p} never came");
+        s.poll(&mut |c| {
+            if let Completion::Fetched { page, data } = c {
+                got = Some((page.0, data.to_vec()));
+            }
+        })
+        .unwrap();
+    }
+    let (at, data) = got.unwrap();
+    assert_eq!(at, p);
+    data
+}
+
 fn check_all(s: &mut RemoteStore, pages: u64, round: impl Fn(u64) -> u64) {
     for p in 0..pages {
-        s.fetch(PageIndex(p)).unwrap();
-        s.flush().unwrap();
-        let mut got = None;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while got.is_none() {
-            assert!(Instant::now() < deadline, "page {p} never came");
-            s.poll(&mut |c| {
-                if let Completion::Fetched { page, data } = c {
-                    got = Some((page.0, data.to_vec()));
-                }
-            })
-            .unwrap();
-        }
-        assert_eq!(got.as_ref().unwrap().0, p);
         assert!(
-            got.unwrap().1 == page(p, round(p)),
+            read(s, p) == page(p, round(p)),
             "page {p} is not its latest"
         );
     }
@@ -414,4 +429,88 @@ fn a_taker_that_fills_up_mid_pull_is_full_and_the_rest_is_pulled_elsewhere() {
     assert!(s.conns[1].used_bytes > 0 && s.conns[2].used_bytes > 0);
     assert_eq!(s.conns[0].used_bytes, 0);
     check_all(&mut s, pages, |_| 0);
+}
+
+/// Written pieces of pages being moved off a draining server (`store_parts`: byte ranges over
+/// the page where it is), whether the server taking a page pulls it or the page goes through
+/// the client (pulls off: read here, written there): the ranges are never lost to a copy
+/// made before them, the drained server ends with nothing, and every page reads as its pieces
+/// were written.
+#[test]
+fn pieces_written_while_their_pages_move_read_as_written() {
+    const BIG: usize = 4 * PS;
+    let content = |n: u64, round: u64| -> Vec<u8> {
+        (0..BIG)
+            .map(|i| (n as usize * 7 + i / 8 + round as usize * 13) as u8)
+            .collect()
+    };
+    // Pieces 0 and 2 of every third page written again; the rest as first written.
+    let written = 0b0101u64;
+    let expected = |n: u64| -> Vec<u8> {
+        let (old, new) = (content(n, 0), content(n, 1));
+        if !n.is_multiple_of(3) {
+            return old;
+        }
+        (0..BIG)
+            .map(|i| {
+                if written & (1 << (i / PS)) != 0 {
+                    new[i]
+                } else {
+                    old[i]
+                }
+            })
+            .collect()
+    };
+    for through_client in [false, true] {
+        let (a, a_state) = server();
+        let servers = [a, server().0];
+        let mut s = store_with(&servers, "none", BIG, false);
+        assert!(s.part_reads());
+        s.pulls.off = through_client;
+        let pages = 90;
+        for p in 0..pages {
+            s.store(PageIndex(p), &content(p, 0)).unwrap();
+        }
+        s.flush().unwrap();
+        drive(&mut s, "write-backs", |_, seen| seen as u64 == pages);
+        let on_a = (0..pages)
+            .filter(|&p| s.server_of(PageIndex(p)) == Some(s.conns[0].name.as_str()))
+            .count();
+        assert!(on_a > 10, "{on_a} pages on the first server");
+        s.drain(0);
+        // The first pulls (or reads, to move through the client) go out and are done by the
+        // servers; before this client has read their answers, pieces of every third page
+        // are written where the page is (after the copies were made: the pulled or read
+        // copies are not the page's latest).
+        s.poll(&mut |_| {}).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !s.pulls.moves.is_empty() || s.repair.in_flight > 0,
+            "through the client {through_client}: no move under way"
+        );
+        let rewritten: Vec<u64> = (0..pages).filter(|p| p % 3 == 0).collect();
+        for &p in &rewritten {
+            s.store_parts(PageIndex(p), &content(p, 1), written)
+                .unwrap();
+        }
+        s.flush().unwrap();
+        drive(&mut s, "the drain and the writes", |s, seen| {
+            repair_done(s) && seen == rewritten.len()
+        });
+        assert_eq!(
+            s.conns[0].used_bytes, 0,
+            "through the client {through_client}"
+        );
+        for p in 0..pages {
+            assert!(
+                read(&mut s, p) == expected(p),
+                "through the client {through_client}: page {p} is not as written"
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a_state.used_bytes() > 0 {
+            assert!(Instant::now() < deadline, "the drained server kept pages");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }

@@ -75,6 +75,19 @@ impl PageStore for MemStore {
         Ok(())
     }
 
+    fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {
+        assert_eq!(data.len(), self.page_size);
+        let mut pages = self.pages.lock().unwrap();
+        let stored = pages
+            .get_mut(&page.0)
+            .expect("pieces of a page never stored");
+        for (at, len) in super::piece_runs(pieces) {
+            stored[at..at + len].copy_from_slice(&data[at..at + len]);
+        }
+        self.done.push_back(Done::Stored(page));
+        Ok(())
+    }
+
     fn free(&mut self, page: PageIndex) -> Result<(), StoreError> {
         self.pages.lock().unwrap().remove(&page.0);
         Ok(())

@@ -128,6 +128,22 @@ pub struct StoreCounters {
     pub writes_degraded: AtomicU64,
 }
 
+/// The runs of consecutive pieces in `pieces` (bit `i`: the 4 KiB piece at `i * 4096`), in
+/// order, as (byte offset, byte length).
+pub fn piece_runs(pieces: u64) -> impl Iterator<Item = (usize, usize)> {
+    const PIECE: usize = 4096;
+    let mut rest = pieces;
+    std::iter::from_fn(move || {
+        if rest == 0 {
+            return None;
+        }
+        let start = rest.trailing_zeros() as usize;
+        let len = (rest >> start).trailing_ones() as usize;
+        rest &= !(((1u128 << len) - 1) as u64) << start;
+        Some((start * PIECE, len * PIECE))
+    })
+}
+
 /// A place pages live when they are not resident.
 pub trait PageStore: Send {
     /// Bytes of pages this client may store in all.
@@ -149,6 +165,15 @@ pub trait PageStore: Send {
     }
     /// Start storing `data` as `page`'s contents; completes with [`Completion::Stored`].
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError>;
+    /// Start storing the 4 KiB pieces of `data` in `pieces` (bit `i`: bytes `i * 4096` on)
+    /// over `page`'s stored copy, the rest of which stays as it is (where
+    /// [`PageStore::part_reads`]: a partial page's written pieces); completes with
+    /// [`Completion::Stored`]. `data` is the whole page as the client has it; its other
+    /// pieces are not the page's.
+    fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {
+        let _ = (data, pieces);
+        unreachable!("page {}: this store has no part writes", page.0)
+    }
     /// Whether a fault's fetch should go out before the write-back of the victim it replaces
     /// (`fetch`, then `store`) rather than with it (`swap`): true where sending it alone
     /// costs no more, so the victim's move, seal and write overlap the fetch's round trip.
@@ -201,4 +226,22 @@ pub trait PageStore: Send {
     }
     /// One line naming the servers, for logs.
     fn describe(&self) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_runs;
+
+    #[test]
+    fn piece_runs_are_the_runs_of_set_bits_in_bytes() {
+        let runs = |m| piece_runs(m).collect::<Vec<_>>();
+        assert_eq!(runs(0), vec![]);
+        assert_eq!(runs(1), vec![(0, 4096)]);
+        assert_eq!(
+            runs(0b1101_0110),
+            vec![(4096, 8192), (16384, 4096), (24576, 8192)]
+        );
+        assert_eq!(runs(u64::MAX), vec![(0, 64 * 4096)]);
+        assert_eq!(runs(1 << 63), vec![(63 * 4096, 4096)]);
+    }
 }
