@@ -751,6 +751,11 @@ impl Pager {
                 self.store.store_parts(p, data, pieces)?;
             }
             let completed = self.poll_store()?;
+            if completed > 0 || self.core.pages.reinstall_waiting() {
+                // Wanted pages whose write-backs landed go back to the region, freeing their
+                // slots for the partial pages still to leave.
+                self.core.settle(&mut *self.store)?;
+            }
             if completed == 0 {
                 fds.clear();
                 self.store.wait_fds(&mut fds);

@@ -40,6 +40,9 @@ struct Leave {
     /// holds the page's other pieces too where they were mapped, and zeros where not: it is
     /// never reinstalled, the page is fetched again ([`Landed::Refetch`]).
     pieces: u64,
+    /// A partial page's pieces that were mapped, and so hold memory in the slot (its other
+    /// pieces are the zero page there); 0 for a whole page.
+    held: u64,
 }
 
 /// What the end of a fetch or a write-back means for the page.
@@ -123,6 +126,9 @@ pub struct PageStates {
     /// Pages counted by pieces, and their pieces (mapped, or in flight).
     part_pages: u64,
     part_units: u64,
+    /// Partial pages leaving, and the pieces their slots hold ([`Leave::held`]).
+    leave_part_pages: u64,
+    leave_part_units: u64,
     /// 4 KiB pieces per page (1: no sub-page fetches).
     pieces: u64,
     /// Fetches landed so far: the clock of `Part::at`.
@@ -146,6 +152,8 @@ impl PageStates {
             promoting: HashSet::new(),
             part_pages: 0,
             part_units: 0,
+            leave_part_pages: 0,
+            leave_part_units: 0,
             pieces: 1,
             fetches: 0,
         }
@@ -222,9 +230,12 @@ impl PageStates {
     }
 
     /// Pages holding local memory: mapped, being filled, or staged; a page that holds only
-    /// some 4 KiB pieces counts as that part of a page (rounded up over all such pages).
+    /// some 4 KiB pieces (mapped, or in its staging slot) counts as that part of a page
+    /// (rounded up over all such pages).
     pub fn local(&self) -> u64 {
-        self.table.local_pages() - self.part_pages + self.part_units.div_ceil(self.pieces)
+        let whole_leaving = self.leaving.len() as u64 - self.leave_part_pages;
+        (self.resident_units() + whole_leaving * self.pieces + self.leave_part_units)
+            .div_ceil(self.pieces)
     }
 
     /// What is mapped or being filled, in 4 KiB pieces where pages may be fetched by the
@@ -249,9 +260,9 @@ impl PageStates {
         self.pieces
     }
 
-    /// Pages mapped or being filled.
+    /// Pages mapped or being filled (rounded up, as [`PageStates::local`]).
     pub fn resident(&self) -> u64 {
-        self.local() - self.leaving.len() as u64
+        self.resident_units().div_ceil(self.pieces)
     }
 
     /// A one-line account, for error reports.
@@ -640,9 +651,13 @@ impl PageStates {
     pub fn begin_leave(&mut self, v: PageIndex, slot: u32) -> u64 {
         self.zero_origin.remove(&v);
         let pieces = self.written_pieces(v);
+        let mut held = 0;
         if self.get(v) == PageState::Partial {
             assert_ne!(pieces, 0, "page {} left with no written piece", v.0);
+            held = u64::from(self.present(v).count_ones());
             self.leave_parts(v, None);
+            self.leave_part_pages += 1;
+            self.leave_part_units += held;
         }
         self.table.transition(v, PageState::Leaving);
         self.leaving.insert(
@@ -651,6 +666,7 @@ impl PageStates {
                 slot,
                 wanted: None,
                 pieces,
+                held,
             },
         );
         pieces
@@ -683,7 +699,7 @@ impl PageStates {
         }
         let leave = *self.leaving.get(&page).expect("stored page was leaving");
         if self.released.remove(&page) {
-            self.leaving.remove(&page);
+            self.end_leave(page);
             self.table.transition(page, PageState::Untouched);
             Landed::Released {
                 slot: Some(leave.slot),
@@ -691,17 +707,27 @@ impl PageStates {
         } else if leave.wanted.is_some() && leave.pieces != 0 {
             // The slot holds zeros where pieces were not mapped: the page comes from the
             // server again.
-            self.leaving.remove(&page);
+            self.end_leave(page);
             self.table.transition(page, PageState::Remote);
             Landed::Refetch { slot: leave.slot }
         } else if leave.wanted.is_some() {
             self.reinstall.push_back(page);
             Landed::Queued
         } else {
-            self.leaving.remove(&page);
+            self.end_leave(page);
             self.table.transition(page, PageState::Remote);
             Landed::Remote { slot: leave.slot }
         }
+    }
+
+    /// A write-back is over: `page` leaves `leaving` (its accounting with it).
+    fn end_leave(&mut self, page: PageIndex) -> Leave {
+        let leave = self.leaving.remove(&page).expect("a leaving page");
+        if leave.pieces != 0 {
+            self.leave_part_pages -= 1;
+            self.leave_part_units -= leave.held;
+        }
+        leave
     }
 
     /// A sync landed: the page is back in the policy, Clean or (written meanwhile) Dirty.
@@ -726,10 +752,12 @@ impl PageStates {
     /// The next written-back page that was wanted: map it from its slot (or it was freed).
     pub fn next_reinstall(&mut self) -> Option<(PageIndex, Landed)> {
         let page = self.reinstall.pop_front()?;
-        let leave = self
-            .leaving
-            .remove(&page)
-            .expect("reinstalled page was leaving");
+        let leave = self.end_leave(page);
+        assert_eq!(
+            leave.pieces, 0,
+            "page {}: a partial leave reinstalled",
+            page.0
+        );
         if self.released.remove(&page) {
             self.table.transition(page, PageState::Untouched);
             return Some((
@@ -1069,6 +1097,60 @@ mod tests {
         s.after_fork(Instant::now());
         assert_eq!((s.get(c), s.present(c)), (PageState::Remote, 0));
         assert_eq!(s.local(), 0);
+        s.check();
+    }
+
+    /// Written pieces: a partial page with some is a victim that needs a slot, leaves with
+    /// them alone to write (its slot counts as the pieces it holds, the rest being the zero
+    /// page), and wanted meanwhile it is fetched again, never reinstalled from the slot.
+    #[test]
+    fn a_partial_page_with_written_pieces_leaves_with_them_and_is_fetched_again() {
+        let mut s = states();
+        s.set_pieces(16);
+        let (a, b) = (PageIndex(1), PageIndex(2));
+        remote(&mut s, a);
+        remote(&mut s, b);
+        s.begin_fill(a, piece(2));
+        s.fetched(a);
+        s.begin_fill(a, piece(5));
+        s.fetched(a);
+        s.write_piece(a, 5);
+        // Fetched for a write: mapped writable and written.
+        s.begin_fill(
+            b,
+            Fill {
+                write: true,
+                ..piece(7)
+            },
+        );
+        s.fetched(b);
+        assert_eq!((s.written_pieces(a), s.written_pieces(b)), (1 << 5, 1 << 7));
+        assert!(s.any_written_pieces());
+        assert_eq!(s.local(), 1, "three pieces");
+        assert_eq!(
+            s.take_victim(false),
+            None,
+            "no slot, no victim with written pieces"
+        );
+        // a, declined, went to the back.
+        assert_eq!(s.take_victim(true), Some(b));
+        assert_eq!(s.begin_leave(b, 0), 1 << 7);
+        assert_eq!(s.get(b), PageState::Leaving);
+        assert_eq!(
+            (s.resident_units(), s.local()),
+            (2, 1),
+            "a's two pieces, and b's one in its slot"
+        );
+        s.check();
+        s.want(b, fill(false));
+        assert_eq!(s.stored(b), Landed::Refetch { slot: 0 });
+        assert_eq!((s.get(b), s.present(b)), (PageState::Remote, 0));
+        assert_eq!((s.resident_units(), s.local()), (2, 1));
+        // A whole fetch over a written piece maps the page dirty.
+        s.begin_fill(a, fill(false));
+        assert!(matches!(s.fetched(a), Landed::Map { write: true, .. }));
+        assert_eq!(s.get(a), PageState::Dirty);
+        assert!(!s.any_written_pieces());
         s.check();
     }
 

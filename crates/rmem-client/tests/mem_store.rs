@@ -495,10 +495,11 @@ fn random_read_then_write_fetches_and_writes_back_pieces() {
         piece_outs > 500,
         "{piece_outs} pieces written back alone: {s:?}"
     );
+    // Each sends its written pieces, a few, never the whole page.
     let piece_bytes = d(s.bytes_written_back, before.bytes_written_back)
         - d(s.swap_outs, before.swap_outs) * PS as u64;
     assert!(
-        piece_bytes < piece_outs * 2 * 4096,
+        piece_bytes < piece_outs * 8 * 4096,
         "{piece_bytes} bytes for {piece_outs} partial pages' written pieces: {s:?}"
     );
 }
