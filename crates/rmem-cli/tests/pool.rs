@@ -6,7 +6,8 @@
 //! killed without touching the other's pages; a drain that could not finish, asked before the
 //! manager restarted, finished after it; a server drained mid-run (`rmem pool drain`)
 //! and another by SIGTERM, with no redundancy: zero mismatches, each server ends empty and
-//! exits; a drain under `ec:2+1` that moves fragments as they are, none found bad, and one
+//! exits; the same on 64 KiB pages whose written pieces go back as byte ranges while their
+//! pages move; a drain under `ec:2+1` that moves fragments as they are, none found bad, and one
 //! whose server is killed at a random moment of it; a
 //! disk-backed server (`--store file:`) that takes pages only once the RAM server is
 //! full, and a persisted one killed and restarted mid-run without a wrong or lost page; a
@@ -256,6 +257,42 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     let st = servers[0].child.try_wait().unwrap();
     assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", servers[0].log());
     assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+}
+
+/// A drain while the stress runs on 64 KiB pages of one unsealed copy: random writes leave
+/// partial pages whose written pieces go back as byte ranges over the pages where they are,
+/// while those pages move off the draining server (pulled, or through the client). Zero
+/// mismatches, and the server ends empty and exits.
+#[test]
+fn a_server_drained_while_written_pieces_go_back_ends_empty_and_loses_nothing() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 3, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 3).unwrap();
+    let prog = stress_program();
+    let prog: Vec<&str> = prog.iter().map(String::as_str).collect();
+    let opts = [
+        "--api",
+        "--page-size",
+        "64K",
+        "--local",
+        "8M",
+        "--redundancy",
+        "none",
+    ];
+    let run = run_in_pool_on(&[], &m.addr, &opts, &prog, &[]);
+    let victim = servers[0].addr.clone();
+    await_status(&m.addr, Duration::from_secs(30), |st| {
+        used_on(st, &victim) > 1 << 20
+    })
+    .unwrap();
+    let out = drain_under_stress(&m.addr, &victim, run);
+    assert!(
+        out.stderr.contains("written pieces of 4 KiB alone"),
+        "no written pieces went back: {}",
+        out.stderr
+    );
+    assert_exits_drained(&mut servers[0], Duration::from_secs(10));
 }
 
 /// The stress under `ec:2+1` in the pool of `manager`, its statistics to a file under a scratch
