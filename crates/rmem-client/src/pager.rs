@@ -743,12 +743,7 @@ impl Pager {
                     continue;
                 }
                 core.pages.take_out(p);
-                let Out::Staged { slot, pieces } = core.move_out(p)? else {
-                    unreachable!("a partial page with written pieces stays to be written")
-                };
-                // SAFETY: the slot was just filled and is held until the write completes.
-                let data = unsafe { core.staging.bytes(slot) };
-                self.store.store_parts(p, data, pieces)?;
+                core.leave_pieces(p, &mut *self.store)?;
             }
             let completed = self.poll_store()?;
             if completed > 0 || self.core.pages.reinstall_waiting() {
@@ -1049,14 +1044,21 @@ impl Core {
     /// gives zeros there: so does rmem. The page then differs from any copy on a server, so it
     /// becomes dirty (and wholly writable, as a dirty page is).
     fn zero_piece(&mut self, page: PageIndex, fault_addr: u64) -> Result<(), PagerError> {
-        let piece = fault_addr & !(PIECE - 1);
-        // `Around` here means the piece was populated meanwhile: that is all the fault needs.
-        let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
+        self.map_zeros(fault_addr)?;
         if self.pages.get(page) != PageState::Dirty {
             self.pages.dirty(page);
             self.uffd
                 .write_protect(self.addr(page), self.ps(), false, false)?;
         }
+        Ok(())
+    }
+
+    /// Map zeros, writable, at the missing 4 KiB piece at `fault_addr` (one the program
+    /// dropped itself: Linux gives zeros there).
+    fn map_zeros(&mut self, fault_addr: u64) -> Result<(), PagerError> {
+        let piece = fault_addr & !(PIECE - 1);
+        // `Around` here means the piece was populated meanwhile: that is all the fault needs.
+        let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
         Stats::add(&self.stats.pieces_zeroed, 1);
         Ok(())
     }
@@ -1235,26 +1237,24 @@ impl Core {
             // A write-protect fault is told apart from a missing piece by the kernel, except
             // when faults arrive by signal (write_protect is then a guess).
             let maybe_missing = !f.write_protect || self.uffd.by_signal();
-            if !(maybe_missing && self.piece_missing(f.address)) {
-                if write && !written && !self.pages.is_locked(page) {
-                    return self.write_piece(page, i as u8);
-                }
-                if !(write && self.pages.is_locked(page)) {
-                    // A message queued before the piece was mapped or made writable: the
-                    // thread retries.
-                    self.uffd.wake(self.addr(page), self.ps())?;
-                    return Ok(());
-                }
-                // A pinned page is made whole and writable (mlock's populate), below.
-            } else if written {
+            let missing = maybe_missing && self.piece_missing(f.address);
+            match (missing, written) {
                 // The program dropped the piece with a raw madvise(2) system call (librmem's
                 // madvise never lets one reach the region). A written piece reads as zeros, as
                 // Linux gives; one not written comes again from the server's copy (Linux would
                 // give zeros; a piece never fetched and dropped so cannot be told from one not
                 // fetched yet, so both read the copy: docs/configuration.md).
-                return self.zero_piece_kept(f.address);
-            } else {
-                self.pages.lose_piece(page, i as u8);
+                (true, true) => return self.map_zeros(f.address),
+                (true, false) => self.pages.lose_piece(page, i as u8),
+                // A pinned page is made whole and writable (mlock's populate), below.
+                (false, _) if write && self.pages.is_locked(page) => {}
+                (false, false) if write => return self.write_piece(page, i as u8),
+                // A message queued before the piece was mapped or made writable: the thread
+                // retries.
+                (false, _) => {
+                    self.uffd.wake(self.addr(page), self.ps())?;
+                    return Ok(());
+                }
             }
         }
         let have = self.pages.present(page);
@@ -1323,16 +1323,6 @@ impl Core {
         Ok(())
     }
 
-    /// A written piece of a partial page that the program dropped with a raw madvise(2)
-    /// system call reads as zeros (writable, still written), as Linux gives.
-    fn zero_piece_kept(&mut self, fault_addr: u64) -> Result<(), PagerError> {
-        let piece = fault_addr & !(PIECE - 1);
-        // `Around` here means the piece was populated meanwhile: that is all the fault needs.
-        let _ = self.uffd.copy(piece, self.zeros.as_ptr(), PIECE, false)?;
-        Stats::add(&self.stats.pieces_zeroed, 1);
-        Ok(())
-    }
-
     /// A page only a server holds: fetch it (or only its piece `piece`) and, if the budget
     /// is full, evict a victim while the fetch travels. It is mapped writable (dirty) if
     /// `write`: the fault is a write, or writes follow reads where it is.
@@ -1364,14 +1354,7 @@ impl Core {
         let mut victim = None;
         while self.pages.resident_units() - dropping + need > room {
             match self.pick_victim() {
-                Some(v) if self.pages.written_pieces(v) != 0 => {
-                    let Out::Staged { slot, pieces } = self.move_out(v)? else {
-                        unreachable!("a partial page with written pieces stays to be written")
-                    };
-                    // SAFETY: the slot was just filled and is held until the write completes.
-                    let data = unsafe { self.staging.bytes(slot) };
-                    store.store_parts(v, data, pieces)?;
-                }
+                Some(v) if self.pages.written_pieces(v) != 0 => self.leave_pieces(v, store)?,
                 Some(v) if self.pages.get(v) == PageState::Partial => {
                     dropping += self.pages.units_of(v);
                     self.drops.push(v);
@@ -1590,19 +1573,40 @@ impl Core {
             match out {
                 Out::Staged { slot, pieces } => {
                     dropping -= units;
-                    // SAFETY: the slot was just filled and is held until the write completes.
-                    let data = unsafe { self.staging.bytes(slot) };
-                    if pieces == 0 {
-                        store.store(v, data)?;
-                    } else {
-                        store.store_parts(v, data, pieces)?;
-                    }
+                    self.write_back(v, slot, pieces, store)?;
                 }
                 Out::Unwritten => self.drops.push(v),
                 Out::Unchanged => dropping -= units,
             }
         }
         self.drop_clean()
+    }
+
+    /// Start the write-back of victim `v`, moved out into staging `slot`: the whole page, or
+    /// only its written `pieces`.
+    fn write_back(
+        &mut self,
+        v: PageIndex,
+        slot: u32,
+        pieces: u64,
+        store: &mut dyn PageStore,
+    ) -> Result<(), PagerError> {
+        // SAFETY: the slot was just filled and is held until the write completes.
+        let data = unsafe { self.staging.bytes(slot) };
+        match pieces {
+            0 => store.store(v, data)?,
+            _ => store.store_parts(v, data, pieces)?,
+        }
+        Ok(())
+    }
+
+    /// A partial victim with written pieces (out of the policy, a staging slot free) leaves:
+    /// moved out, its written pieces written back.
+    fn leave_pieces(&mut self, v: PageIndex, store: &mut dyn PageStore) -> Result<(), PagerError> {
+        let Out::Staged { slot, pieces } = self.move_out(v)? else {
+            unreachable!("a partial page with written pieces stays to be written")
+        };
+        self.write_back(v, slot, pieces, store)
     }
 
     /// Drop the clean (write-protected) victims in `drops`: their contents are on the

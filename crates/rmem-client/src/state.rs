@@ -318,6 +318,13 @@ impl PageStates {
                 "pieces counted: {}",
                 self.describe()
             );
+            let leaving_parts = self.leaving.values().filter(|l| l.pieces != 0);
+            assert_eq!(
+                (self.leave_part_pages, self.leave_part_units),
+                leaving_parts.fold((0, 0), |(n, u), l| (n + 1, u + l.held)),
+                "partial pages leaving: {}",
+                self.describe()
+            );
         }
     }
 
