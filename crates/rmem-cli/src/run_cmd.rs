@@ -644,7 +644,7 @@ fn summary(json: &str, elapsed: Duration) -> String {
     format!(
         "rmem: {:.2} s, {} faults ({} swap-ins{pieces}, {} zero-fills), {} swap-outs{written}, {} evictions{unchanged}\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
-         rmem: fault latency p50 {:.1} us, p99 {:.1} us, max {:.1} ms{replaced}",
+         rmem: fault latency p50 {:.1} us, p99 {:.1} us, max {:.1} ms, {:.2} s waited in all{replaced}",
         elapsed.as_secs_f64(),
         n("faults"),
         n("swap_ins"),
@@ -659,5 +659,6 @@ fn summary(json: &str, elapsed: Duration) -> String {
         f("fault_us_p50"),
         f("fault_us_p99"),
         f("fault_us_max") / 1000.0,
+        f("fault_wait_s"),
     )
 }

@@ -21,6 +21,8 @@ pub struct Stats {
     pub local_bytes: AtomicU64,
     pub local_bytes_max: AtomicU64,
     pub select_ns_total: AtomicU64,
+    /// Sum of every resolved fault's latency: the time the program's threads waited on rmem.
+    fault_ns_total: AtomicU64,
     pub select_ns_max: AtomicU64,
     /// Pages fetched ahead of any fault (prefetching), and those a program touched while in flight.
     pub prefetches: AtomicU64,
@@ -58,6 +60,7 @@ impl Default for Stats {
             local_bytes: AtomicU64::new(0),
             local_bytes_max: AtomicU64::new(0),
             select_ns_total: AtomicU64::new(0),
+            fault_ns_total: AtomicU64::new(0),
             select_ns_max: AtomicU64::new(0),
             prefetches: AtomicU64::new(0),
             prefetch_hits: AtomicU64::new(0),
@@ -94,7 +97,9 @@ fn bucket_upper_ns(b: usize) -> u64 {
 impl Stats {
     /// Record one resolved fault's latency.
     pub fn record_fault(&self, d: Duration) {
-        self.latency[bucket_of(d.as_nanos() as u64)].fetch_add(1, Relaxed);
+        let ns = d.as_nanos() as u64;
+        self.latency[bucket_of(ns)].fetch_add(1, Relaxed);
+        self.fault_ns_total.fetch_add(ns, Relaxed);
     }
 
     pub fn add(counter: &AtomicU64, v: u64) {
@@ -161,6 +166,7 @@ impl Stats {
             fault_us_p50: self.percentile_us(&counts, 0.50),
             fault_us_p99: self.percentile_us(&counts, 0.99),
             fault_us_max: self.percentile_us(&counts, 1.0),
+            fault_wait_s: self.fault_ns_total.load(Relaxed) as f64 / 1e9,
             bytes_fetched: self.bytes_fetched.load(Relaxed),
             bytes_written_back: self.bytes_written_back.load(Relaxed),
             local_bytes_max: self.local_bytes_max.load(Relaxed),
@@ -196,6 +202,9 @@ pub struct StatsSnapshot {
     /// The longest fault, to its histogram bucket's upper bound (within a fifth): how long
     /// the program was held at most, e.g. while a lost server was given up on.
     pub fault_us_max: f64,
+    /// Seconds of fault latency summed over every resolved fault (threads waiting at once
+    /// each count).
+    pub fault_wait_s: f64,
     pub bytes_fetched: u64,
     pub bytes_written_back: u64,
     pub local_bytes_max: u64,
@@ -284,6 +293,7 @@ impl StatsSnapshot {
             ("fault_us_p50", self.fault_us_p50),
             ("fault_us_p99", self.fault_us_p99),
             ("fault_us_max", self.fault_us_max),
+            ("fault_wait_s", self.fault_wait_s),
             ("select_us_total", self.select_us_total),
             ("select_us_max", self.select_us_max),
             ("repair_s", self.repair_s),
@@ -402,6 +412,9 @@ mod tests {
         let snap = s.snapshot(4096, "fifo");
         within("max", snap.fault_us_max, 2.5e6, 3.0e6);
         within("p99", snap.fault_us_p99, 1000.0, 1300.0);
+        // 90 x 10 us + 10 x 1 ms + 2.5 s, exactly (a sum, not a bucket bound).
+        assert!((snap.fault_wait_s - 2.5109).abs() < 1e-9, "{}", snap.fault_wait_s);
+        assert!(snap.to_json().contains("\"fault_wait_s\": 2.511,"));
         assert!(snap.to_json().contains("\"policy\": \"fifo\""));
         assert!(!snap.to_json().contains("complete"));
         for c in [true, false] {
