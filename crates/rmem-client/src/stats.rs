@@ -413,7 +413,11 @@ mod tests {
         within("max", snap.fault_us_max, 2.5e6, 3.0e6);
         within("p99", snap.fault_us_p99, 1000.0, 1300.0);
         // 90 x 10 us + 10 x 1 ms + 2.5 s, exactly (a sum, not a bucket bound).
-        assert!((snap.fault_wait_s - 2.5109).abs() < 1e-9, "{}", snap.fault_wait_s);
+        assert!(
+            (snap.fault_wait_s - 2.5109).abs() < 1e-9,
+            "{}",
+            snap.fault_wait_s
+        );
         assert!(snap.to_json().contains("\"fault_wait_s\": 2.511,"));
         assert!(snap.to_json().contains("\"policy\": \"fifo\""));
         assert!(!snap.to_json().contains("complete"));
