@@ -443,7 +443,10 @@ fn scattered_reads_fetch_pieces_and_every_byte_stays_right() {
 fn random_read_then_write_fetches_and_writes_back_pieces() {
     const PS: usize = 65536;
     const PAGES: usize = 1024;
-    let rt = runtime(PS, 256, 2048);
+    // An eighth of the pages local, 2048 pieces: the 6000 updates' pieces overflow it
+    // (a quarter, 4096 pieces, left about 250 partial pages to leave once random faults
+    // stopped fetching whole pages next to earlier faults).
+    let rt = runtime(PS, 128, 2048);
     let p = rt.alloc(PAGES * PS).unwrap() as *mut u64;
     let words = PAGES * PS / 8;
     for i in 0..words {
