@@ -21,8 +21,6 @@ pub struct Stats {
     pub local_bytes: AtomicU64,
     pub local_bytes_max: AtomicU64,
     pub select_ns_total: AtomicU64,
-    /// Sum of every resolved fault's latency: the time the program's threads waited on rmem.
-    fault_ns_total: AtomicU64,
     pub select_ns_max: AtomicU64,
     /// Pages fetched ahead of any fault (prefetching), and those a program touched while in flight.
     pub prefetches: AtomicU64,
@@ -42,6 +40,9 @@ pub struct Stats {
     /// `swap_outs`, which counts whole pages; their bytes in `bytes_written_back`).
     pub sub_page_write_backs: AtomicU64,
     latency: [AtomicU64; BUCKETS],
+    /// Sum of every resolved fault's latency (beside its histogram): the time the program's
+    /// threads waited on rmem.
+    fault_ns_total: AtomicU64,
     /// The page store's own counters and its layout (`ec:4+1, encrypted`), once it starts.
     pub store: std::sync::OnceLock<(std::sync::Arc<crate::store::StoreCounters>, String)>,
 }
@@ -60,7 +61,6 @@ impl Default for Stats {
             local_bytes: AtomicU64::new(0),
             local_bytes_max: AtomicU64::new(0),
             select_ns_total: AtomicU64::new(0),
-            fault_ns_total: AtomicU64::new(0),
             select_ns_max: AtomicU64::new(0),
             prefetches: AtomicU64::new(0),
             prefetch_hits: AtomicU64::new(0),
@@ -70,6 +70,7 @@ impl Default for Stats {
             sub_page_fetches: AtomicU64::new(0),
             sub_page_write_backs: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
+            fault_ns_total: AtomicU64::new(0),
             store: std::sync::OnceLock::new(),
         }
     }
