@@ -9,6 +9,7 @@
 //! other. Servers are started through the `rmem` beside this binary (`rmem_cli::launch`).
 
 mod bounded;
+mod compress;
 mod fault;
 mod fork;
 mod limits;
@@ -70,6 +71,10 @@ enum BenchCommand {
     /// The memory pool: a drain's and a reclaim's MB/s and the program's slowdown meanwhile,
     /// direct access by transfer size, a disk-backed server against the raw disk.
     Pool(pool::PoolBenchArgs),
+    /// Would compressing pages on the wire pay? The real programs' memory sampled while they
+    /// run, each page compressed with LZ4 and zstd: ratios, microseconds per page, and what
+    /// it would add to a fetch and a write-back on 10 and 25 Gbit/s links.
+    Compress(compress::CompressArgs),
 }
 
 fn main() {
@@ -84,6 +89,7 @@ fn main() {
         BenchCommand::Redundancy(a) => redundancy::redundancy(a),
         BenchCommand::Nbd(a) => nbd::nbd(a),
         BenchCommand::Pool(a) => pool::pool(a),
+        BenchCommand::Compress(a) => compress::compress(a),
     };
     if let Err(e) = r {
         eprintln!("rmem bench: {e}");

@@ -95,8 +95,8 @@ pub struct ProgramsArgs {
 }
 
 /// One program: how to run it, and what it is.
-struct Program {
-    name: &'static str,
+pub(crate) struct Program {
+    pub(crate) name: &'static str,
     what: String,
     /// argv. `{out}` becomes the run's own output file, which the program writes (otherwise
     /// its standard output is the output compared).
@@ -187,23 +187,32 @@ const SERVERS: usize = 2;
 const SERVER_CAPACITY: u64 = 8 << 30;
 
 pub fn programs(a: ProgramsArgs) -> Result<(), String> {
-    for p in &a.only {
-        if !NAMES.contains(&p.as_str()) {
-            return Err(format!("--only {p}: expected one of {}", NAMES.join(", ")));
-        }
-    }
+    check_only(&a.only)?;
     if a.ratios.is_empty() || a.ratios.iter().any(|&r| r == 0 || r > 100) {
         return Err("--ratios: percentages from 1 to 100".into());
     }
-    let dir = std::env::temp_dir().join(format!("rmem-bench-programs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // `nobody` writes its output here too.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))
-        .map_err(|e| e.to_string())?;
+    let dir = work_dir("programs")?;
     bounded::catch_interrupts();
-    let result = prepare(&a, &dir).and_then(|progs| run_all(&a, &dir, progs));
+    let result = prepare(a.size, &a.only, &dir).and_then(|progs| run_all(&a, &dir, progs));
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// A fresh directory for the programs' scripts, inputs and outputs, which `nobody` may write.
+pub(crate) fn work_dir(tag: &str) -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("rmem-bench-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+/// `--only`'s names checked against the programs there are.
+pub(crate) fn check_only(only: &[String]) -> Result<(), String> {
+    match only.iter().find(|p| !NAMES.contains(&p.as_str())) {
+        Some(p) => Err(format!("--only {p}: expected one of {}", NAMES.join(", "))),
+        None => Ok(()),
+    }
 }
 
 fn write_file(dir: &Path, name: &str, text: &str) -> Result<String, String> {
@@ -215,14 +224,14 @@ fn write_file(dir: &Path, name: &str, text: &str) -> Result<String, String> {
 }
 
 /// Build the C benchmarks, write the scripts and sort's input; say which tools are missing.
-fn prepare(a: &ProgramsArgs, dir: &Path) -> Result<Vec<Program>, String> {
-    let (sort_mib, numpy_mib, sqlite_rows, octave_mib, py_records, stream_mib, himeno) =
-        match a.size {
-            Size::Tiny => (4, 16, 20_000, 16, 30_000, 24, ("33x33x65", 10)),
-            Size::Small => (64, 128, 300_000, 96, 300_000, 192, ("97x97x193", 20)),
-            Size::Full => (256, 512, 1_500_000, 384, 1_000_000, 768, ("M", 40)),
-        };
-    let want = |n: &str| a.only.is_empty() || a.only.iter().any(|o| o == n);
+pub(crate) fn prepare(size: Size, only: &[String], dir: &Path) -> Result<Vec<Program>, String> {
+    let (sort_mib, numpy_mib, sqlite_rows, octave_mib, py_records, stream_mib, himeno) = match size
+    {
+        Size::Tiny => (4, 16, 20_000, 16, 30_000, 24, ("33x33x65", 10)),
+        Size::Small => (64, 128, 300_000, 96, 300_000, 192, ("97x97x193", 20)),
+        Size::Full => (256, 512, 1_500_000, 384, 1_000_000, 768, ("M", 40)),
+    };
+    let want = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let py = "/usr/bin/python3".to_string();
@@ -652,7 +661,7 @@ fn tail(s: &str) -> String {
 }
 
 /// Run `p` (under `pre`, in the cgroup behind `procs`), bounded; its output's length and hash.
-fn launch(
+pub(crate) fn launch(
     p: &Program,
     dir: &Path,
     tag: &str,

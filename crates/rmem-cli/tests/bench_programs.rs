@@ -143,3 +143,89 @@ fn tiny_programs_bench_matches_plain_runs_and_reports_ratios() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `rmem bench compress` at a tiny size: the programs' memory sampled while they run (their
+/// output unchanged), every page round-tripped through both codecs, and the modelled link
+/// figures consistent with the measured ratios and times.
+#[test]
+fn tiny_compress_bench_samples_programs_and_models_links() {
+    let dir = scratch("bench-compress");
+    let json = dir.join("compress.json");
+    let mut cmd = Command::new(rmem());
+    cmd.args([
+        "bench",
+        "compress",
+        "--size",
+        "tiny",
+        "--only",
+        "python,stream",
+        "--gbits",
+        "10,25",
+        "--timeout-s",
+        "120",
+        "--json",
+    ])
+    .arg(&json);
+    let out = run_bounded(&mut cmd, Duration::from_secs(600));
+    assert!(
+        out.status.success(),
+        "bench compress failed ({:?}):\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    let v = read_json(&json);
+    assert_eq!(v["page_size"], 65536);
+    let progs = v["programs"].as_array().expect("programs is a list");
+    let names: Vec<&str> = progs.iter().filter_map(|r| r["program"].as_str()).collect();
+    // Both run long enough at the tiny size to be sampled (sort and Himeno may not).
+    assert_eq!(names, ["python", "stream"]);
+    for p in progs {
+        assert!(p["samples"].as_u64().unwrap() >= 1, "{p}");
+        let pages = p["pages"].as_u64().unwrap();
+        let bytes_in = p["bytes_in"].as_u64().unwrap();
+        assert!(pages > 0 && bytes_in == pages * 65536, "{p}");
+        let codecs: Vec<&str> = p["codecs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["codec"].as_str())
+            .collect();
+        assert_eq!(codecs, ["lz4", "zstd-1"], "{p}");
+        for c in p["codecs"].as_array().unwrap() {
+            let bytes_out = c["bytes_out"].as_u64().unwrap();
+            // A page that does not shrink is sent as it is: never more bytes than came in.
+            assert!(bytes_out > 0 && bytes_out <= bytes_in, "{c}");
+            let ratio = c["ratio"].as_f64().unwrap();
+            assert!(
+                (ratio - bytes_in as f64 / bytes_out as f64).abs() < 1e-9,
+                "{c}"
+            );
+            assert!(c["pages_not_shrunk"].as_u64().unwrap() <= pages, "{c}");
+            let (comp, dec) = (
+                c["compress_us_per_page"].as_f64().unwrap(),
+                c["decompress_us_per_page"].as_f64().unwrap(),
+            );
+            assert!(comp > 0.0 && dec >= 0.0, "{c}");
+            let saved_bits = (bytes_in - bytes_out) as f64 * 8.0 / pages as f64;
+            for l in c["links"].as_array().unwrap() {
+                let g = l["gbits"].as_f64().unwrap();
+                let saved_us = saved_bits / (g * 1e3);
+                let near = |a: f64, b: f64| (a - b).abs() < 1e-6 * (1.0 + b.abs());
+                assert!(
+                    near(l["wire_saved_us_per_page"].as_f64().unwrap(), saved_us),
+                    "{l}"
+                );
+                assert!(
+                    near(l["fetch_delta_us"].as_f64().unwrap(), dec - saved_us),
+                    "{l}"
+                );
+                assert!(
+                    near(l["write_back_delta_us"].as_f64().unwrap(), comp - saved_us),
+                    "{l}"
+                );
+            }
+        }
+    }
+    assert!(out.stdout.contains("pays below"), "{}", out.stdout);
+}
