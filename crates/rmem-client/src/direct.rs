@@ -470,7 +470,7 @@ impl DirectRegion {
             engine.take_queued();
             let sleep = last.elapsed() >= engine.spin || engine.inflight_bytes > SPIN_INFLIGHT_MAX;
             match engine.step(sleep) {
-                Ok(0) => std::hint::spin_loop(),
+                Ok(0) => crate::config::spin_pause(),
                 Ok(_) => last = Instant::now(),
                 Err(e) => engine.fail(e), // answers every piece, this call's too
             }

@@ -615,8 +615,11 @@ impl Pager {
                 self.end_finished_forks()?;
                 last_tick = now;
             }
-            if work > 0 || now.duration_since(last_work) < self.spin {
-                std::hint::spin_loop();
+            if work > 0 {
+                continue;
+            }
+            if now.duration_since(last_work) < self.spin {
+                crate::config::spin_pause();
                 continue;
             }
             if !self.core.blocked.is_empty() && self.store.in_flight() == 0 {

@@ -500,7 +500,7 @@ impl<'a> Server<'a> {
             if n > 0 {
                 last_event = Instant::now();
             } else if spinning {
-                std::hint::spin_loop();
+                rmem_client::config::spin_pause();
             }
             if fds[0].revents != 0 && stopping.is_none() {
                 stopping = Some(Instant::now());
