@@ -117,13 +117,8 @@ fn server() -> (SocketAddr, SocketAddr) {
     static ADDRS: OnceLock<(SocketAddr, SocketAddr)> = OnceLock::new();
     *ADDRS.get_or_init(|| {
         let server = Server::bind(ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            capacity_bytes: 64 * PAGE as u64,
-            token: TOKEN.to_vec(),
-            frame_len_max: FRAME_LEN_MAX_DEFAULT,
             lease: Duration::from_secs(30),
-            verbose: false,
-            store: Default::default(),
+            ..ServerConfig::loopback(64 * PAGE as u64, TOKEN)
         })
         .expect("bind the fuzzed server");
         let addr = server.local_addr();

@@ -62,6 +62,11 @@ pub struct ServerArgs {
     /// above SIZE plus an eighth; meanwhile lend only what keeps it above. Needs --manager.
     #[arg(long, value_name = "SIZE|N%", requires = "manager")]
     pub reclaim_below: Option<String>,
+    /// Microseconds a connection's thread polls for the client's next request after
+    /// answering one, before it sleeps (each poll that finds nothing gives the CPU to any
+    /// other runnable thread, so the spin uses only idle CPU). 0: sleep at once.
+    #[arg(long, default_value_t = rmem_server::SPIN_DEFAULT.as_micros() as u64, value_name = "US")]
+    pub spin_us: u64,
     /// Log every client disconnect and session end, and debug lines (RMEM_LOG overrides).
     #[arg(long, short)]
     pub verbose: bool,
@@ -131,6 +136,12 @@ fn serve(a: ServerArgs) -> Result<(), String> {
     if !(a.lease.is_finite() && (0.1..=86400.0).contains(&a.lease)) {
         return Err(format!("--lease: {} is not 0.1 to 86400 seconds", a.lease));
     }
+    if a.spin_us > 1_000_000 {
+        return Err(format!(
+            "--spin-us: {} is over 1000000 (a second)",
+            a.spin_us
+        ));
+    }
     let cache_bytes = parse_size(&a.store_cache).map_err(|e| format!("--store-cache: {e}"))?;
     let store = rmem_server::StoreConfig::parse(&a.store, cache_bytes)
         .map_err(|e| format!("--store: {e}"))?;
@@ -152,6 +163,7 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         lease: std::time::Duration::from_secs_f64(a.lease),
         verbose: a.verbose,
         store: store.clone(),
+        spin: std::time::Duration::from_micros(a.spin_us),
     })
     .map_err(|e| rmem_client::error_chain(&e))?;
     let disk = store.on_disk();
