@@ -637,12 +637,18 @@ fn summary(json: &str, elapsed: Duration) -> String {
         0 => String::new(),
         p => format!(", {p} pieces of 4 KiB"),
     };
+    // Prefetched pages are swapped in without a fault of their own: say so, or the swap-ins
+    // can read as more than the faults they break down.
+    let prefetched = match n("prefetches") {
+        0 => String::new(),
+        p => format!(", {p} of them prefetched"),
+    };
     let written = match n("sub_page_write_backs") {
         0 => String::new(),
         w => format!(" (and {w} pages' written pieces of 4 KiB alone)"),
     };
     format!(
-        "rmem: {:.2} s, {} faults ({} swap-ins{pieces}, {} zero-fills), {} swap-outs{written}, {} evictions{unchanged}\n\
+        "rmem: {:.2} s, {} faults ({} swap-ins{prefetched}{pieces}, {} zero-fills), {} swap-outs{written}, {} evictions{unchanged}\n\
          rmem: fetched {:.1} MiB, wrote back {:.1} MiB, local max {:.1} MiB, page {} KiB, policy {}\n\
          rmem: fault latency p50 {:.1} us, p99 {:.1} us, max {:.1} ms, {:.2} s waited in all{replaced}",
         elapsed.as_secs_f64(),

@@ -359,6 +359,9 @@ struct Repair {
     pages: u64,
     /// Pages left with fewer pieces than the redundancy's, for want of servers.
     degraded: u64,
+    /// Pages queued that needed nothing by their turn: freed, or written anew (on live
+    /// servers) since they were queued.
+    unneeded: u64,
     /// Only catching up on a short silence of a server ([`RemoteStore::catch_up`]): not said
     /// on stderr when done.
     quiet: bool,
@@ -2118,10 +2121,12 @@ impl RemoteStore {
         let mut pulls: HashMap<(u16, u16), Vec<(u64, u8)>> = HashMap::new();
         while let Some(page) = self.repair.queue.pop_front() {
             let Some(g) = self.book.meta.group(page) else {
+                self.repair.unneeded += 1;
                 continue;
             };
             let m = &self.book.groups.members[g as usize];
             if m.iter().all(|&s| self.book.placeable(s)) {
+                self.repair.unneeded += 1;
                 continue;
             }
             // No live server outside the group: it stays degraded until one comes back.
@@ -2178,9 +2183,13 @@ impl RemoteStore {
             } else {
                 String::new()
             };
+            let unneeded = match self.repair.unneeded {
+                0 => String::new(),
+                n => format!(" ({n} more needed nothing: freed or written anew since)"),
+            };
             if !std::mem::take(&mut self.repair.quiet) {
                 eprintln!(
-                    "rmem: repair done: {} pages {} in {secs:.2} s{short}",
+                    "rmem: repair done: {} pages {}{unneeded} in {secs:.2} s{short}",
                     self.repair.pages,
                     if self.book.draining.iter().any(|&d| d) {
                         "rebuilt or moved"
@@ -2191,6 +2200,7 @@ impl RemoteStore {
             }
             self.repair.pages = 0;
             self.repair.degraded = 0;
+            self.repair.unneeded = 0;
             self.book.parted.clear();
         }
         Ok(())
