@@ -444,13 +444,26 @@ fn random(
     for (i, w) in mem.iter_mut().enumerate() {
         *w = i as u64;
     }
-    let used: u64 = procs
-        .iter()
-        .map(|p| rmem_cli::status_cmd::query(&p.addr, &config.token, Duration::from_secs(10)))
-        .collect::<Result<Vec<_>, _>>()?
-        .iter()
-        .map(|s| s.used_bytes)
-        .sum();
+    // The servers' use once it settles: the fill's last write-backs and the frees of the
+    // stream arrays before it may still be on their way (two readings 50 ms apart agree).
+    let used_now = || -> Result<u64, String> {
+        Ok(procs
+            .iter()
+            .map(|p| rmem_cli::status_cmd::query(&p.addr, &config.token, Duration::from_secs(10)))
+            .collect::<Result<Vec<_>, _>>()?
+            .iter()
+            .map(|s| s.used_bytes)
+            .sum())
+    };
+    let mut used = used_now()?;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(50));
+        let again = used_now()?;
+        if again == used {
+            break;
+        }
+        used = again;
+    }
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut lat = Vec::with_capacity(updates);
     let t0 = Instant::now();

@@ -2189,7 +2189,7 @@ impl RemoteStore {
             };
             if !std::mem::take(&mut self.repair.quiet) {
                 eprintln!(
-                    "rmem: repair done: {} pages {}{unneeded} in {secs:.2} s{short}",
+                    "rmem: repair done: {} pages {} in {secs:.2} s{unneeded}{short}",
                     self.repair.pages,
                     if self.book.draining.iter().any(|&d| d) {
                         "rebuilt or moved"
