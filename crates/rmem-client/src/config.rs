@@ -271,8 +271,7 @@ pub fn spin_from_env() -> Result<Duration, ConfigError> {
 /// to do: give the CPU to any thread that can run on it, else go on at once. A spin exists to
 /// save the wake-up of a sleeping thread when an idle CPU is there to burn; with every CPU
 /// busy (the program's threads, the servers on this node) a spin that does not yield takes
-/// their time (GNU sort at a quarter beside another CPU-bound process: 14.5-15.6 s against
-/// 9.1-9.6 s; docs/benchmarks.md, "A spin that gives way").
+/// their time (docs/benchmarks.md, "A spin that gives way").
 pub fn spin_pause() {
     // SAFETY: sched_yield has no preconditions.
     unsafe { libc::sched_yield() };
