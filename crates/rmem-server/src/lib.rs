@@ -464,25 +464,24 @@ impl Read for Deadlined {
     }
 }
 
-/// Poll `sock` for up to `spin` until it has data (or an end), giving the CPU to any other
-/// runnable thread between polls; the socket is blocking again on return. A client that sends
-/// its next request within the spin finds this thread awake: waking a thread asleep in
-/// read(2) costs about 20 us on a virtual machine, as much as a loopback round trip
-/// (docs/benchmarks.md, "A server that spins"), and a busy client sends its next request
-/// within microseconds.
-fn spin_for_data(sock: &TcpStream, spin: Duration) -> io::Result<()> {
-    sock.set_nonblocking(true)?;
+/// Poll `sock` for up to `spin` until it has data (or an end, or an error, which the read
+/// after it reports), giving the CPU to any other runnable thread between polls: one
+/// non-blocking peek a poll, the socket itself left blocking. A client that sends its next
+/// request within the spin finds this thread awake: waking a thread asleep in read(2) costs
+/// about 20 us on a virtual machine, as much as a loopback round trip (docs/benchmarks.md,
+/// "A server that spins"), and a busy client sends its next request within microseconds.
+fn spin_for_data(sock: &TcpStream, spin: Duration) {
+    let s = socket2::SockRef::from(sock);
+    let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
     let t0 = Instant::now();
-    let mut b = [0u8; 1];
     loop {
-        match sock.peek(&mut b) {
+        match s.recv_with_flags(&mut b, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && t0.elapsed() < spin => {
                 std::thread::yield_now()
             }
-            _ => break,
+            _ => return,
         }
     }
-    sock.set_nonblocking(false)
 }
 
 /// Read one frame into `body`; Ok(None) on a clean EOF between frames.
@@ -685,7 +684,7 @@ impl Connection<'_> {
         out.clear();
         loop {
             if reader.buffer().is_empty() && !self.config.spin.is_zero() {
-                spin_for_data(sock, self.config.spin)?;
+                spin_for_data(sock, self.config.spin);
             }
             let Some((h, frame)) = read_frame(&mut reader, self.config.frame_len_max, &mut body)?
             else {
@@ -1131,14 +1130,14 @@ mod tests {
         let (s, mut c) = pair();
         c.write_all(b"x").unwrap();
         let t = Instant::now();
-        spin_for_data(&s, Duration::from_secs(10)).unwrap();
+        spin_for_data(&s, Duration::from_secs(10));
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         let mut b = [0u8; 1];
         (&s).read_exact(&mut b).unwrap();
         assert_eq!(&b, b"x");
 
         // Nothing comes: the spin runs out, and a read then blocks until its timeout.
-        spin_for_data(&s, Duration::from_millis(2)).unwrap();
+        spin_for_data(&s, Duration::from_millis(2));
         s.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
         let t = Instant::now();
@@ -1163,7 +1162,7 @@ mod tests {
             c
         });
         let t = Instant::now();
-        spin_for_data(&s, Duration::from_secs(10)).unwrap();
+        spin_for_data(&s, Duration::from_secs(10));
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         let _c = writer.join().unwrap();
     }
