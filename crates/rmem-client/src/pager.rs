@@ -297,6 +297,9 @@ struct Core {
     frees: Vec<PageIndex>,
     /// Faults that found no room (every resident page in flight); retried as pages settle.
     blocked: VecDeque<(Fault, Instant)>,
+    /// A fault's requests wait for the pager's one write after the faults read with it,
+    /// instead of leaving at once (see [`Core::send`]).
+    later_of_batch: bool,
     /// Stride detector, when prefetching is on.
     prefetcher: Option<Prefetcher>,
     /// A read fault on a remote page away from any fault stream fetches only its 4 KiB
@@ -461,6 +464,7 @@ impl Pager {
                 stats: s.stats,
                 frees: Vec::new(),
                 blocked: VecDeque::new(),
+                later_of_batch: false,
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 sub_page,
@@ -592,9 +596,11 @@ impl Pager {
                 }
             }
             let now = Instant::now();
-            for f in faults.drain(..) {
+            for (i, f) in faults.drain(..).enumerate() {
+                self.core.later_of_batch = i > 0;
                 self.core.fault(&mut *self.store, f, now)?;
             }
+            self.core.later_of_batch = false;
             let completed = self.poll_store()?;
             work += completed;
             if completed > 0 || self.core.pages.reinstall_waiting() {
@@ -1310,7 +1316,7 @@ impl Core {
             Some(i) => store.fetch_part(page, u32::from(i) * PIECE as u32, PIECE as u32)?,
             None => store.fetch(page)?,
         }
-        store.flush()?;
+        self.send(store)?;
         self.update_local_bytes();
         self.prefetch_after(page, store, t0)
     }
@@ -1390,7 +1396,7 @@ impl Core {
                 Some(i) => store.fetch_part(page, u32::from(i) * PIECE as u32, PIECE as u32)?,
                 None => store.fetch(page)?,
             }
-            store.flush()?;
+            self.send(store)?;
         }
         let out = match victim {
             Some(v) if self.pages.get(v).may_be_dirty() => self.move_out(v)?,
@@ -1406,12 +1412,12 @@ impl Core {
                 } else {
                     store.swap(v, data, page)?;
                 }
-                store.flush()?;
+                self.send(store)?;
             }
             (victim, out) => {
                 if !ahead {
                     store.fetch(page)?;
-                    store.flush()?;
+                    self.send(store)?;
                 }
                 if let Some(v) = victim {
                     if matches!(out, Out::Unwritten) {
@@ -1426,6 +1432,18 @@ impl Core {
         self.drop_clean()?;
         self.update_local_bytes();
         self.prefetch_after(page, store, t0)
+    }
+
+    /// Sends the requests queued for a fault. The first fault of those read together goes at
+    /// once, so that its fetch travels while the pager deals with its victim; the others'
+    /// wait for the one write after the batch (eight faulting threads: one `sendto` for
+    /// about seven faults instead of one each, and a request's system call on loopback also
+    /// does the server's receive).
+    fn send(&self, store: &mut dyn PageStore) -> Result<(), PagerError> {
+        if !self.later_of_batch {
+            store.flush()?;
+        }
+        Ok(())
     }
 
     /// Another fault on a page being fetched joins the fetch; one that catches up with a
