@@ -1977,9 +1977,15 @@ impl RemoteStore {
             }
         }
         let queued = self.queue_repairs(|_, m| m.contains(&(s as u16)));
+        // None queued: it held nothing, or every page it held was written anew without it
+        // while it was silent (stored a piece short, repaired when a server comes back).
+        let rebuild = match queued {
+            0 => "no page has a piece on it to rebuild".to_string(),
+            n => format!("rebuilding the {n} pages it held on the other servers"),
+        };
         eprintln!(
             "rmem: memory server {name} lost ({cause}); the program goes on (--redundancy {}), \
-             rebuilding the {queued} pages it held on the other servers",
+             {rebuild}",
             self.book.codec.redundancy()
         );
         self.repair.started.get_or_insert_with(Instant::now);

@@ -182,7 +182,7 @@ const SPARE_SEGMENTS: usize = 8;
 /// first, so the memory frames are written into and sent from stays in the CPU's cache (one
 /// buffer that only grew while anything was unanswered, compacted by moving its tail, made
 /// a 1 GiB scan a quarter slower: docs/benchmarks.md, issue 10's A/B).
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Outbox {
     segs: VecDeque<Vec<u8>>,
     spare: Vec<Vec<u8>>,
@@ -246,6 +246,26 @@ impl Outbox {
             at += len;
             &self.segs[i][at - len..at]
         })
+    }
+
+    /// Each unanswered frame (of `len` bytes, with its `T`) to `f`, oldest first, each segment
+    /// freed as soon as its frames are done: what `f` copies out of them and the outbox are
+    /// never both whole in memory.
+    fn drain_frames<T>(
+        self,
+        frames: impl Iterator<Item = (usize, T)>,
+        mut f: impl FnMut(T, &[u8]),
+    ) {
+        let mut segs = self.segs;
+        let (mut seg, mut at) = (segs.pop_front().unwrap_or_default(), self.acked);
+        for (len, t) in frames {
+            while at == seg.len() {
+                seg = segs.pop_front().expect("an unanswered frame's segment");
+                at = 0;
+            }
+            f(t, &seg[at..at + len]);
+            at += len;
+        }
     }
 
     /// The oldest unanswered frame, `len` bytes, was answered: it need not be kept.
@@ -1070,16 +1090,16 @@ impl Conn {
     /// piece. The link is dropped and nothing more is sent.
     pub(crate) fn take_orphans(&mut self) -> Vec<Orphan> {
         let mut orphans = Vec::with_capacity(self.pending.len());
-        let frames = self.out.frames(self.pending.iter().map(|p| p.len));
-        for (p, frame) in self.pending.iter().zip(frames) {
-            let unit = match p.kind {
+        // The pieces held for a server given up on (up to RELEASED_MAX_BYTES of them) are in
+        // memory once while they are taken, not twice (Outbox::drain_frames).
+        let kinds = self.pending.drain(..).map(|p| (p.len, p.kind));
+        std::mem::take(&mut self.out).drain_frames(kinds, |kind, frame| {
+            let unit = match kind {
                 Kind::Write { .. } => Some(written_page(frame)),
                 _ => None,
             };
-            orphans.push(Orphan { kind: p.kind, unit });
-        }
-        self.pending.clear();
-        self.out = Outbox::default();
+            orphans.push(Orphan { kind, unit });
+        });
         self.sock = None;
         self.frees.clear();
         orphans
@@ -1710,6 +1730,16 @@ mod tests {
         assert!(out
             .frames(lens().skip(3))
             .eq(frames[3..].iter().map(|f| f.as_slice())));
+        let mut drained = Vec::new();
+        out.clone()
+            .drain_frames(lens().skip(3).map(|n| (n, ())), |(), f| {
+                drained.push(f.to_vec())
+            });
+        assert_eq!(
+            drained,
+            frames[3..],
+            "a lost server's frames, taken segment by segment"
+        );
         out.rewind();
         assert_eq!(send_all(&mut out, 100_000), frames[3..].concat());
         for f in &frames[3..] {
