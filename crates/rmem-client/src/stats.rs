@@ -316,50 +316,6 @@ impl StatsSnapshot {
         s.push_str("}\n");
         s
     }
-
-    /// A short human summary, one line per group.
-    pub fn summary(&self) -> String {
-        let lost = if self.servers_lost > 0
-            || self.pieces_bad > 0
-            || self.writes_redirected > 0
-            || self.writes_released > 0
-            || self.writes_degraded > 0
-        {
-            format!(
-                "\nrmem: {} servers lost, {} pages rebuilt in {:.2} s, {} pieces found bad, {} reads failed over, {} writes redirected, {} released held, {} stored a piece short ({})",
-                self.servers_lost,
-                self.pages_repaired,
-                self.repair_s,
-                self.pieces_bad,
-                self.failovers,
-                self.writes_redirected,
-                self.writes_released,
-                self.writes_degraded,
-                self.layout
-            )
-        } else {
-            String::new()
-        };
-        format!(
-            "rmem: {} faults ({} zero-fill, {} swap-in), {} swap-out, {} evictions, {} write-protect faults\n\
-             rmem: fetched {} B, wrote back {} B, local max {} B, page {} B, policy {}\n\
-             rmem: fault latency p50 {:.1} us, p99 {:.1} us, max {:.1} ms",
-            self.faults,
-            self.zero_fills,
-            self.swap_ins,
-            self.swap_outs,
-            self.evictions,
-            self.wp_faults,
-            self.bytes_fetched,
-            self.bytes_written_back,
-            self.local_bytes_max,
-            self.page_size,
-            self.policy,
-            self.fault_us_p50,
-            self.fault_us_p99,
-            self.fault_us_max / 1000.0
-        ) + &lost
-    }
 }
 
 #[cfg(test)]
