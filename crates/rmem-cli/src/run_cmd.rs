@@ -134,8 +134,11 @@ impl LayoutArgs {
 const EXIT_USAGE: i32 = 2;
 
 static CHILD_PID: AtomicI32 = AtomicI32::new(0);
+/// The last signal `rmem run` was sent (0: none since it was taken).
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn forward_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::Relaxed);
     let pid = CHILD_PID.load(Ordering::Relaxed);
     // SIGINT from a terminal already reached the program (same process group); forward the
     // others, which were sent to rmem alone.
@@ -284,7 +287,15 @@ pub fn run(args: RunArgs) -> i32 {
         &launch::fresh_token()[..8]
     ));
     let stats_path = match &args.stats_json {
-        Some(p) => p.clone(),
+        // Absolute: the program's child processes write theirs beside it (STATS.PID) from
+        // wherever they run, and a bare file name has no directory to look for them in.
+        Some(p) => match std::path::absolute(p) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("rmem run: --stats-json {}: {e}", p.display());
+                return 1;
+            }
+        },
         None => {
             if let Err(e) = std::fs::create_dir_all(&tmp) {
                 eprintln!("rmem run: cannot create {}: {e}", tmp.display());
@@ -407,6 +418,11 @@ pub fn run(args: RunArgs) -> i32 {
     let started = Instant::now();
     let (status, peak) = wait_watching(&mut child, &mut servers, &plan);
     let elapsed = started.elapsed();
+    // Its pid may be reused from now on.
+    CHILD_PID.store(0, Ordering::Relaxed);
+    if args.children {
+        wait_for_paged_children(&args.program[0], &stats_path, &mut servers, &plan);
+    }
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     let children = children_summary(&stats_path, args.stats_json.is_some());
     let stats = std::fs::read_to_string(&stats_path).ok();
@@ -558,6 +574,66 @@ fn wait_watching(
         watch.check(servers, plan, "rmem run");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Child processes that are paged and still run once the program has ended (one it started in
+/// the background, a daemon): their memory is on the servers, so the servers stay until they
+/// end. A signal to `rmem run` meanwhile goes to them.
+fn wait_for_paged_children(
+    program: &str,
+    stats: &std::path::Path,
+    servers: &mut [ServerProc],
+    plan: &launch::Plan,
+) {
+    let mut watch = launch::Watch::new(servers.len());
+    let mut told = false;
+    loop {
+        let live = live_paged_children(stats);
+        if live.is_empty() {
+            return;
+        }
+        if !told {
+            let pids: Vec<String> = live.iter().map(|p| p.to_string()).collect();
+            eprintln!(
+                "rmem run: {program} ended; waiting for {} paged child process{} still running \
+                 (pid {}): their memory is on the servers",
+                live.len(),
+                if live.len() == 1 { "" } else { "es" },
+                pids.join(", ")
+            );
+            told = true;
+        }
+        let sig = SIGNALLED.swap(0, Ordering::Relaxed);
+        if sig != 0 {
+            for &pid in &live {
+                // SAFETY: kill with a live pid read from /proc just now.
+                unsafe { libc::kill(pid, sig) };
+            }
+        }
+        watch.check(servers, plan, "rmem run");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The pids of the program's paged child processes that still run: those whose statistics
+/// file says their runtime started and has not written its exit's, and that are neither gone
+/// nor zombies.
+fn live_paged_children(stats: &std::path::Path) -> Vec<libc::pid_t> {
+    children_stats(stats)
+        .into_iter()
+        .filter_map(|path| {
+            let pid: libc::pid_t = path.extension()?.to_str()?.parse().ok()?;
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
+            if v["complete"] != false {
+                return None;
+            }
+            // "pid (comm) S ...": the state follows the last ')'.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            (!matches!(state, 'Z' | 'X')).then_some(pid)
+        })
+        .collect()
 }
 
 /// The statistics files of the program's child processes: `STATS.PID` beside `stats`.

@@ -254,6 +254,58 @@ fn a_shell_s_commands_are_paged_with_children() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A paged child the program leaves running in the background (`cmd &`, a daemon) keeps its
+/// memory on the servers: `rmem run` says so and waits for it before stopping them, and the
+/// child's result is right (before, the servers went with the program and the child died of
+/// their loss, while `rmem run` exited 0). Also: a bare `--stats-json` file name still finds
+/// the children's `STATS.PID` beside it, for the summary's line about them.
+#[test]
+fn a_paged_child_left_running_keeps_its_servers() {
+    let dir = scratch("background-child");
+    let script = "import hashlib, sys, time\n\
+                  a = bytearray(32 << 20)\n\
+                  for i in range(0, len(a), 4096): a[i] = i % 251\n\
+                  time.sleep(1.5)\n\
+                  open(sys.argv[1], 'w').write(hashlib.sha256(a).hexdigest())\n";
+    let plain = dir.join("plain.txt");
+    let out = run_bounded(
+        Command::new("/usr/bin/python3")
+            .args(["-c", script])
+            .arg(&plain),
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    let shell = format!(
+        "/usr/bin/python3 -c \"$0\" {} & sleep 0.3; exit 0",
+        dir.join("paged.txt").display()
+    );
+    let out = run_bounded(
+        rmem_run(
+            &["--local", "4M", "--children"],
+            Path::new("stats.json"),
+            &["sh", "-c", &shell, script],
+            false,
+        )
+        .current_dir(&dir),
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("rmem run: sh ended; waiting for 1 paged child process still running"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("paged.txt")).unwrap_or_default(),
+        std::fs::read_to_string(&plain).unwrap(),
+        "the background child's result: {}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("paged too"), "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `rmem run --local 16M -- /usr/bin/python3 -c SCRIPT`, statistics in `dir`, bounded.
 fn python_at_16m(dir: &Path, script: &str, limit: Duration) -> Output {
     run_bounded(
