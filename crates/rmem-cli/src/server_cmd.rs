@@ -290,13 +290,16 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
     };
     let manager_name = manager.to_string();
     let mut joined = false;
-    let drained = server.state();
     let lending = server.state();
-    let mut empty_beats = 0;
     let acked = move |r: PoolResponse| {
-        let PoolResponse::ServerAck { flags, .. } = r else {
+        let PoolResponse::ServerAck {
+            flags,
+            heartbeat_ms,
+        } = r
+        else {
             return;
         };
+        HEARTBEAT_MS.store(u64::from(heartbeat_ms), Ordering::Relaxed);
         if !joined {
             log::info!("{listen}: joined the pool of manager {manager_name}");
             joined = true;
@@ -316,28 +319,20 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
             }
         }
         apply_lend_limit(&lending);
-        // Drained: nothing left on it for two beats in a row (clients see it leave in
-        // between, so none is surprised by the closed links), then it goes.
-        if flags & rmem_proto::pool::ACK_DRAIN != 0 {
-            // From now on its own beats say it is leaving: a manager restarted before the
-            // drain is done learns it from them, as for a SIGTERM.
-            if !DRAIN_ASKED.swap(true, Ordering::Relaxed) {
-                log::info!("{listen}: asked to drain: leaving once nothing is left on it");
-            }
-            empty_beats = if drained.used_bytes() == 0 {
-                empty_beats + 1
-            } else {
-                0
-            };
-            if empty_beats >= 2 {
-                log::info!("{listen}: drained, nothing left on it: exiting");
-                std::process::exit(0);
-            }
+        // From now on its own beats say it is leaving: a manager restarted before the drain
+        // is done learns it from them, as for a SIGTERM.
+        if flags & rmem_proto::pool::ACK_DRAIN != 0 && !DRAIN_ASKED.swap(true, Ordering::Relaxed) {
+            log::info!("{listen}: asked to drain: leaving once nothing is left on it");
         }
     };
     // SIGTERM in a pool: leave without loss (a drain), not at once; a second one ends it.
     // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
     unsafe { libc::signal(libc::SIGTERM, on_sigterm as *const () as libc::sighandler_t) };
+    let drained = server.state();
+    std::thread::Builder::new()
+        .name("rmem-pool-leave".into())
+        .spawn(move || leave_when_drained(listen, &drained))
+        .map_err(|e| format!("--manager: cannot start the leave thread: {e}"))?;
     spawn_beats(
         conn,
         manager.into(),
@@ -350,6 +345,42 @@ fn join_pool(manager: &str, server: &Server, token: &[u8], disk: bool) -> Result
     .map_err(|e| format!("--manager: cannot start the heartbeat thread: {e}"))
 }
 
+/// A server leaving the pool (a SIGTERM, or a drain the manager asked for) exits once
+/// nothing has been left on it for two heartbeats in a row (clients see it leave in between,
+/// so none is surprised by the closed links), whether or not the manager answers meanwhile:
+/// an idle server whose manager is gone still ends on a SIGTERM. One with pages left serves on
+/// until its clients have moved them (which they do when the manager tells them).
+fn leave_when_drained(listen: std::net::SocketAddr, state: &rmem_server::ServerState) {
+    let (mut empty_beats, mut told) = (0, false);
+    loop {
+        let beat = HEARTBEAT_MS.load(Ordering::Relaxed).clamp(10, 60_000);
+        std::thread::sleep(std::time::Duration::from_millis(beat));
+        let leaving = LEAVING.load(Ordering::Relaxed);
+        if !leaving && !DRAIN_ASKED.load(Ordering::Relaxed) {
+            continue;
+        }
+        if leaving && !told {
+            log::info!(
+                "{listen}: SIGTERM: leaving the pool once nothing is left on it (its clients \
+                 move their pages elsewhere when the manager tells them; a second SIGTERM \
+                 ends it at once, losing what it holds)"
+            );
+            told = true;
+        }
+        empty_beats = if state.used_bytes() == 0 {
+            empty_beats + 1
+        } else {
+            0
+        };
+        if empty_beats >= 2 {
+            log::info!("{listen}: drained, nothing left on it: exiting");
+            std::process::exit(0);
+        }
+    }
+}
+
+/// The pool's heartbeat, as the manager last said (the server's own until it answers).
+static HEARTBEAT_MS: AtomicU64 = AtomicU64::new(1000);
 /// Set by the first SIGTERM to a server in a pool: its beats say it is draining.
 static LEAVING: AtomicBool = AtomicBool::new(false);
 /// Set by the manager's first ack that asks for a drain (`rmem pool drain`): its beats say it

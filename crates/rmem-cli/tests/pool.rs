@@ -259,6 +259,25 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
 }
 
+/// SIGTERM to an idle server whose manager has gone: it leaves (exit 0, "drained") within a
+/// few heartbeats, as with the manager up; it once waited for a manager's answer that never
+/// came and took a second SIGTERM (exit 143).
+#[test]
+fn an_idle_server_leaves_on_sigterm_with_its_manager_gone() {
+    let _one = serial();
+    let mut m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 1, "64M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 1).unwrap();
+    let _ = m.child.kill();
+    let _ = m.child.wait();
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(servers[0].child.id() as i32, libc::SIGTERM) };
+    // Its heartbeat is the manager's (BEAT_MS) or its own second: well inside 10 s.
+    assert_exits_drained(&mut servers[0], Duration::from_secs(10));
+    let st = servers[0].child.try_wait().unwrap();
+    assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", servers[0].log());
+}
+
 /// A drain while the stress runs on 64 KiB pages of one unsealed copy: random writes leave
 /// partial pages whose written pieces go back as byte ranges over the pages where they are,
 /// while those pages move off the draining server (pulled, or through the client). Zero
