@@ -69,7 +69,7 @@ pub(crate) fn region_within(a: u64, b: u64) -> bool {
 
 /// Say something on stderr as rmem.
 pub(crate) fn report(msg: &str) {
-    eprintln!("rmem: {msg}");
+    rmem_client::tell!("rmem: {msg}");
 }
 
 pub(crate) fn current() -> Option<&'static Runtime> {
@@ -83,7 +83,7 @@ pub(crate) fn guard<T>(f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(_) => {
-            eprintln!("rmem: internal error (panic); aborting");
+            rmem_client::tell!("rmem: internal error (panic); aborting");
             std::process::abort();
         }
     }
@@ -121,7 +121,7 @@ fn write_stats(rt: &Runtime, complete: bool) {
                 path = format!("{path}.{}", std::process::id());
             }
             if let Err(e) = rt.write_stats_json(&path, complete) {
-                eprintln!("rmem: cannot write statistics to {path}: {e}");
+                rmem_client::tell!("rmem: cannot write statistics to {path}: {e}");
             }
         }
     }
@@ -138,7 +138,7 @@ fn init() -> Option<&'static Runtime> {
     match start_runtime() {
         Ok(rt) => {
             if std::env::var_os("RMEM_VERBOSE").is_some_and(|v| v != "0") {
-                eprintln!(
+                rmem_client::tell!(
                     "rmem: started: servers {}, capacity {} bytes, page {} bytes, userfaultfd {}, faults by {}",
                     rt.servers(),
                     rt.capacity_bytes(),
@@ -192,7 +192,7 @@ fn init() -> Option<&'static Runtime> {
         }
         Err(e) => {
             if !INIT_ERROR_REPORTED.swap(true, Ordering::AcqRel) {
-                eprintln!("rmem: cannot start: {e}");
+                rmem_client::tell!("rmem: cannot start: {e}");
             }
             None
         }
@@ -215,7 +215,7 @@ fn start_runtime() -> Result<Runtime, String> {
         Ok(rt) => {
             if let Some(o) = &own {
                 if std::env::var_os("RMEM_VERBOSE").is_some_and(|v| v != "0") {
-                    eprintln!(
+                    rmem_client::tell!(
                         "rmem: no servers configured: started {} itself",
                         o.servers.join(", ")
                     );
@@ -264,10 +264,10 @@ pub extern "C" fn rmem_free(ptr: *mut c_void) {
     guard(|| match current() {
         Some(rt) => {
             if let Err(e) = rt.free(ptr.cast()) {
-                eprintln!("rmem: rmem_free({ptr:p}): {e}; ignored");
+                rmem_client::tell!("rmem: rmem_free({ptr:p}): {e}; ignored");
             }
         }
-        None => eprintln!("rmem: rmem_free({ptr:p}) while rmem is not running; ignored"),
+        None => rmem_client::tell!("rmem: rmem_free({ptr:p}) while rmem is not running; ignored"),
     })
 }
 

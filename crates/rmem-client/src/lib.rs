@@ -22,6 +22,19 @@
 //! In a pool (`rmem run --manager`), [`pool::PoolLink`] beats to the manager and tells the
 //! cluster layer of servers that join and of the client's grant.
 
+/// `eprintln!` in one `write(2)`: the runtime's lines from several processes of one program
+/// (`--children`, fork children sharing its stderr) come out whole, not interleaved
+/// mid-line, as separate writes of a line's pieces did.
+#[macro_export]
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 pub mod alloc;
 pub mod blocks;
 pub mod config;

@@ -302,7 +302,7 @@ impl PoolLink {
                     beat(s.uses.lock().unwrap_or_else(|e| e.into_inner()).clone())
                 };
                 let mut acked = |r| take(&s, r);
-                let say = |m: &str| eprintln!("rmem: {m}");
+                let say = |m: &str| crate::tell!("rmem: {m}");
                 beat_loop(
                     Some(conn),
                     &m,

@@ -458,7 +458,9 @@ mod tests {
         let d = drop_every_other(Dropper::new());
         if d.pidfd.is_none() {
             // Linux before 6.13: the fallback did the work, tested below as well.
-            eprintln!("process_madvise(MADV_DONTNEED) refused by this kernel: batch path untested");
+            crate::tell!(
+                "process_madvise(MADV_DONTNEED) refused by this kernel: batch path untested"
+            );
         }
     }
 

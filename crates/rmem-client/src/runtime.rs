@@ -63,8 +63,8 @@ pub enum ForkError {
 /// takes cannot be kept (the program owns it already: overcommit), so going on would hand the
 /// program zeros or stale data.
 pub fn exit_on_fatal(message: &str) {
-    eprintln!("rmem: fatal: {message}");
-    eprintln!("rmem: stopping the program: part of its memory cannot be kept or trusted");
+    crate::tell!("rmem: fatal: {message}");
+    crate::tell!("rmem: stopping the program: part of its memory cannot be kept or trusted");
     // SAFETY: _exit ends the process at once without running atexit handlers, which could
     // touch remote memory and hang.
     unsafe { libc::_exit(crate::EXIT_SERVER_LOST) };
@@ -76,7 +76,7 @@ pub const EXIT_DESCRIPTOR_LOST: i32 = 71;
 /// Report that the program closed one of rmem's descriptors behind its back and end the
 /// process: going on could lose the program's frees or hang it.
 pub fn exit_descriptor_lost(fd: i32, what: &str) -> ! {
-    eprintln!(
+    crate::tell!(
         "rmem: fatal: descriptor {fd}, {what}, was closed by a raw system call of the program \
          (librmem's close, dup2, dup3, close_range and closefrom leave rmem's descriptors alone)"
     );
@@ -493,7 +493,7 @@ fn spawn_pager(
                     // the range stays reserved with no access, so late touches fault
                     // with SIGSEGV, never zeros or the data of a mapping made later.
                     if let Err(e) = pager.seal_region() {
-                        eprintln!("rmem: cannot make the lost region inaccessible: {e}");
+                        crate::tell!("rmem: cannot make the lost region inaccessible: {e}");
                     }
                 }
             }

@@ -489,7 +489,7 @@ fn opened_where_it_comes(codec: &Codec, for_pager: bool) -> bool {
 /// joins: a server that registered an address this client cannot reach (its own loopback, a
 /// network this node is not on) otherwise takes no page from it, and nothing says why.
 fn say_unreachable(addr: &str, e: &StoreError) {
-    eprintln!(
+    crate::tell!(
         "rmem: memory server {addr}, offered by the pool's manager, cannot be reached from \
          here ({e}); tried again every {} s",
         REVIVE_EVERY.as_secs()
@@ -1090,7 +1090,7 @@ impl RemoteStore {
                         .expect("checked")
                         .stuck
                         .remove(&offer.addr);
-                    eprintln!(
+                    crate::tell!(
                         "rmem: memory server {} lends again; it takes new pages",
                         offer.addr
                     );
@@ -1107,7 +1107,7 @@ impl RemoteStore {
                             } else {
                                 "leave"
                             };
-                            eprintln!(
+                            crate::tell!(
                             "rmem: memory server {} cannot {what}: --redundancy {} needs {width} \
                              other servers, there are {others}",
                             offer.addr,
@@ -1124,7 +1124,7 @@ impl RemoteStore {
                     } else {
                         "is leaving the pool"
                     };
-                    eprintln!(
+                    crate::tell!(
                         "rmem: memory server {} {why}; moving the {queued} pages it holds to \
                          the others",
                         offer.addr
@@ -1203,7 +1203,7 @@ impl RemoteStore {
             }
             c.set_timing(self.timing);
             c.disk = offer.flags & SERVER_DISK != 0;
-            eprintln!(
+            crate::tell!(
                 "rmem: memory server {addr} joined the pool; it takes new pages{}",
                 if c.disk {
                     " (on disk: once the RAM servers are full)"
@@ -1983,7 +1983,7 @@ impl RemoteStore {
             0 => "no page has a piece on it to rebuild".to_string(),
             n => format!("rebuilding the {n} pages it held on the other servers"),
         };
-        eprintln!(
+        crate::tell!(
             "rmem: memory server {name} lost ({cause}); the program goes on (--redundancy {}), \
              {rebuild}",
             self.book.codec.redundancy()
@@ -2194,7 +2194,7 @@ impl RemoteStore {
                 n => format!(" ({n} more needed nothing: freed or written anew since)"),
             };
             if !std::mem::take(&mut self.repair.quiet) {
-                eprintln!(
+                crate::tell!(
                     "rmem: repair done: {} pages {} in {secs:.2} s{unneeded}{short}",
                     self.repair.pages,
                     if self.book.draining.iter().any(|&d| d) {
@@ -2391,7 +2391,7 @@ impl RemoteStore {
             }
             let now = Instant::now();
             if !self.pulls.refuses(dst, now) {
-                eprintln!(
+                crate::tell!(
                     "rmem: memory server {} could not copy pages from {} ({why}); they move \
                      through this client instead for the next {} s",
                     self.conns[dst].name,
@@ -2509,7 +2509,7 @@ impl RemoteStore {
             };
             c.set_timing(self.timing);
             let name = c.name.clone();
-            eprintln!("rmem: memory server {name} is back; it takes new pages");
+            crate::tell!("rmem: memory server {name} is back; it takes new pages");
             self.forget_pieces_on(s as u16);
             self.conns[s] = c;
             self.book.dead[s] = None;
@@ -2726,7 +2726,7 @@ impl RemoteStore {
                     .join(", ")
             ),
         };
-        eprintln!(
+        crate::tell!(
             "rmem: {who}; restoring --redundancy {} on the {queued} pages written with a piece \
              fewer meanwhile",
             self.book.codec.redundancy()

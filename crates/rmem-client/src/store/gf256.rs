@@ -323,7 +323,7 @@ mod tests {
     fn every_kernel_here_multiplies_as_the_field_does() {
         let kernels = Kernel::available();
         assert!(kernels.contains(&Kernel::Table));
-        eprintln!(
+        crate::tell!(
             "kernels on this CPU: {kernels:?}, best {:?}",
             Kernel::best()
         );
