@@ -128,9 +128,13 @@ fn check(a: &NbdArgs, plan: &launch::Plan) -> Result<Checked, String> {
         ..Config::default()
     };
     config.validate().map_err(|e| {
-        e.to_string()
-            .replace("RMEM_LOCAL", "--cache")
-            .replace("RMEM_PAGE_SIZE", "--block-size")
+        crate::run_cmd::as_options(
+            e,
+            &[
+                ("RMEM_LOCAL", "--cache"),
+                ("RMEM_PAGE_SIZE", "--block-size"),
+            ],
+        )
     })?;
     if a.requests_max == 0 {
         return Err("--requests-max must be at least 1".into());

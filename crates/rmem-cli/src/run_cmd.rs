@@ -180,6 +180,19 @@ pub fn placement(
     })
 }
 
+/// A configuration error in the words of the command's options (`names`: each variable the
+/// check names, with the option that set it), not of the environment `rmem run` passes on.
+pub(crate) fn as_options(e: rmem_client::config::ConfigError, names: &[(&str, &str)]) -> String {
+    use rmem_client::config::ConfigError;
+    match &e {
+        ConfigError::Invalid { var, value, reason } => match names.iter().find(|(v, _)| v == var) {
+            Some((_, option)) => format!("{option} {value}: {reason}"),
+            None => e.to_string(),
+        },
+        _ => e.to_string(),
+    }
+}
+
 /// Parse and check the configuration before starting anything.
 fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
     let size = |name: &str, v: &str| parse_size(v).map_err(|e| format!("--{name} {v}: {e}"));
@@ -207,7 +220,16 @@ fn check(args: &RunArgs, plan: &launch::Plan) -> Result<Config, String> {
         },
         ..Config::default()
     };
-    c.validate().map_err(|e| e.to_string())?;
+    c.validate().map_err(|e| {
+        as_options(
+            e,
+            &[
+                ("RMEM_LOCAL", "--local"),
+                ("RMEM_PAGE_SIZE", "--page-size"),
+                ("RMEM_HISTORY_RATIO", "--history-ratio"),
+            ],
+        )
+    })?;
     let (host, cap) = plan.smallest_server();
     if cap < c.page_size as u64 && plan.manager.is_none() {
         return Err(format!(

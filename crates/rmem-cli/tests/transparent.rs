@@ -369,6 +369,36 @@ fn a_program_ending_without_exit_handlers_is_not_said_to_have_paged_nothing() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A budget or page size out of range is named by the option the user typed, not by the
+/// environment variable `rmem run` passes it on in.
+#[test]
+fn a_bad_budget_or_page_size_names_the_option() {
+    for (opts, said) in [
+        (
+            ["--local", "64K"],
+            "--local 64 KiB: must hold at least 4 pages",
+        ),
+        (
+            ["--page-size", "3K"],
+            "--page-size 3 KiB: must be a power of two",
+        ),
+    ] {
+        let out = run_bounded(
+            Command::new(rmem())
+                .arg("run")
+                .args(opts)
+                .args(["--", "/bin/true"]),
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+        assert!(
+            out.stderr.contains(said) && !out.stderr.contains("RMEM_"),
+            "{}",
+            out.stderr
+        );
+    }
+}
+
 /// A budget above the memory the node has left is said before the program runs: the kernel
 /// would swap or kill the program before rmem paged anything. A budget under it is not.
 #[test]

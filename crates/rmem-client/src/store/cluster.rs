@@ -1108,11 +1108,11 @@ impl RemoteStore {
                                 "leave"
                             };
                             crate::tell!(
-                            "rmem: memory server {} cannot {what}: --redundancy {} needs {width} \
-                             other servers, there are {others}",
-                            offer.addr,
-                            self.book.codec.redundancy()
-                        );
+                                "rmem: memory server {} cannot {what}: --redundancy {} puts each \
+                             page on {width} servers, and {others} others are left",
+                                offer.addr,
+                                self.book.codec.redundancy()
+                            );
                         }
                         continue;
                     }

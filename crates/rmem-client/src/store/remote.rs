@@ -1529,6 +1529,15 @@ pub fn read_frame(
         // backlog (a server killed as the client reconnects, to be restarted): a link
         // failure, tried again while reconnecting, not a refusal.
         io::ErrorKind::ConnectionReset => io_err(server, e),
+        // Most often a process that ended (a manager or server stopped) with the connection
+        // open; a service of another kind usually answers something first.
+        io::ErrorKind::UnexpectedEof => StoreError::Refused {
+            server: server.into(),
+            message: format!(
+                "it closed the connection before its {what}: it ended, or it is not an rmem \
+                 server of this version"
+            ),
+        },
         _ => StoreError::Refused {
             server: server.into(),
             message: format!("no {what} ({e}); is it an rmem server of this version?"),
