@@ -438,12 +438,21 @@ pub fn run(args: RunArgs) -> i32 {
         unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
     }
     let started = Instant::now();
-    let (status, peak) = wait_watching(&mut child, &mut servers, &plan);
+    // One watch for the program's run and the wait for its children: a server said ended
+    // once is not said again, and its restarts are counted across both.
+    let mut watch = launch::Watch::new(servers.len());
+    let (status, peak) = wait_watching(&mut child, &mut servers, &plan, &mut watch);
     let elapsed = started.elapsed();
     // Its pid may be reused from now on.
     CHILD_PID.store(0, Ordering::Relaxed);
     if args.children {
-        wait_for_paged_children(&args.program[0], &stats_path, &mut servers, &plan);
+        wait_for_paged_children(
+            &args.program[0],
+            &stats_path,
+            &mut servers,
+            &plan,
+            &mut watch,
+        );
     }
     launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     let children = children_summary(&stats_path, args.stats_json.is_some());
@@ -571,8 +580,8 @@ fn wait_watching(
     child: &mut std::process::Child,
     servers: &mut [ServerProc],
     plan: &launch::Plan,
+    watch: &mut launch::Watch,
 ) -> (ExitStatus, Option<u64>) {
-    let mut watch = launch::Watch::new(servers.len());
     let pid = child.id() as libc::pid_t;
     loop {
         let mut raw = 0;
@@ -606,8 +615,8 @@ fn wait_for_paged_children(
     stats: &std::path::Path,
     servers: &mut [ServerProc],
     plan: &launch::Plan,
+    watch: &mut launch::Watch,
 ) {
-    let mut watch = launch::Watch::new(servers.len());
     let mut told = false;
     loop {
         let live = live_paged_children(stats);

@@ -182,7 +182,8 @@ const SPARE_SEGMENTS: usize = 8;
 /// first, so the memory frames are written into and sent from stays in the CPU's cache (one
 /// buffer that only grew while anything was unanswered, compacted by moving its tail, made
 /// a 1 GiB scan a quarter slower: docs/benchmarks.md, issue 10's A/B).
-#[derive(Clone, Default)]
+#[derive(Default)]
+#[cfg_attr(test, derive(Clone))]
 pub(crate) struct Outbox {
     segs: VecDeque<Vec<u8>>,
     spare: Vec<Vec<u8>>,
