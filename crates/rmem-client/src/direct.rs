@@ -657,6 +657,7 @@ impl Engine {
                 },
                 Kind::ReadRange {
                     op,
+                    piece: 0,
                     key: p.page,
                     offset: p.offset,
                     len: p.len,

@@ -305,6 +305,11 @@ struct Core {
     /// A read fault on a remote page away from any fault stream fetches only its 4 KiB
     /// piece (`--sub-page`, where the store has part reads).
     sub_page: bool,
+    /// The store writes a partial page's written pieces alone ([`PageStore::part_writes`]).
+    /// Where it cannot (pages sealed by the piece), a piece is only ever fetched to be read:
+    /// a write to a partial page fetches the rest of it first, and the page is written back
+    /// whole.
+    part_writes: bool,
     /// Per [`DENSITY_PAGES`] pages of the region, what was learnt of the program's use of
     /// its pages.
     learnt: Vec<Learnt>,
@@ -440,6 +445,7 @@ impl Pager {
         let slots = s.staging.available() as u64;
         let pieces = s.page_size / PIECE;
         let sub_page = s.sub_page && s.store.part_reads() && (2..=64).contains(&pieces);
+        let part_writes = s.store.part_writes();
         let mut pages = PageStates::new(s.policy, locked_max(s.budget_pages - slots));
         if sub_page {
             pages.set_pieces(pieces);
@@ -468,6 +474,7 @@ impl Pager {
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 sub_page,
+                part_writes,
                 learnt: vec![
                     Learnt::default();
                     (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1
@@ -1098,7 +1105,9 @@ impl Core {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
             PageState::Remote => {
                 let write = f.write || self.writes_follow(page);
-                let piece = self.piece_for(page, &f);
+                let piece = self
+                    .piece_for(page, &f)
+                    .filter(|_| self.part_writes || !(write || self.writes_learnt(page)));
                 self.fault_remote(store, page, f, t0, piece, write)
             }
             PageState::Partial => self.fault_partial(store, page, f, t0),
@@ -1193,6 +1202,14 @@ impl Core {
         !self.write_probe.is_multiple_of(WRITES_PROBE)
     }
 
+    /// Whether the pages around `page` were mostly written soon after a read fault fetched
+    /// them ([`Core::writes_follow`], without its probe). Where pieces are not written back
+    /// alone, such a page is fetched whole even for a probe: its piece would be written, and
+    /// the rest of the page fetched then, a second round trip.
+    fn writes_learnt(&self, page: PageIndex) -> bool {
+        self.learnt[(page.0 / DENSITY_PAGES) as usize].writes >= WRITES_SURE
+    }
+
     /// A page fetched write-protected was written (`true`) or leaves unwritten.
     fn learn_writes(&mut self, page: PageIndex, written: bool) {
         nudge(
@@ -1257,6 +1274,9 @@ impl Core {
                 (true, false) => self.pages.lose_piece(page, i as u8),
                 // A pinned page is made whole and writable (mlock's populate), below.
                 (false, _) if write && self.pages.is_locked(page) => {}
+                // So is a page whose pieces cannot be written back alone: a write after a
+                // read, learnt as one of a piece would be.
+                (false, false) if write && !self.part_writes => self.learn_writes(page, true),
                 (false, false) if write => return self.write_piece(page, i as u8),
                 // A message queued before the piece was mapped or made writable: the thread
                 // retries.
@@ -1275,11 +1295,13 @@ impl Core {
         let whole = scan == Some(true)
             || u64::from(have.count_ones()) * 2 >= self.pages.pieces()
             || self.near_stream(page, i)
-            || self.pages.is_locked(page);
+            || self.pages.is_locked(page)
+            || (!self.part_writes && (write || self.writes_learnt(page)));
         let piece = (!whole).then_some(i as u8);
         // Fetched for a read where writes follow reads: mapped writable (the whole page, or
-        // the piece, written), as on a remote page.
-        let write = write || self.writes_follow(page);
+        // the piece, written), as on a remote page; a piece only where pieces are written
+        // back alone.
+        let write = write || ((piece.is_none() || self.part_writes) && self.writes_follow(page));
         if let Some(scan) = scan {
             // Learnt before room is made: that may drop this very page.
             self.learn_density(page, scan);
@@ -1454,8 +1476,13 @@ impl Core {
         page: PageIndex,
         f: Fill,
     ) -> Result<(), PagerError> {
+        let part_writes = self.part_writes;
         let fill = self.pages.fill_mut(page);
-        fill.write |= f.write;
+        // A piece on its way lands write-protected where pieces are not written back alone:
+        // the write faults again on it then, and fetches the rest of the page.
+        if fill.piece.is_none() || part_writes {
+            fill.write |= f.write;
+        }
         if fill.prefetched {
             fill.prefetched = false;
             fill.t0 = f.t0;

@@ -102,28 +102,25 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
                             told.fetch_add(u64::from(n == 1), Relaxed);
                             r.encode(tag, &mut out);
                         }
+                        (
+                            Mode::Lie,
+                            Op::ReadRangeOk,
+                            Ok(Response::ReadRangeOk { key, offset, data }),
+                        ) => {
+                            // A piece read alone: altered, or another piece's bytes.
+                            n += 1;
+                            let lie = lie(n, key.0, data, None, &mut last);
+                            told.fetch_add(1, Relaxed);
+                            let data = &lie;
+                            Response::ReadRangeOk { key, offset, data }.encode(h.tag, &mut out);
+                        }
                         (Mode::Lie, Op::ReadOk, Ok(Response::ReadOk { key, count, data })) => {
-                            let mut lie = data.to_vec();
                             let orig = first.entry(key.0).or_insert_with(|| data.to_vec());
                             n += 1;
-                            match n % 3 {
-                                1 if *orig != data => lie.clone_from(orig),
-                                2 => match &last {
-                                    Some((k, d)) if *k != key.0 && d.len() == lie.len() => {
-                                        lie.clone_from(d)
-                                    }
-                                    _ => lie[7] ^= 0x40,
-                                },
-                                _ => lie[7] ^= 0x40,
-                            }
-                            last = Some((key.0, data.to_vec()));
+                            let lie = lie(n, key.0, data, Some(orig), &mut last);
                             told.fetch_add(1, Relaxed);
-                            Response::ReadOk {
-                                key,
-                                count,
-                                data: &lie,
-                            }
-                            .encode(h.tag, &mut out);
+                            let data = &lie;
+                            Response::ReadOk { key, count, data }.encode(h.tag, &mut out);
                         }
                         _ => {
                             out.extend_from_slice(&hdr);
@@ -141,14 +138,47 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
     (addr, lies)
 }
 
+/// The `n`th lie a liar tells about `data`, key `key`'s: in turn the first copy it saw of
+/// that key (`orig`, if it differs), the last answer's data under another key, or a flipped
+/// byte. `last` becomes this answer.
+fn lie(
+    n: u64,
+    key: u64,
+    data: &[u8],
+    orig: Option<&Vec<u8>>,
+    last: &mut Option<(u64, Vec<u8>)>,
+) -> Vec<u8> {
+    let mut lie = data.to_vec();
+    match (n % 3, orig) {
+        (1, Some(orig)) if *orig != data => lie.clone_from(orig),
+        (2, _) => match &*last {
+            Some((k, d)) if *k != key && d.len() == lie.len() => lie.clone_from(d),
+            _ => lie[7] ^= 0x40,
+        },
+        _ => lie[7] ^= 0x40,
+    }
+    *last = Some((key, data.to_vec()));
+    lie
+}
+
 fn page(n: u64, round: u64) -> Vec<u8> {
-    (0..PS)
-        .map(|i| (n as usize * 7 + i / 8 + round as usize * 13) as u8)
+    sized(n, round, PS)
+}
+
+/// Page `n` as round `round` writes it, `ps` bytes (no two 4 KiB pieces alike).
+fn sized(n: u64, round: u64, ps: usize) -> Vec<u8> {
+    (0..ps)
+        .map(|i| (n as usize * 7 + i / 8 + round as usize * 13 + i / 4096 * 101) as u8)
         .collect()
 }
 
 /// A store over `servers` in this order (priority placement), every timeout 5 s.
 fn store_on(servers: &[String], redundancy: &str, encrypt: bool) -> RemoteStore {
+    store_sized(servers, redundancy, encrypt, PS)
+}
+
+/// As [`store_on`], with pages of `ps` bytes.
+fn store_sized(servers: &[String], redundancy: &str, encrypt: bool, ps: usize) -> RemoteStore {
     let t = Duration::from_secs(5);
     let timing = Timing {
         connect: t,
@@ -161,13 +191,18 @@ fn store_on(servers: &[String], redundancy: &str, encrypt: bool) -> RemoteStore 
         redundancy: Redundancy::parse(redundancy).unwrap(),
         encrypt,
     };
-    RemoteStore::connect_with(servers, TOKEN, PS, layout, timing).unwrap()
+    RemoteStore::connect_with(servers, TOKEN, ps, layout, timing).unwrap()
 }
 
 /// Store pages `0..pages` as `round` writes them, and wait until every one is stored.
 fn store_all(s: &mut RemoteStore, pages: u64, round: u64) {
+    store_all_sized(s, pages, round, PS)
+}
+
+/// As [`store_all`], with pages of `ps` bytes.
+fn store_all_sized(s: &mut RemoteStore, pages: u64, round: u64, ps: usize) {
     for p in 0..pages {
-        s.store(PageIndex(p), &page(p, round)).unwrap();
+        s.store(PageIndex(p), &sized(p, round, ps)).unwrap();
     }
     s.flush().unwrap();
     let (mut stored, deadline) = (0, Instant::now() + Duration::from_secs(10));
@@ -259,6 +294,11 @@ fn store_until_on(s: &mut RemoteStore, server: &str, what: &str) -> std::ops::Ra
 /// Page `p` read back, or the error that ended the read.
 fn fetch_one(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     s.fetch(PageIndex(p)).map_err(|e| e.to_string())?;
+    fetched(s, p)
+}
+
+/// What the fetch of page `p` under way brings, or the error that ended it.
+fn fetched(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     let mut got = None;
     let deadline = Instant::now() + Duration::from_secs(10);
     while got.is_none() {
@@ -274,6 +314,59 @@ fn fetch_one(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     let (gp, data) = got.unwrap();
     assert_eq!(gp, p);
     Ok(data)
+}
+
+/// 4 KiB piece `i` of page `p` read alone, or the error that ended the read.
+fn fetch_piece(s: &mut RemoteStore, p: u64, i: u32) -> Result<Vec<u8>, String> {
+    s.fetch_part(PageIndex(p), i * 4096, 4096)
+        .map_err(|e| e.to_string())?;
+    s.flush().map_err(|e| e.to_string())?;
+    fetched(s, p)
+}
+
+/// Pages of 64 KiB under a seal are sealed by the 4 KiB piece, and a piece is read alone
+/// (a sub-page fetch): from one copy, or from its one data fragment. A liar among the
+/// servers alters or swaps the pieces it sends: each lie fails the piece's seal, and the
+/// piece comes from another copy, or (its fragment being the liar's) from the page read whole
+/// from the others; every piece read is right, and the lies are counted.
+#[test]
+fn a_piece_read_alone_is_checked_and_a_lie_served_from_other_pieces() {
+    const BIG: usize = 65536;
+    for (redundancy, encrypt) in [
+        ("replicas:2", false),
+        ("replicas:3", true),
+        ("ec:2+1", false),
+        ("ec:2+1", true),
+    ] {
+        let (lying, lies) = liar(server());
+        let mut s = store_sized(&[lying, server(), server()], redundancy, encrypt, BIG);
+        assert!(s.part_reads(), "{redundancy}: pieces read alone");
+        assert!(!s.part_writes(), "{redundancy}: pieces written alone");
+        let counters = s.counters().unwrap();
+        let pages = 6u64;
+        store_all_sized(&mut s, pages, 1, BIG);
+        for p in 0..pages {
+            let want = sized(p, 1, BIG);
+            for i in 0..16u32 {
+                let got = fetch_piece(&mut s, p, i).unwrap();
+                let at = i as usize * 4096;
+                assert!(
+                    got == want[at..at + 4096],
+                    "{redundancy} encrypt={encrypt}: page {p} piece {i} wrong"
+                );
+            }
+            assert!(
+                fetch_one(&mut s, p).unwrap() == want,
+                "{redundancy} encrypt={encrypt}: page {p} read whole"
+            );
+        }
+        let (told, caught) = (lies.load(Relaxed), counters.pieces_bad.load(Relaxed));
+        assert!(told >= 10, "{redundancy}: only {told} lies told");
+        assert!(
+            caught >= 10 && caught <= told,
+            "{redundancy} encrypt={encrypt}: {told} lies told, {caught} caught"
+        );
+    }
 }
 
 /// Write `pages` pages, read them back, write them again, read again: every read correct.

@@ -5,13 +5,27 @@ use rmem_client::{Config, Runtime};
 use std::sync::Arc;
 
 fn runtime(page_size: usize, local_pages: u64, capacity_pages: u64) -> Runtime {
+    let store = MemStore::new(page_size, capacity_pages * page_size as u64);
+    runtime_on(store, page_size, local_pages)
+}
+
+/// Indices below `n`, pseudo-random from `seed` (xorshift64).
+fn xorshift(mut x: u64, n: usize) -> impl FnMut() -> usize {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    }
+}
+
+fn runtime_on(store: MemStore, page_size: usize, local_pages: u64) -> Runtime {
     let config = Config {
         page_size,
         local_bytes: local_pages * page_size as u64,
         region_bytes: 1 << 32,
         ..Config::default()
     };
-    let store = MemStore::new(page_size, capacity_pages * page_size as u64);
     Runtime::start(
         &config,
         Box::new(store),
@@ -507,6 +521,69 @@ fn random_read_then_write_fetches_and_writes_back_pieces() {
     );
 }
 
+/// Where pieces are read alone but never written alone (servers that keep pages sealed by the
+/// piece), scattered reads still fetch pieces (over the first half of the data); a write to a
+/// partial page fetches the rest of it, and the page leaves whole. Read-modify-writes (over
+/// the second half, 32 MiB: regions of their own for what is learnt) are learnt as writes
+/// that follow reads, and many of their faults fetch whole pages at once rather than a piece
+/// and then the rest. Every word stays right; no piece is written alone (the store panics if
+/// asked).
+#[test]
+fn pieces_read_alone_but_never_written_alone() {
+    const PS: usize = 65536;
+    const PAGES: usize = 1024;
+    let store = MemStore::new(PS, 2048 * PS as u64).without_part_writes();
+    let rt = runtime_on(store, PS, 128);
+    let p = rt.alloc(PAGES * PS).unwrap() as *mut u64;
+    let words = PAGES * PS / 8;
+    for i in 0..words {
+        // SAFETY: i < words, within the allocation.
+        unsafe { p.add(i).write(i as u64) };
+    }
+    let half = words / 2;
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15, half);
+    let before = rt.stats();
+    for _ in 0..3000 {
+        let i = next();
+        // SAFETY: i < words.
+        assert_eq!(unsafe { p.add(i).read_volatile() }, i as u64, "word {i}");
+    }
+    let reads = rt.stats();
+    let pieces = reads.sub_page_fetches - before.sub_page_fetches;
+    assert!(
+        pieces > 2000,
+        "{pieces} pieces fetched by the reads: {reads:?}"
+    );
+    let mut count = std::collections::HashMap::new();
+    let updates = 6000;
+    for _ in 0..updates {
+        let i = half + next();
+        *count.entry(i).or_insert(0u64) += 1;
+        // SAFETY: i < words. Two instructions, as in the test above.
+        unsafe {
+            let w = p.add(i);
+            let v = std::hint::black_box(w.read_volatile());
+            w.write_volatile(v + (1 << 40));
+        }
+    }
+    for i in (0..words).step_by(101).chain(count.keys().copied()) {
+        let want = i as u64 + (count.get(&i).copied().unwrap_or(0) << 40);
+        // SAFETY: i < words.
+        assert_eq!(unsafe { p.add(i).read() }, want, "word {i}");
+    }
+    let s = rt.stats();
+    assert_eq!(s.sub_page_write_backs, 0, "{s:?}");
+    let (ins, pieces) = (
+        s.swap_ins - reads.swap_ins,
+        s.sub_page_fetches - reads.sub_page_fetches,
+    );
+    // A piece and then the rest of its page for every update: 6000 pieces.
+    assert!(
+        ins > 4000 && pieces < updates * 9 / 10,
+        "the updates fetched {ins} whole pages and {pieces} pieces: {s:?}"
+    );
+}
+
 /// Where pages fetched for a read are written soon after, a read fault maps its page writable
 /// (no write-protect fault for the write that follows); when the program then only reads,
 /// that is unlearnt and its pages leave clean again, not written back. Whole pages only
@@ -535,13 +612,7 @@ fn writes_after_reads_are_learnt_and_unlearnt() {
         // SAFETY: i < words, within the allocation.
         unsafe { p.add(i).write(i as u64) };
     }
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % words as u64) as usize
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D, words);
     let before = rt.stats();
     for _ in 0..6000 {
         let i = next();

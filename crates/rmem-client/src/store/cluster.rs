@@ -35,7 +35,7 @@
 //! [`codec`]: super::codec
 //! [`remote::Conn`]: super::remote::Conn
 
-use super::codec::{self, Codec, Redundancy, Stamp};
+use super::codec::{self, Codec, Redundancy, Stamp, CELL, PIECE};
 use super::remote::{Answer, Conn, Kind, Orphan, Timing};
 use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::{Config, Placement};
@@ -201,8 +201,13 @@ struct Fetch {
     /// are read, from their own servers, and written elsewhere as they are. A piece that
     /// cannot be read turns it into a repair (0): rebuilt from any pieces.
     moving: u32,
-    /// A sub-page fetch: `len` bytes at `offset` (unsealed pages only).
+    /// A sub-page fetch: `len` bytes at `offset`, a 4 KiB piece, read alone where pages go
+    /// as they are or are sealed by the piece ([`Codec::by_piece`]: its cell is read).
     part: Option<(u32, u32)>,
+    /// A sub-page fetch whose piece could not be read alone (under erasure coding it is in
+    /// one data fragment, whose server failed it): the page is read whole, and only this
+    /// piece handed on.
+    only: Option<u8>,
 }
 
 /// What a fetch is for.
@@ -567,6 +572,28 @@ impl Book {
                 };
                 let p = piece as usize;
                 fe.answered |= bit(p);
+                if let Some((offset, len)) = fe.part.filter(|_| !self.codec.plain()) {
+                    // A piece's cell, checked alone.
+                    let i = offset as usize / PIECE;
+                    if self.codec.open_piece(fe.page, fe.stamp, i, data).is_ok() {
+                        let page = fe.page;
+                        self.ops.remove(&op);
+                        self.unbusy(page, op);
+                        f(Completion::Fetched {
+                            page: PageIndex(page),
+                            data: &data[..len as usize],
+                        });
+                    } else {
+                        fe.bad |= bit(p);
+                        self.counters.pieces_bad.fetch_add(1, Relaxed);
+                        todo.push(Todo::Ask(op));
+                    }
+                    return;
+                }
+                if fe.part.is_none() && data.len() != self.codec.unit_len() {
+                    // A cell read for this fetch before it was made a read of the whole page.
+                    return;
+                }
                 if self.codec.plain() && fe.repair {
                     // A move off a draining server: write it where it goes.
                     let (page, stamp) = (fe.page, fe.stamp);
@@ -796,9 +823,13 @@ impl Book {
             } else {
                 self.unbusy(page, op);
                 let pieces = came.as_deref().unwrap_or(&fe.buf);
+                let data = match fe.only {
+                    Some(i) => &pieces[i as usize * PIECE..(i as usize + 1) * PIECE],
+                    None => &pieces[..self.codec.page_size()],
+                };
                 f(Completion::Fetched {
                     page: PageIndex(page),
-                    data: &pieces[..self.codec.page_size()],
+                    data,
                 });
                 self.give_buf(fe.buf);
             }
@@ -1690,6 +1721,7 @@ impl RemoteStore {
                     _ => 0,
                 },
                 part: None,
+                only: None,
             }),
         );
         self.ask(op)?;
@@ -1725,6 +1757,42 @@ impl RemoteStore {
             }
             // A source lost or without its piece: rebuild from any pieces instead.
             fe.moving = 0;
+        }
+        let ec_part = match self.book.ops.get(&op) {
+            Some(Op::Fetch(Fetch {
+                part: Some((offset, _)),
+                asked,
+                answered,
+                gone,
+                ..
+            })) if !self.book.codec.plain() && matches!(r, Redundancy::Ec { .. }) => {
+                Some((*offset as usize / PIECE, *asked, *answered, *gone))
+            }
+            _ => None,
+        };
+        if let Some((i, asked, answered, gone)) = ec_part {
+            // A piece is in one data fragment: its cell is asked there alone. Where that
+            // server failed it, or is gone, the page is read whole instead, and the piece
+            // handed on.
+            let (slot, _) = self.book.codec.cell(i);
+            let s = members[slot];
+            let ask = asked & bit(slot) == 0 && self.book.alive(s) && gone & bit(slot) == 0;
+            let in_flight = asked & !answered & bit(slot) != 0;
+            let buf = (!ask && !in_flight).then(|| self.book.take_buf());
+            let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) else {
+                unreachable!()
+            };
+            if ask {
+                fe.asked |= bit(slot);
+                self.read_piece(s, op, slot, page);
+                return Ok(());
+            }
+            if in_flight {
+                return Ok(());
+            }
+            fe.part = None;
+            fe.only = Some(i as u8);
+            fe.buf = buf.expect("taken above");
         }
         let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
             unreachable!()
@@ -1822,7 +1890,12 @@ impl RemoteStore {
             ..
         })) = self.book.ops.get(&op)
         {
-            let (offset, len) = (*offset, *len);
+            let codec = &self.book.codec;
+            let (offset, len) = if codec.plain() {
+                (*offset, *len)
+            } else {
+                (codec.cell(*offset as usize / PIECE).1, CELL as u32)
+            };
             self.conns[s as usize].submit(
                 Request::ReadPart {
                     key: PageKey(page),
@@ -1831,6 +1904,7 @@ impl RemoteStore {
                 },
                 Kind::ReadRange {
                     op,
+                    piece: piece as u8,
                     key: page,
                     offset,
                     len,
@@ -2005,7 +2079,7 @@ impl RemoteStore {
                 }),
                 Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
                 // A sub-page fetch's.
-                Kind::ReadRange { op, .. } => self.lost_read(op, 0),
+                Kind::ReadRange { op, piece, .. } => self.lost_read(op, piece),
                 Kind::WriteRange { .. } => {
                     unreachable!("byte ranges are written only to pages of one copy")
                 }
@@ -2842,14 +2916,27 @@ impl PageStore for RemoteStore {
         Ok(())
     }
 
-    /// Where every page is one unsealed copy (`none`, not encrypted): a range of it read
-    /// alone is what the page holds there.
+    /// Where every page is one unsealed copy (`none`, not encrypted), a range of it read
+    /// alone is what the page holds there; where pages are sealed by the piece, a piece's
+    /// cell is read from one copy or its data fragment and checked alone.
     fn part_reads(&self) -> bool {
+        self.book.codec.plain() || self.book.codec.by_piece()
+    }
+
+    /// Only one unsealed copy is written a range at a time: a seal covers a whole piece's
+    /// cell, and parity a whole fragment.
+    fn part_writes(&self) -> bool {
         self.book.codec.plain()
     }
 
     fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
-        assert!(self.book.codec.plain(), "part reads of sealed pages");
+        assert!(self.part_reads(), "part reads of pages sealed whole");
+        assert!(
+            self.book.codec.plain()
+                || ((offset as usize).is_multiple_of(PIECE) && len as usize == PIECE),
+            "page {}: {len} bytes at {offset} of a page sealed by the piece",
+            page.0
+        );
         let op = self.book.op_id();
         let g = self.group_of(page.0, "fetch")?;
         self.book.ops.insert(
@@ -2868,6 +2955,7 @@ impl PageStore for RemoteStore {
                 repair: false,
                 moving: 0,
                 part: Some((offset, len)),
+                only: None,
             }),
         );
         self.ask(op)?;

@@ -6,7 +6,11 @@
 //! A page written back gets a version, one more than its last. The seal covers the page's
 //! index and that version (the AEAD nonce is both, so no nonce repeats under a key), so a
 //! server that returns another page, an older copy of this one, or altered bytes fails the
-//! check. Each process seals with a key of its own: a fork() child goes on from its parent's
+//! check. A sealed page of 4 KiB pieces (2 to 64 of them, and K dividing their number under
+//! erasure coding) is sealed piece by piece: each piece is followed by its own seal (a
+//! *cell*), whose nonce or checksum seed also names the piece, so that one piece can be read
+//! from a server and checked alone (a sub-page fetch), and a fragment holds whole cells.
+//! Each process seals with a key of its own: a fork() child goes on from its parent's
 //! versions, so under the parent's key the child and the parent would both seal, say, page 7
 //! at version 4 with different contents, and GCM with a repeated nonce gives away both
 //! plaintexts' XOR and the authentication key. The child keeps its ancestors' keys to open
@@ -104,8 +108,17 @@ impl fmt::Display for Redundancy {
     }
 }
 
-/// Bytes a seal adds to a page.
+/// Bytes a seal adds to a page (or, sealed by the piece, to each piece).
 pub const SEAL_LEN: usize = 16;
+
+/// A piece: what a sub-page fetch reads, and what a page sealed by the piece seals alone.
+pub const PIECE: usize = 4096;
+
+/// A piece with its seal, as a page sealed by the piece is stored.
+pub const CELL: usize = PIECE + SEAL_LEN;
+
+/// Most pieces a page sealed by the piece has (the pager's sub-page fetches go up to 64).
+const CELLS_MAX: usize = 64;
 
 enum Seal {
     /// Nothing: the page goes as it is (one copy, not encrypted).
@@ -158,6 +171,8 @@ pub struct Codec {
     rs: Option<ReedSolomon>,
     /// Bytes each server stores per page.
     unit_len: usize,
+    /// Pieces sealed one by one ([`CELL`]s), or 0: the page sealed whole.
+    cells: usize,
 }
 
 impl Codec {
@@ -171,8 +186,22 @@ impl Codec {
         } else {
             Seal::Checksum
         };
-        let sealed = sealed_len(page_size, &seal);
+        let pieces = page_size / PIECE;
+        let by_piece = !matches!(seal, Seal::Plain)
+            && page_size.is_multiple_of(PIECE)
+            && (2..=CELLS_MAX).contains(&pieces)
+            && match redundancy {
+                Redundancy::Ec { k, .. } => pieces.is_multiple_of(k as usize),
+                _ => true,
+            };
+        let cells = if by_piece { pieces } else { 0 };
+        let sealed = sealed_len(page_size, &seal, cells);
         let (unit_len, rs) = match redundancy {
+            Redundancy::Ec { k, m } if cells > 0 => {
+                // Whole cells per fragment: a piece is read from its one data fragment.
+                let rs = ReedSolomon::new(k as usize, m as usize).expect("checked K and M");
+                (sealed / k as usize, Some(rs))
+            }
             Redundancy::Ec { k, m } => {
                 let per = sealed.div_ceil(k as usize);
                 let unit = per.next_multiple_of(rmem_proto::UNIT_ALIGN as usize);
@@ -187,6 +216,7 @@ impl Codec {
             seal,
             rs,
             unit_len,
+            cells,
         })
     }
 
@@ -245,16 +275,105 @@ impl Codec {
         matches!(self.seal, Seal::Aead(_))
     }
 
-    fn nonce(page: u64, version: u32) -> [u8; 12] {
+    /// The nonce of `page` at `version`, or of its piece `cell - 1` (`cell` 0: the page
+    /// sealed whole). A codec seals every page one way, so the two never meet under a key.
+    fn nonce(page: u64, version: u32, cell: usize) -> [u8; 12] {
+        debug_assert!(page < 1 << 56, "page {page}");
         let mut n = [0u8; 12];
-        n[..8].copy_from_slice(&page.to_le_bytes());
+        n[..8].copy_from_slice(&(page | (cell as u64) << 56).to_le_bytes());
         n[8..].copy_from_slice(&version.to_le_bytes());
         n
     }
 
-    fn checksum(page: u64, version: u32, data: &[u8]) -> [u8; SEAL_LEN] {
-        let seed = page.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(version);
+    /// The checksum of `data`, `page` at `version` (or its piece `cell - 1`, as [`Codec::nonce`]).
+    fn checksum(page: u64, version: u32, cell: usize, data: &[u8]) -> [u8; SEAL_LEN] {
+        let seed = page.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ u64::from(version)
+            ^ (cell as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
         xxhash_rust::xxh3::xxh3_128_with_seed(data, seed).to_le_bytes()
+    }
+
+    /// Pages are sealed piece by piece, so that one piece can be read and checked alone
+    /// ([`Codec::cell`], [`Codec::open_piece`]).
+    pub fn by_piece(&self) -> bool {
+        self.cells > 0
+    }
+
+    /// Where piece `i`'s cell is stored, for a page sealed by the piece: the slot (the copy,
+    /// or the data fragment) and the cell's offset in it.
+    pub fn cell(&self, i: usize) -> (usize, u32) {
+        assert!(i < self.cells, "piece {i} of {} cells", self.cells);
+        let per = self.unit_len / CELL;
+        (self.slot_of(i / per), ((i % per) * CELL) as u32)
+    }
+
+    /// Seal `data` (the first [`PIECE`] bytes of `cell`, its seal's room after them) as
+    /// piece `i` of `page`, where it lies.
+    fn seal_cell(&self, page: u64, stamp: Stamp, i: usize, cell: &mut [u8]) {
+        let (data, tag) = cell.split_at_mut(PIECE);
+        self.seal_in(page, stamp, i + 1, data, &mut tag[..SEAL_LEN]);
+    }
+
+    /// Seal `data` in place as `page` (`cell` 0) or its piece `cell - 1`; its seal into `tag`.
+    fn seal_in(&self, page: u64, stamp: Stamp, cell: usize, data: &mut [u8], tag: &mut [u8]) {
+        match &self.seal {
+            Seal::Plain => {}
+            Seal::Checksum => {
+                tag.copy_from_slice(&Self::checksum(page, stamp.version, cell, data));
+            }
+            Seal::Aead(keys) => {
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version, cell));
+                let t = keys[stamp.key as usize]
+                    .get()
+                    .seal_in_place_separate_tag(nonce, Aad::from(&[]), data)
+                    .expect("a page is far below AES-GCM's limit");
+                tag.copy_from_slice(t.as_ref());
+            }
+        }
+    }
+
+    /// Check (and decrypt) `data` in place as `page` (`cell` 0) or its piece `cell - 1`.
+    fn open_in(
+        &self,
+        page: u64,
+        stamp: Stamp,
+        cell: usize,
+        data: &mut [u8],
+        tag: &[u8],
+    ) -> Result<(), Unsealed> {
+        match &self.seal {
+            Seal::Plain => Ok(()),
+            Seal::Checksum => {
+                if Self::checksum(page, stamp.version, cell, data)[..] == tag[..SEAL_LEN] {
+                    Ok(())
+                } else {
+                    Err(Unsealed)
+                }
+            }
+            Seal::Aead(keys) => {
+                let key = keys.get(stamp.key as usize).ok_or(Unsealed)?.get();
+                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version, cell));
+                key.open_in_place_separate_tag(nonce, Aad::from(&[]), &tag[..SEAL_LEN], data)
+                    .map(|_| ())
+                    .map_err(|_| Unsealed)
+            }
+        }
+    }
+
+    /// Check (and decrypt, in place) the cell of piece `i` of `page` as stored
+    /// ([`Codec::cell`]): its first [`PIECE`] bytes are then the piece.
+    pub fn open_piece(
+        &self,
+        page: u64,
+        stamp: Stamp,
+        i: usize,
+        cell: &mut [u8],
+    ) -> Result<(), Unsealed> {
+        if cell.len() != CELL || i >= self.cells {
+            return Err(Unsealed);
+        }
+        let (data, tag) = cell.split_at_mut(PIECE);
+        self.open_in(page, stamp, i + 1, data, tag)
     }
 
     /// Slots of `unit_len` bytes in the buffer a fetch gathers a page's pieces in (see
@@ -295,30 +414,29 @@ impl Codec {
     /// Seal a page where it lies: `sealed` is the page followed by [`SEAL_LEN`] bytes of room
     /// (none where pages go as they are), such as the frame that carries a copy, so that its
     /// bytes are not copied again to be sealed.
+    /// Sealed by the piece, the pieces are spread out into their cells first (the room is
+    /// all at the end).
     pub fn seal_unit(&self, page: u64, stamp: Stamp, sealed: &mut [u8]) {
         let ps = self.page_size;
         assert_eq!(sealed.len(), self.sealed_len());
-        match &self.seal {
-            Seal::Plain => {}
-            Seal::Checksum => {
-                let sum = Self::checksum(page, stamp.version, &sealed[..ps]);
-                sealed[ps..].copy_from_slice(&sum);
-            }
-            Seal::Aead(keys) => {
-                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
-                let tag = keys[stamp.key as usize]
-                    .get()
-                    .seal_in_place_separate_tag(nonce, Aad::from(&[]), &mut sealed[..ps])
-                    .expect("a page is far below AES-GCM's limit");
-                sealed[ps..].copy_from_slice(tag.as_ref());
-            }
+        if self.cells == 0 {
+            let (data, tag) = sealed.split_at_mut(ps);
+            self.seal_in(page, stamp, 0, data, tag);
+            return;
+        }
+        // Last piece first: each moves up, over room already left behind.
+        for i in (1..self.cells).rev() {
+            sealed.copy_within(i * PIECE..(i + 1) * PIECE, i * CELL);
+        }
+        for (i, cell) in sealed.chunks_exact_mut(CELL).enumerate() {
+            self.seal_cell(page, stamp, i, cell);
         }
     }
 
-    /// Bytes of a sealed page: the page and its seal's room (the unit a copy is; a fragment
-    /// of `ec` is smaller).
+    /// Bytes of a sealed page: the page and its seal's room, or its cells (the unit a copy
+    /// is; a fragment of `ec` is smaller).
     pub fn sealed_len(&self) -> usize {
-        sealed_len(self.page_size, &self.seal)
+        sealed_len(self.page_size, &self.seal, self.cells)
     }
 
     /// Fill the slots of `buf` that `have` (a mask of pieces) lacks from the others: the data
@@ -359,7 +477,13 @@ impl Codec {
     ) -> Result<(), Unsealed> {
         self.reconstruct(buf, have, false)?;
         let n = self.sealed_len();
-        self.open(page, stamp, &mut buf[..n])
+        self.open(page, stamp, &mut buf[..n])?;
+        // Sealed by the piece: gather the pieces out of their cells, first piece first (each
+        // moves down, over what was read already).
+        for i in 1..self.cells {
+            buf.copy_within(i * CELL..i * CELL + PIECE, i * PIECE);
+        }
+        Ok(())
     }
 
     /// Every piece of the page rebuilt in `buf` (laid out as for [`Codec::decode`]) as the
@@ -387,39 +511,31 @@ impl Codec {
         }
     }
 
-    /// Check (and decrypt, in place) one sealed page.
+    /// Check (and decrypt, in place) one sealed page: sealed by the piece, every cell (the
+    /// pieces stay in their cells).
     pub fn open(&self, page: u64, stamp: Stamp, sealed: &mut [u8]) -> Result<(), Unsealed> {
-        let ps = self.page_size;
-        match &self.seal {
-            Seal::Plain => Ok(()),
-            Seal::Checksum => {
-                let sum = Self::checksum(page, stamp.version, &sealed[..ps]);
-                if sum[..] == sealed[ps..ps + SEAL_LEN] {
-                    Ok(())
-                } else {
-                    Err(Unsealed)
-                }
-            }
-            Seal::Aead(keys) => {
-                let key = keys.get(stamp.key as usize).ok_or(Unsealed)?.get();
-                let nonce = Nonce::assume_unique_for_key(Self::nonce(page, stamp.version));
-                let (data, tag) = sealed.split_at_mut(ps);
-                key.open_in_place_separate_tag(nonce, Aad::from(&[]), &tag[..SEAL_LEN], data)
-                    .map(|_| ())
-                    .map_err(|_| Unsealed)
-            }
+        if self.cells == 0 {
+            let (data, tag) = sealed.split_at_mut(self.page_size);
+            return self.open_in(page, stamp, 0, data, tag);
         }
+        for (i, cell) in sealed[..self.cells * CELL]
+            .chunks_exact_mut(CELL)
+            .enumerate()
+        {
+            self.open_piece(page, stamp, i, cell)?;
+        }
+        Ok(())
     }
 }
 
-/// Bytes of a sealed page: the page and its seal (none when pages go as they are).
-fn sealed_len(page_size: usize, seal: &Seal) -> usize {
-    page_size
-        + if matches!(seal, Seal::Plain) {
-            0
-        } else {
-            SEAL_LEN
-        }
+/// Bytes of a sealed page: the page and its seal (none when pages go as they are), or its
+/// `cells` cells.
+fn sealed_len(page_size: usize, seal: &Seal, cells: usize) -> usize {
+    match seal {
+        Seal::Plain => page_size,
+        _ if cells > 0 => cells * CELL,
+        _ => page_size + SEAL_LEN,
+    }
 }
 
 /// A fresh AES-256 key from the kernel's random source.
@@ -434,8 +550,13 @@ mod tests {
     use super::*;
 
     fn page(seed: u8) -> Vec<u8> {
-        (0..4096)
-            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        sized(4096, seed)
+    }
+
+    /// A page of `len` bytes, no two of its 4 KiB pieces alike.
+    fn sized(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i / PIECE) as u8)
             .collect()
     }
 
@@ -495,10 +616,20 @@ mod tests {
 
     #[test]
     fn every_scheme_reads_back_what_it_wrote_from_any_enough_pieces() {
-        for r in ["none", "replicas:3", "ec:4+1", "ec:4+2", "ec:8+2"] {
+        // 4 KiB pages are sealed whole; 64 KiB ones by the piece, except under ec:3+1 (3
+        // does not divide 16 pieces).
+        for (ps, r) in [4096, 65536].into_iter().flat_map(|ps| {
+            ["none", "replicas:3", "ec:4+1", "ec:4+2", "ec:8+2", "ec:3+1"].map(|r| (ps, r))
+        }) {
             for encrypt in [false, true] {
-                let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
-                let data = page(7);
+                let c = Codec::new(ps, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+                assert_eq!(
+                    c.by_piece(),
+                    ps == 65536 && (r != "none" || encrypt) && r != "ec:3+1",
+                    "{ps} {r} encrypt={encrypt}"
+                );
+                assert!(rmem_proto::unit_len_ok(c.unit_len() as u32), "{ps} {r}");
+                let data = sized(ps, 7);
                 let mut units = Vec::new();
                 c.encode(9, v(3), &data, &mut units);
                 let w = c.slots();
@@ -522,7 +653,7 @@ mod tests {
                     assert_eq!(rebuilt, units, "{r} encrypt={encrypt} rebuilt from {first}");
                     c.decode(9, v(3), &mut buf, have).unwrap();
                     assert_eq!(
-                        &buf[..4096],
+                        &buf[..ps],
                         &data[..],
                         "{r} encrypt={encrypt} without {lose} from {first}"
                     );
@@ -534,9 +665,11 @@ mod tests {
     /// A copy sealed where its frame holds it is the unit `encode` makes, and opens.
     #[test]
     fn a_copy_sealed_in_place_is_the_encoded_unit() {
-        for (redundancy, encrypt) in [("none", true), ("replicas:2", false), ("replicas:2", true)] {
-            let c = Codec::new(4096, Redundancy::parse(redundancy).unwrap(), encrypt).unwrap();
-            let (data, stamp) = (page(5), v(3));
+        for (ps, redundancy, encrypt) in [4096, 65536].into_iter().flat_map(|ps| {
+            [("none", true), ("replicas:2", false), ("replicas:2", true)].map(|(r, e)| (ps, r, e))
+        }) {
+            let c = Codec::new(ps, Redundancy::parse(redundancy).unwrap(), encrypt).unwrap();
+            let (data, stamp) = (sized(ps, 5), v(3));
             let mut units = Vec::new();
             c.encode(9, stamp, &data, &mut units);
             let mut frame = data.clone();
@@ -549,15 +682,18 @@ mod tests {
 
     #[test]
     fn another_page_an_old_version_or_a_changed_byte_fails_the_seal() {
-        for (r, encrypt) in [
-            ("replicas:2", false),
-            ("replicas:2", true),
-            ("ec:4+1", true),
-            ("none", true),
-        ] {
-            let c = Codec::new(4096, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+        for (ps, r, encrypt) in [4096, 65536].into_iter().flat_map(|ps| {
+            [
+                ("replicas:2", false),
+                ("replicas:2", true),
+                ("ec:4+1", true),
+                ("none", true),
+            ]
+            .map(|(r, e)| (ps, r, e))
+        }) {
+            let c = Codec::new(ps, Redundancy::parse(r).unwrap(), encrypt).unwrap();
             let mut units = Vec::new();
-            c.encode(9, v(3), &page(1), &mut units);
+            c.encode(9, v(3), &sized(ps, 1), &mut units);
             let all = (1u32 << c.slots()) - 1;
             assert_eq!(decoded(&c, 10, v(3), &units), Err(Unsealed), "{r}");
             assert_eq!(decoded(&c, 9, v(2), &units), Err(Unsealed), "{r}");
@@ -576,6 +712,68 @@ mod tests {
                 c.rebuild(10, v(3), &mut buf, all, &mut scratch),
                 Err(Unsealed)
             );
+        }
+    }
+
+    /// Sealed by the piece, each piece is read from where [`Codec::cell`] says and checked
+    /// alone; another piece's cell, another page's, an older version's, or a changed byte
+    /// fails, as a whole page does.
+    #[test]
+    fn a_piece_is_read_and_checked_alone() {
+        for r in ["none", "replicas:2", "ec:4+1", "ec:8+2", "ec:2+1"] {
+            for encrypt in [false, true] {
+                if r == "none" && !encrypt {
+                    continue; // plain: read as it is
+                }
+                let c = Codec::new(65536, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+                assert!(c.by_piece(), "{r}");
+                let data = sized(65536, 4);
+                let mut units = Vec::new();
+                c.encode(9, v(3), &data, &mut units);
+                let cell_at = |i: usize| {
+                    let (slot, off) = c.cell(i);
+                    let at = slot * c.unit_len() + off as usize;
+                    units[at..at + CELL].to_vec()
+                };
+                for i in 0..16 {
+                    let mut cell = cell_at(i);
+                    c.open_piece(9, v(3), i, &mut cell).unwrap();
+                    assert_eq!(
+                        &cell[..PIECE],
+                        &data[i * PIECE..(i + 1) * PIECE],
+                        "{r} encrypt={encrypt} piece {i}"
+                    );
+                    let other = (i + 1) % 16;
+                    for (page, stamp, piece, bad) in [
+                        (9, v(3), other, None),
+                        (10, v(3), i, None),
+                        (9, v(2), i, None),
+                        (9, v(3), i, Some(17)),
+                        (9, v(3), i, Some(PIECE + 3)),
+                    ] {
+                        let mut cell = cell_at(i);
+                        if let Some(b) = bad {
+                            cell[b] ^= 1;
+                        }
+                        assert_eq!(
+                            c.open_piece(page, stamp, piece, &mut cell),
+                            Err(Unsealed),
+                            "{r} encrypt={encrypt} piece {i} as page {page} piece {piece} \
+                             {stamp:?} byte {bad:?}"
+                        );
+                    }
+                }
+                // Two cells swapped: the page no longer opens.
+                let (a, b) = (c.cell(0), c.cell(1));
+                let (a, b) = (
+                    a.0 * c.unit_len() + a.1 as usize,
+                    b.0 * c.unit_len() + b.1 as usize,
+                );
+                let mut swapped = units.clone();
+                swapped[a..a + CELL].copy_from_slice(&units[b..b + CELL]);
+                swapped[b..b + CELL].copy_from_slice(&units[a..a + CELL]);
+                assert_eq!(decoded(&c, 9, v(3), &swapped), Err(Unsealed), "{r}");
+            }
         }
     }
 

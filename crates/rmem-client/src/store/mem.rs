@@ -20,6 +20,9 @@ pub struct MemStore {
     page_size: usize,
     done: VecDeque<Done>,
     buf: Vec<u8>,
+    /// Written pieces are stored alone ([`PageStore::part_writes`]); off, as servers that
+    /// keep pages sealed by the piece, the pager must never ask to.
+    part_writes: bool,
 }
 
 impl MemStore {
@@ -30,7 +33,15 @@ impl MemStore {
             page_size,
             done: VecDeque::new(),
             buf: vec![0; page_size],
+            part_writes: true,
         }
+    }
+
+    /// As a store whose pages are sealed by the piece: pieces are read alone, never written
+    /// alone (a call to [`PageStore::store_parts`] then panics).
+    pub fn without_part_writes(mut self) -> MemStore {
+        self.part_writes = false;
+        self
     }
 
     /// A handle on the stored pages.
@@ -51,6 +62,10 @@ impl PageStore for MemStore {
 
     fn part_reads(&self) -> bool {
         true
+    }
+
+    fn part_writes(&self) -> bool {
+        self.part_writes
     }
 
     fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
@@ -76,6 +91,7 @@ impl PageStore for MemStore {
     }
 
     fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {
+        assert!(self.part_writes, "page {}: pieces written alone", page.0);
         assert_eq!(data.len(), self.page_size);
         let mut pages = self.pages.lock().unwrap();
         let stored = pages
@@ -153,6 +169,7 @@ impl PageStore for MemStore {
             page_size: self.page_size,
             done: VecDeque::new(),
             buf: vec![0; self.page_size],
+            part_writes: self.part_writes,
         })
     }
 

@@ -153,8 +153,14 @@ pub trait PageStore: Send {
     /// of one batch (a block device request's pages, a prefetch window) leave together.
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError>;
     /// Whether [`PageStore::fetch_part`] works: the servers keep each page as it is (no
-    /// seal, no fragments), so a byte range of it can be read and trusted alone.
+    /// seal, no fragments), so a byte range of it can be read and trusted alone, or sealed by
+    /// the 4 KiB piece, so that a piece can be (then only whole pieces are read).
     fn part_reads(&self) -> bool {
+        false
+    }
+    /// Whether [`PageStore::store_parts`] works: a range of a page can be written over its
+    /// stored copy alone (only where that copy is the page as it is).
+    fn part_writes(&self) -> bool {
         false
     }
     /// Start fetching `len` bytes of `page` from `offset` (where [`PageStore::part_reads`]);

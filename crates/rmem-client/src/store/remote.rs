@@ -75,10 +75,12 @@ pub(crate) enum Kind {
         piece: u8,
         key: u64,
     },
-    /// A byte range of one page (a direct region's, [`crate::direct`]): read `len` bytes at
-    /// `offset`, or write there.
+    /// A byte range of one page (a direct region's, [`crate::direct`], or a sub-page
+    /// fetch's, of piece `piece` of the page's group): read `len` bytes at `offset`, or write
+    /// there.
     ReadRange {
         op: u64,
+        piece: u8,
         key: u64,
         offset: u32,
         len: u32,
@@ -1195,6 +1197,7 @@ impl Conn {
                     (
                         Kind::ReadRange {
                             op,
+                            piece,
                             key,
                             offset,
                             len,
@@ -1207,7 +1210,7 @@ impl Conn {
                     ) if k.0 == key && o == offset && data.len() == len as usize => {
                         let at = within(&self.inbuf, data);
                         let data = &mut self.inbuf[at];
-                        f(Answer::Read { op, piece: 0, data })
+                        f(Answer::Read { op, piece, data })
                     }
                     (
                         Kind::WriteRange { op, key, offset },
@@ -1263,12 +1266,12 @@ impl Conn {
                     ) => f(Answer::Missing { op, piece }),
                     // A sub-page fetch (`ReadPart`) of a page the server does not hold.
                     (
-                        Kind::ReadRange { op, .. },
+                        Kind::ReadRange { op, piece, .. },
                         Response::Error {
                             code: rmem_proto::ErrorCode::NotFound,
                             ..
                         },
-                    ) => f(Answer::Missing { op, piece: 0 }),
+                    ) => f(Answer::Missing { op, piece }),
                     (
                         Kind::Write { op, piece, .. },
                         Response::Error {
