@@ -24,7 +24,7 @@ use crate::pages::PageState;
 use crate::prefetch::Prefetcher;
 use crate::protect::{Protected, Protections, READ_WRITE};
 use crate::region::{Dropper, Geometry, Mapping, Staging};
-use crate::state::{Fill, Freed, Landed, PageStates};
+use crate::state::{Fill, Freed, Landed, Merged, PageStates};
 use crate::stats::Stats;
 use crate::store::{Completion, PageStore, Snapshot, StoreError};
 use crate::PageIndex;
@@ -306,10 +306,12 @@ struct Core {
     /// piece (`--sub-page`, where the store has part reads).
     sub_page: bool,
     /// The store writes a partial page's written pieces alone ([`PageStore::part_writes`]).
-    /// Where it cannot (pages sealed by the piece), a piece is only ever fetched to be read:
-    /// a write to a partial page fetches the rest of it first, and the page is written back
-    /// whole.
+    /// Where it cannot (pages sealed by the piece), a partial victim with written pieces
+    /// fetches the rest of its page as it leaves and is written back whole
+    /// ([`Core::merge`]): the program's faults fetch only pieces all the same.
     part_writes: bool,
+    /// Merged pages to write back from their slots once the store's poll is over.
+    merged: Vec<(PageIndex, u32)>,
     /// Per [`DENSITY_PAGES`] pages of the region, what was learnt of the program's use of
     /// its pages.
     learnt: Vec<Learnt>,
@@ -475,6 +477,7 @@ impl Pager {
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 sub_page,
                 part_writes,
+                merged: Vec::new(),
                 learnt: vec![
                     Learnt::default();
                     (geo.len / geo.page_size).div_ceil(DENSITY_PAGES) as usize + 1
@@ -788,6 +791,11 @@ impl Pager {
             }
         })?;
         result?;
+        for (page, slot) in core.merged.drain(..) {
+            // SAFETY: the slot holds the merged page until its write-back lands.
+            let data = unsafe { core.staging.bytes(slot) };
+            self.store.store(page, data)?;
+        }
         Ok(completed)
     }
 
@@ -1105,9 +1113,7 @@ impl Core {
             PageState::Untouched => self.fault_untouched(store, page, f, t0),
             PageState::Remote => {
                 let write = f.write || self.writes_follow(page);
-                let piece = self
-                    .piece_for(page, &f)
-                    .filter(|_| self.part_writes || !(write || self.writes_learnt(page)));
+                let piece = self.piece_for(page, &f);
                 self.fault_remote(store, page, f, t0, piece, write)
             }
             PageState::Partial => self.fault_partial(store, page, f, t0),
@@ -1202,14 +1208,6 @@ impl Core {
         !self.write_probe.is_multiple_of(WRITES_PROBE)
     }
 
-    /// Whether the pages around `page` were mostly written soon after a read fault fetched
-    /// them ([`Core::writes_follow`], without its probe). Where pieces are not written back
-    /// alone, such a page is fetched whole even for a probe: its piece would be written, and
-    /// the rest of the page fetched then, a second round trip.
-    fn writes_learnt(&self, page: PageIndex) -> bool {
-        self.learnt[(page.0 / DENSITY_PAGES) as usize].writes >= WRITES_SURE
-    }
-
     /// A page fetched write-protected was written (`true`) or leaves unwritten.
     fn learn_writes(&mut self, page: PageIndex, written: bool) {
         nudge(
@@ -1274,9 +1272,6 @@ impl Core {
                 (true, false) => self.pages.lose_piece(page, i as u8),
                 // A pinned page is made whole and writable (mlock's populate), below.
                 (false, _) if write && self.pages.is_locked(page) => {}
-                // So is a page whose pieces cannot be written back alone: a write after a
-                // read, learnt as one of a piece would be.
-                (false, false) if write && !self.part_writes => self.learn_writes(page, true),
                 (false, false) if write => return self.write_piece(page, i as u8),
                 // A message queued before the piece was mapped or made writable: the thread
                 // retries.
@@ -1295,13 +1290,11 @@ impl Core {
         let whole = scan == Some(true)
             || u64::from(have.count_ones()) * 2 >= self.pages.pieces()
             || self.near_stream(page, i)
-            || self.pages.is_locked(page)
-            || (!self.part_writes && (write || self.writes_learnt(page)));
+            || self.pages.is_locked(page);
         let piece = (!whole).then_some(i as u8);
         // Fetched for a read where writes follow reads: mapped writable (the whole page, or
-        // the piece, written), as on a remote page; a piece only where pieces are written
-        // back alone.
-        let write = write || ((piece.is_none() || self.part_writes) && self.writes_follow(page));
+        // the piece, written), as on a remote page.
+        let write = write || self.writes_follow(page);
         if let Some(scan) = scan {
             // Learnt before room is made: that may drop this very page.
             self.learn_density(page, scan);
@@ -1476,13 +1469,8 @@ impl Core {
         page: PageIndex,
         f: Fill,
     ) -> Result<(), PagerError> {
-        let part_writes = self.part_writes;
         let fill = self.pages.fill_mut(page);
-        // A piece on its way lands write-protected where pieces are not written back alone:
-        // the write faults again on it then, and fetches the rest of the page.
-        if fill.piece.is_none() || part_writes {
-            fill.write |= f.write;
-        }
+        fill.write |= f.write;
         if fill.prefetched {
             fill.prefetched = false;
             fill.t0 = f.t0;
@@ -1643,7 +1631,12 @@ impl Core {
         let data = unsafe { self.staging.bytes(slot) };
         match pieces {
             0 => store.store(v, data)?,
-            _ => store.store_parts(v, data, pieces)?,
+            _ if self.part_writes => store.store_parts(v, data, pieces)?,
+            _ => {
+                // The rest of the page first: see `Core::merge`.
+                self.pages.begin_merge(v);
+                store.fetch(v)?;
+            }
         }
         Ok(())
     }
@@ -1777,7 +1770,8 @@ impl Core {
         }
         let pieces = self.pages.begin_leave(v, slot);
         Stats::add(&self.stats.evictions, 1);
-        if pieces == 0 {
+        // Written pieces the store cannot take alone leave with their page, whole.
+        if pieces == 0 || !self.part_writes {
             Stats::add(&self.stats.swap_outs, 1);
             Stats::add(&self.stats.bytes_written_back, ps);
         } else {
@@ -1793,6 +1787,9 @@ impl Core {
     /// A store operation finished.
     fn complete(&mut self, c: Completion<'_>) -> Result<(), PagerError> {
         match c {
+            Completion::Fetched { page, data } if self.pages.merging(page) => {
+                self.merge(page, data)?;
+            }
             Completion::Fetched { page, data } => {
                 let landed = self.pages.fetched(page);
                 self.land(page, landed, Some(data))?;
@@ -1803,6 +1800,32 @@ impl Core {
             }
         }
         self.update_local_bytes();
+        Ok(())
+    }
+
+    /// The rest of a leaving partial page came (`data`, the server's copy): its pieces the
+    /// program did not write go into its slot around those it wrote, and the page is written
+    /// back whole from there (after the store's poll: `Pager::poll_store`).
+    fn merge(&mut self, page: PageIndex, data: &[u8]) -> Result<(), PagerError> {
+        match self.pages.merged(page) {
+            Merged::Released { slot } => {
+                self.frees.push(page);
+                self.staging.release(slot);
+                self.uffd.wake(self.addr(page), self.ps())?;
+            }
+            Merged::Write { slot, written } => {
+                assert_eq!(data.len() as u64, self.ps(), "page {}", page.0);
+                // SAFETY: the slot holds this page until its write-back lands; only the pager
+                // touches the staging area.
+                let dst = unsafe { self.staging.bytes_mut(slot) };
+                for i in (0..self.pages.pieces()).filter(|i| written & (1 << i) == 0) {
+                    let at = (i * PIECE) as usize;
+                    dst[at..at + PIECE as usize].copy_from_slice(&data[at..at + PIECE as usize]);
+                }
+                Stats::add(&self.stats.bytes_fetched, self.ps());
+                self.merged.push((page, slot));
+            }
+        }
         Ok(())
     }
 

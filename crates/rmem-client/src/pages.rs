@@ -17,6 +17,8 @@ use crate::PageIndex;
 ///  Dirty --evict(move out, zero-filled and all zeros again)--> Untouched
 ///  Leaving --fault--> LeavingWanted --written--> Clean | Dirty (reinstalled locally)
 ///  Partial --evict(written pieces: move out)--> Leaving --written--> Remote
+///    (where pieces are not written alone, the Leaving page's rest is fetched into its slot
+///    first and the page written whole: PageStates::begin_merge)
 ///  LeavingWanted(pieces) --written--> Remote (fetched again by the faults that wait)
 ///  Dirty --sync--> Syncing --written--> Clean
 ///  Syncing --write--> SyncingDirty --written--> Dirty

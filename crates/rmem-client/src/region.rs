@@ -315,6 +315,18 @@ impl Staging {
         // SAFETY: per the contract above, the slot is populated and stable.
         unsafe { std::slice::from_raw_parts(self.addr(slot) as *const u8, self.slot_size as usize) }
     }
+
+    /// The bytes of a slot that holds a moved page, to change them.
+    ///
+    /// # Safety
+    /// As [`Staging::bytes`].
+    pub unsafe fn bytes_mut(&mut self, slot: u32) -> &mut [u8] {
+        // SAFETY: per the contract above, the slot is populated, and only the pager, which
+        // holds `self` mutably, touches it.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.addr(slot) as *mut u8, self.slot_size as usize)
+        }
+    }
 }
 
 /// Drops many pages of a mapping in one system call: `process_madvise(2)` on our own process

@@ -43,6 +43,20 @@ struct Leave {
     /// A partial page's pieces that were mapped, and so hold memory in the slot (its other
     /// pieces are the zero page there); 0 for a whole page.
     held: u64,
+    /// The written pieces wait for the rest of the page, being fetched, to be written back
+    /// with it, whole (a store that writes no piece alone: [`PageStates::begin_merge`]).
+    merge: bool,
+}
+
+/// What the fetch of a leaving partial page's other pieces means ([`PageStates::merged`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Merged {
+    /// The program freed the page meanwhile: it is untouched now; forget the server copy,
+    /// free the slot, wake the threads that wait on it.
+    Released { slot: u32 },
+    /// Fill the pieces of `slot` not in `written` from what came, and write the page back
+    /// whole from the slot: it leaves as a whole page from now on.
+    Write { slot: u32, written: u64 },
 }
 
 /// What the end of a fetch or a write-back means for the page.
@@ -674,9 +688,40 @@ impl PageStates {
                 wanted: None,
                 pieces,
                 held,
+                merge: false,
             },
         );
         pieces
+    }
+
+    /// A partial victim's written pieces cannot be written back alone (the store keeps pages
+    /// sealed by the piece): the rest of the page is fetched first, and the page written back
+    /// whole ([`PageStates::merged`]). It stays leaving meanwhile.
+    pub fn begin_merge(&mut self, page: PageIndex) {
+        let l = self.leaving.get_mut(&page).expect("a leaving page");
+        assert!(l.pieces != 0 && !l.merge, "page {} merged twice", page.0);
+        l.merge = true;
+    }
+
+    /// Whether a fetch of `page` that landed is a merge's ([`PageStates::begin_merge`]).
+    pub fn merging(&self, page: PageIndex) -> bool {
+        self.leaving.get(&page).is_some_and(|l| l.merge)
+    }
+
+    /// The rest of a merging page came: it leaves whole from now on (its write-back lands
+    /// as any page's, and a fault meanwhile reinstalls it from the slot), or it was freed.
+    pub fn merged(&mut self, page: PageIndex) -> Merged {
+        if self.released.remove(&page) {
+            let leave = self.end_leave(page);
+            self.table.transition(page, PageState::Untouched);
+            return Merged::Released { slot: leave.slot };
+        }
+        let l = self.leaving.get_mut(&page).expect("a merging page");
+        let (slot, written, held) = (l.slot, l.pieces, l.held);
+        (l.merge, l.pieces, l.held) = (false, 0, 0);
+        self.leave_part_pages -= 1;
+        self.leave_part_units -= held;
+        Merged::Write { slot, written }
     }
 
     /// The program faulted on a page whose write-back is in flight.
@@ -1157,6 +1202,64 @@ mod tests {
         s.begin_fill(a, fill(false));
         assert!(matches!(s.fetched(a), Landed::Map { write: true, .. }));
         assert_eq!(s.get(a), PageState::Dirty);
+        assert!(!s.any_written_pieces());
+        s.check();
+    }
+
+    /// Where pieces cannot be written alone, a partial victim's written pieces wait in its
+    /// slot for the rest of the page: then it leaves whole (reinstalled whole if wanted), or,
+    /// freed meanwhile, is released.
+    #[test]
+    fn a_merged_page_leaves_whole() {
+        let mut s = states();
+        s.set_pieces(16);
+        let (a, b) = (PageIndex(1), PageIndex(2));
+        for p in [a, b] {
+            remote(&mut s, p);
+            s.begin_fill(p, piece(3));
+            s.fetched(p);
+            s.write_piece(p, 3);
+        }
+        assert_eq!(s.take_victim(true), Some(a));
+        assert_eq!(s.begin_leave(a, 0), 1 << 3);
+        s.begin_merge(a);
+        assert!(s.merging(a) && s.any_written_pieces());
+        assert_eq!(
+            (s.resident_units(), s.local()),
+            (1, 1),
+            "b's piece; a's in its slot"
+        );
+        s.want(a, fill(false));
+        assert_eq!(
+            s.merged(a),
+            Merged::Write {
+                slot: 0,
+                written: 1 << 3
+            }
+        );
+        assert!(!s.merging(a));
+        assert_eq!(s.local(), 2, "a whole in its slot now");
+        s.check();
+        assert_eq!(s.stored(a), Landed::Queued);
+        let (p, landed) = s.next_reinstall().expect("wanted");
+        assert_eq!(p, a);
+        assert!(matches!(
+            landed,
+            Landed::Map {
+                write: false,
+                present: 0,
+                slot: Some(0),
+                ..
+            }
+        ));
+        assert_eq!(s.get(a), PageState::Clean);
+        // Freed while its rest is on the way: released when it comes.
+        assert_eq!(s.take_victim(true), Some(b));
+        s.begin_leave(b, 1);
+        s.begin_merge(b);
+        assert_eq!(s.free(b), Freed::Later);
+        assert_eq!(s.merged(b), Merged::Released { slot: 1 });
+        assert_eq!(s.get(b), PageState::Untouched);
         assert!(!s.any_written_pieces());
         s.check();
     }
