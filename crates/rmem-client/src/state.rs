@@ -46,6 +46,9 @@ struct Leave {
     /// The written pieces wait for the rest of the page, being fetched, to be written back
     /// with it, whole (a store that writes no piece alone: [`PageStates::begin_merge`]).
     merge: bool,
+    /// The page was merged: it leaves whole, but left the budget as a partial page, so when
+    /// wanted it is fetched again rather than reinstalled ([`Landed::Refetch`]).
+    merged: bool,
 }
 
 /// What the fetch of a leaving partial page's other pieces means ([`PageStates::merged`]).
@@ -689,6 +692,7 @@ impl PageStates {
                 pieces,
                 held,
                 merge: false,
+                merged: false,
             },
         );
         pieces
@@ -709,7 +713,8 @@ impl PageStates {
     }
 
     /// The rest of a merging page came: it leaves whole from now on (its write-back lands
-    /// as any page's, and a fault meanwhile reinstalls it from the slot), or it was freed.
+    /// as any page's; a fault meanwhile fetches it again then, [`Landed::Refetch`]), or it
+    /// was freed.
     pub fn merged(&mut self, page: PageIndex) -> Merged {
         if self.released.remove(&page) {
             let leave = self.end_leave(page);
@@ -718,7 +723,7 @@ impl PageStates {
         }
         let l = self.leaving.get_mut(&page).expect("a merging page");
         let (slot, written, held) = (l.slot, l.pieces, l.held);
-        (l.merge, l.pieces, l.held) = (false, 0, 0);
+        (l.merge, l.merged, l.pieces, l.held) = (false, true, 0, 0);
         self.leave_part_pages -= 1;
         self.leave_part_units -= held;
         Merged::Write { slot, written }
@@ -756,9 +761,12 @@ impl PageStates {
             Landed::Released {
                 slot: Some(leave.slot),
             }
-        } else if leave.wanted.is_some() && leave.pieces != 0 {
+        } else if leave.wanted.is_some() && (leave.pieces != 0 || leave.merged) {
             // The slot holds zeros where pieces were not mapped: the page comes from the
-            // server again.
+            // server again. So does a merged page: it left as a partial page, giving back
+            // only its pieces, and the room for all of it is made by the fault that fetches
+            // it (a reinstall with every other page in flight would hold one page over the
+            // budget until one lands).
             self.end_leave(page);
             self.table.transition(page, PageState::Remote);
             Landed::Refetch { slot: leave.slot }
@@ -1207,8 +1215,8 @@ mod tests {
     }
 
     /// Where pieces cannot be written alone, a partial victim's written pieces wait in its
-    /// slot for the rest of the page: then it leaves whole (reinstalled whole if wanted), or,
-    /// freed meanwhile, is released.
+    /// slot for the rest of the page: then it leaves whole (fetched again if wanted, as a
+    /// partial page that left is), or, freed meanwhile, is released.
     #[test]
     fn a_merged_page_leaves_whole() {
         let mut s = states();
@@ -1240,19 +1248,8 @@ mod tests {
         assert!(!s.merging(a));
         assert_eq!(s.local(), 2, "a whole in its slot now");
         s.check();
-        assert_eq!(s.stored(a), Landed::Queued);
-        let (p, landed) = s.next_reinstall().expect("wanted");
-        assert_eq!(p, a);
-        assert!(matches!(
-            landed,
-            Landed::Map {
-                write: false,
-                present: 0,
-                slot: Some(0),
-                ..
-            }
-        ));
-        assert_eq!(s.get(a), PageState::Clean);
+        assert_eq!(s.stored(a), Landed::Refetch { slot: 0 });
+        assert_eq!((s.get(a), s.local()), (PageState::Remote, 1));
         // Freed while its rest is on the way: released when it comes.
         assert_eq!(s.take_victim(true), Some(b));
         s.begin_leave(b, 1);
