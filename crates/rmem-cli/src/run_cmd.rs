@@ -82,8 +82,9 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug)]
 pub struct LayoutArgs {
     /// How each page is kept: none (one server), replicas:N (N servers), ec:K+M (K data and M
-    /// parity fragments on K+M servers), or auto: ec:K+1 with K = servers - 1 up to 4 when
-    /// there are 3 servers or more, else none (docs/configuration.md).
+    /// parity fragments on K+M servers), or auto: ec:K+1 with K = servers - 1 up to 4 (the
+    /// largest of those dividing the page's 4 KiB pieces: 2 on four servers at 64 KiB pages)
+    /// when there are 3 servers or more, else none (docs/configuration.md).
     #[arg(long, default_value = "auto")]
     pub redundancy: String,
     /// Encrypt and authenticate pages with a key made in the program and never sent
@@ -574,7 +575,7 @@ fn unpaged(peak: u64, local: u64, min_alloc: &str, anon_mmap: bool) -> Option<St
 /// `--redundancy` that covers the loss it goes on (and rebuilds), otherwise the runtime stops
 /// it within its lease, naming every lost server, with exit status 69. (This once stopped the
 /// program two seconds after any of its servers died, so `rmem run --servers 4` lost the run
-/// that its default `ec:3+1` had kept.) Returns the program's status and its peak resident
+/// that its default then, `ec:3+1`, had kept.) Returns the program's status and its peak resident
 /// set in bytes (its and its waited-for children's, from `wait4`).
 fn wait_watching(
     child: &mut std::process::Child,
