@@ -389,27 +389,25 @@ impl Config {
     /// The redundancy and encryption to use over `servers`: as configured, else the
     /// defaults. With three servers or more, each page survives losing one: K data fragments
     /// and one parity fragment, K = servers - 1 up to 4 (1.25x the memory at 5 servers and
-    /// more; replicas would take 2x; docs/benchmarks.md), and of those the largest that
-    /// divides the page's 4 KiB pieces (64 KiB pages: 2 on four servers, not 3), so that
-    /// sealed pages are sealed by the piece and read a piece at a time (store/codec.rs):
-    /// `ec:2+1` on four servers takes 1.5x the memory against `ec:3+1`'s 1.33x, and read and
-    /// updated 2.4-2.8x faster at random (docs/benchmarks.md, "Pieces under a seal"). Pages
-    /// are encrypted whenever a server is not on this host's loopback.
+    /// more; replicas would take 2x; docs/benchmarks.md), and of those the largest under
+    /// which pages are sealed by the piece and read a piece at a time
+    /// ([`codec::sealed_by_piece`]: at 64 KiB pages 2 on four servers, not 3): `ec:2+1` on
+    /// four servers takes 1.5x the memory against `ec:3+1`'s 1.33x, and read and updated
+    /// 2.2-3.0x faster at random (docs/benchmarks.md, "Pieces under a seal"). Pages are
+    /// encrypted whenever a server is not on this host's loopback.
+    ///
+    /// [`codec::sealed_by_piece`]: crate::store::codec::sealed_by_piece
     pub fn layout(&self) -> (crate::store::codec::Redundancy, bool) {
         use crate::store::codec::Redundancy;
         let n = self.servers.len();
         let redundancy = self.redundancy.unwrap_or(if n >= 3 {
+            let ec = |k: usize| Redundancy::Ec { k: k as u8, m: 1 };
             let most = (n - 1).min(4);
-            let pieces = self.page_size / 4096;
-            let k = if (2..=64).contains(&pieces) {
-                (1..=most)
-                    .rev()
-                    .find(|k| pieces.is_multiple_of(*k))
-                    .unwrap_or(1)
-            } else {
-                most
-            };
-            Redundancy::Ec { k: k as u8, m: 1 }
+            (1..=most)
+                .rev()
+                .map(ec)
+                .find(|&r| crate::store::codec::sealed_by_piece(self.page_size, r))
+                .unwrap_or(ec(most))
         } else {
             Redundancy::None
         });

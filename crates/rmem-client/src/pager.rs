@@ -1809,18 +1809,16 @@ impl Core {
     fn merge(&mut self, page: PageIndex, data: &[u8]) -> Result<(), PagerError> {
         match self.pages.merged(page) {
             Merged::Released { slot } => {
-                self.frees.push(page);
-                self.staging.release(slot);
-                self.uffd.wake(self.addr(page), self.ps())?;
+                self.land(page, Landed::Released { slot: Some(slot) }, None)?;
             }
             Merged::Write { slot, written } => {
                 assert_eq!(data.len() as u64, self.ps(), "page {}", page.0);
+                let all = u64::MAX >> (64 - self.pages.pieces());
                 // SAFETY: the slot holds this page until its write-back lands; only the pager
                 // touches the staging area.
                 let dst = unsafe { self.staging.bytes_mut(slot) };
-                for i in (0..self.pages.pieces()).filter(|i| written & (1 << i) == 0) {
-                    let at = (i * PIECE) as usize;
-                    dst[at..at + PIECE as usize].copy_from_slice(&data[at..at + PIECE as usize]);
+                for (at, len) in crate::store::piece_runs(all & !written) {
+                    dst[at..at + len].copy_from_slice(&data[at..at + len]);
                 }
                 Stats::add(&self.stats.bytes_fetched, self.ps());
                 self.merged.push((page, slot));

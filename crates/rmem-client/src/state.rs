@@ -43,12 +43,21 @@ struct Leave {
     /// A partial page's pieces that were mapped, and so hold memory in the slot (its other
     /// pieces are the zero page there); 0 for a whole page.
     held: u64,
+    /// Where a partial page's written pieces cannot be written back alone.
+    merge: Merge,
+}
+
+/// A leaving partial page's merge with the rest of its page ([`PageStates::begin_merge`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Merge {
+    /// None: a whole page, or written pieces written back alone.
+    No,
     /// The written pieces wait for the rest of the page, being fetched, to be written back
-    /// with it, whole (a store that writes no piece alone: [`PageStates::begin_merge`]).
-    merge: bool,
-    /// The page was merged: it leaves whole, but left the budget as a partial page, so when
-    /// wanted it is fetched again rather than reinstalled ([`Landed::Refetch`]).
-    merged: bool,
+    /// with it, whole (a store that writes no piece alone).
+    Waiting,
+    /// Merged: it leaves whole, but left the budget as a partial page, so when wanted it is
+    /// fetched again rather than reinstalled ([`Landed::Refetch`]).
+    Done,
 }
 
 /// What the fetch of a leaving partial page's other pieces means ([`PageStates::merged`]).
@@ -691,8 +700,7 @@ impl PageStates {
                 wanted: None,
                 pieces,
                 held,
-                merge: false,
-                merged: false,
+                merge: Merge::No,
             },
         );
         pieces
@@ -703,13 +711,19 @@ impl PageStates {
     /// whole ([`PageStates::merged`]). It stays leaving meanwhile.
     pub fn begin_merge(&mut self, page: PageIndex) {
         let l = self.leaving.get_mut(&page).expect("a leaving page");
-        assert!(l.pieces != 0 && !l.merge, "page {} merged twice", page.0);
-        l.merge = true;
+        assert!(
+            l.pieces != 0 && l.merge == Merge::No,
+            "page {} merged twice",
+            page.0
+        );
+        l.merge = Merge::Waiting;
     }
 
     /// Whether a fetch of `page` that landed is a merge's ([`PageStates::begin_merge`]).
     pub fn merging(&self, page: PageIndex) -> bool {
-        self.leaving.get(&page).is_some_and(|l| l.merge)
+        self.leaving
+            .get(&page)
+            .is_some_and(|l| l.merge == Merge::Waiting)
     }
 
     /// The rest of a merging page came: it leaves whole from now on (its write-back lands
@@ -723,7 +737,7 @@ impl PageStates {
         }
         let l = self.leaving.get_mut(&page).expect("a merging page");
         let (slot, written, held) = (l.slot, l.pieces, l.held);
-        (l.merge, l.merged, l.pieces, l.held) = (false, true, 0, 0);
+        (l.merge, l.pieces, l.held) = (Merge::Done, 0, 0);
         self.leave_part_pages -= 1;
         self.leave_part_units -= held;
         Merged::Write { slot, written }
@@ -761,7 +775,7 @@ impl PageStates {
             Landed::Released {
                 slot: Some(leave.slot),
             }
-        } else if leave.wanted.is_some() && (leave.pieces != 0 || leave.merged) {
+        } else if leave.wanted.is_some() && (leave.pieces != 0 || leave.merge == Merge::Done) {
             // The slot holds zeros where pieces were not mapped: the page comes from the
             // server again. So does a merged page: it left as a partial page, giving back
             // only its pieces, and the room for all of it is made by the fault that fetches

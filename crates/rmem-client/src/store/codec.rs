@@ -111,8 +111,9 @@ impl fmt::Display for Redundancy {
 /// Bytes a seal adds to a page (or, sealed by the piece, to each piece).
 pub const SEAL_LEN: usize = 16;
 
-/// A piece: what a sub-page fetch reads, and what a page sealed by the piece seals alone.
-pub const PIECE: usize = 4096;
+/// A piece: what a sub-page fetch reads, and what a page sealed by the piece seals alone
+/// (the pager's piece, rmem-uffd's).
+pub const PIECE: usize = rmem_uffd::PIECE as usize;
 
 /// A piece with its seal, as a page sealed by the piece is stored.
 pub const CELL: usize = PIECE + SEAL_LEN;
@@ -186,15 +187,8 @@ impl Codec {
         } else {
             Seal::Checksum
         };
-        let pieces = page_size / PIECE;
-        let by_piece = !matches!(seal, Seal::Plain)
-            && page_size.is_multiple_of(PIECE)
-            && (2..=CELLS_MAX).contains(&pieces)
-            && match redundancy {
-                Redundancy::Ec { k, .. } => pieces.is_multiple_of(k as usize),
-                _ => true,
-            };
-        let cells = if by_piece { pieces } else { 0 };
+        let by_piece = !matches!(seal, Seal::Plain) && sealed_by_piece(page_size, redundancy);
+        let cells = if by_piece { page_size / PIECE } else { 0 };
         let sealed = sealed_len(page_size, &seal, cells);
         let (unit_len, rs) = match redundancy {
             Redundancy::Ec { k, m } if cells > 0 => {
@@ -526,6 +520,19 @@ impl Codec {
         }
         Ok(())
     }
+}
+
+/// Whether a sealed page of `page_size` bytes kept as `redundancy` is sealed by the piece:
+/// 2 to 64 pieces, and under `ec:K+M` K dividing their number (a fragment holds whole cells).
+/// The default layout prefers such a K ([`crate::Config::layout`]).
+pub fn sealed_by_piece(page_size: usize, redundancy: Redundancy) -> bool {
+    let pieces = page_size / PIECE;
+    page_size.is_multiple_of(PIECE)
+        && (2..=CELLS_MAX).contains(&pieces)
+        && match redundancy {
+            Redundancy::Ec { k, .. } => pieces.is_multiple_of(k as usize),
+            _ => true,
+        }
 }
 
 /// Bytes of a sealed page: the page and its seal (none when pages go as they are), or its
