@@ -11,7 +11,8 @@
  *   regions open-hold NAME        opens, prints "opened", waits for a line (its creator frees
  *                                 the region meanwhile), then fails with EIO
  *   regions open-fails NAME       rmem_region_open fails with ENOENT
- *   regions layout-refused        rmem_region_create fails with ENOTSUP (a sealed layout)
+ *   regions layout-refused        rmem_region_create_named fails with ENOTSUP (a sealed
+ *                                 layout: only unnamed regions take one)
  * Prints "ok" and exits 0 when every check passes; "FAIL ..." and exits 1 otherwise. */
 #include <errno.h>
 #include <pthread.h>
@@ -279,7 +280,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc >= 2 && !strcmp(argv[1], "layout-refused")) {
-        rmem_region_t *r = rmem_region_create(1 << 20);
+        rmem_region_t *r = rmem_region_create_named("sealed", 1 << 20);
         if (r || errno != ENOTSUP || !strstr(rmem_last_error(), "docs/regions.md")) {
             printf("FAIL a sealed layout: errno %d, \"%s\"\n", errno, rmem_last_error());
             return 1;

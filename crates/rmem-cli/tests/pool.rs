@@ -13,7 +13,8 @@
 //! full, and a persisted one killed and restarted mid-run without a wrong or lost page; a
 //! server whose node runs short of memory (a real hog in its memory cgroup) sheds its pages
 //! while the stress runs and lends again once the hog is gone (root: it makes the cgroup);
-//! `rmem nbd --manager` round-trips a file; `--max-remote`
+//! `rmem nbd --manager` round-trips a file; an unnamed direct region keeps every byte of the
+//! regions stress while a server holding its pages is drained; `--max-remote`
 //! enforced from both sides; bad
 //! input (wrong token, malformed frames, an unreachable manager, a memory server taken for a
 //! manager). Everything runs on loopback; every wait is bounded and every process is killed
@@ -257,6 +258,46 @@ fn a_server_drained_mid_run_ends_empty_and_the_program_never_notices() {
     let st = servers[0].child.try_wait().unwrap();
     assert_eq!(st.and_then(|s| s.code()), Some(0), "{}", servers[0].log());
     assert!(servers[0].log().contains("drained"), "{}", servers[0].log());
+}
+
+/// An unnamed direct region in a pool (issue 13 items 3 and 8: its pages go through the page
+/// store, placed by the manager, with the layout a pool of four takes): the regions stress
+/// (8 threads of random unaligned ranges against reference copies) while a server holding
+/// its pages is drained. Every byte matches; the drained server ends empty and exits.
+#[test]
+fn a_direct_region_in_a_pool_keeps_every_byte_while_its_server_is_drained() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut servers = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let prog = build_c("tests/c/regions.c");
+    let run = run_in_pool(
+        &m.addr,
+        &["--api"],
+        &[prog.to_str().unwrap(), "stress", "6000000", "6"],
+        false,
+    );
+    let victim = servers[0].addr.clone();
+    await_status(&m.addr, Duration::from_secs(30), |st| {
+        server_row(st, &victim)["used_bytes"].as_u64().unwrap_or(0) > 256 << 10
+    })
+    .unwrap();
+    let drained = pool_drain(&m.addr, &victim);
+    let out = wait_bounded(run, Duration::from_secs(240), "regions under a drain");
+    assert!(
+        drained.status.success(),
+        "{}\n{}",
+        shown(&drained),
+        shown(&out)
+    );
+    assert!(
+        out.status.success() && out.stdout.lines().any(|l| l.starts_with("ok")),
+        "{}",
+        shown(&out)
+    );
+    let leaving = format!("memory server {victim} is leaving the pool");
+    assert!(out.stderr.contains(&leaving), "{}", shown(&out));
+    assert_exits_drained(&mut servers[0], Duration::from_secs(10));
 }
 
 /// SIGTERM to an idle server whose manager has gone: it leaves (exit 0, "drained") within a

@@ -164,7 +164,8 @@ r.close()
 """
 
 # The creator: writes, lets a second process (OPENER, argv[1]) open and check it, reads what
-# that one wrote; then the name is gone once closed, and a sealed layout is refused.
+# that one wrote; then the name is gone once closed; under a sealed layout an unnamed region
+# keeps its bytes and a named one is refused.
 HANDOFF = """
     import errno, os, subprocess, sys, numpy as np, rmem
     rmem.connect(local="8M")
@@ -188,10 +189,14 @@ HANDOFF = """
         print("gone after close")
     rmem.close()
     rmem.connect(local="8M", encrypt=True)
+    with rmem.Region(200000) as sealed:
+        sealed.write(70000, data[:100000])
+        print("sealed unnamed", sealed.read(70000, 100000) == data[:100000]
+              and sealed.read(0, 70000) == bytes(70000))
     try:
-        rmem.Region(100)
+        rmem.Region(100, name=name + "-sealed")
     except OSError as e:
-        print("sealed layout", e.errno == errno.ENOTSUP)
+        print("sealed named", e.errno == errno.ENOTSUP)
 """
 
 
@@ -214,5 +219,5 @@ def test_a_second_process_opens_a_named_region(user, tmp_path):
     out = r.stdout
     assert r.returncode == 0, out + r.stderr
     for line in ("name taken", f"opened {(3 << 20) + 12345} True", "written back True",
-                 "gone after close", "sealed layout True"):
+                 "gone after close", "sealed unnamed True", "sealed named True"):
         assert line in out, out + r.stderr

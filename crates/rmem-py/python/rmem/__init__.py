@@ -301,11 +301,13 @@ class Region:
 
     ``Region(size, name=None)`` makes a region of ``size`` bytes (an int, or a string such
     as ``"64M"``) on the servers of this process's session, connecting with the defaults
-    first when :func:`connect` was not called; it needs the plain layout (no
-    ``redundancy`` and no ``encrypt``: those raise ``OSError`` with ``errno.ENOTSUP``) and a
-    list of servers (not a pool's ``manager``). With a ``name`` (1 to 64 of
-    ``[A-Za-z0-9._-]``, not starting with ``.``) other processes of the same user can
-    :meth:`open` it while this one holds it. :meth:`close` (or leaving a ``with`` block, or
+    first when :func:`connect` was not called. Under the plain layout (no ``redundancy``, no
+    ``encrypt``) each piece of a range is a byte-range request; under any other layout, or
+    in a pool, whole pages (or 4 KiB pieces) are read, changed and stored again sealed, with
+    paged memory's failover and repair. With a ``name`` (1 to 64 of ``[A-Za-z0-9._-]``, not
+    starting with ``.``) other processes of the same user can :meth:`open` it while this one
+    holds it; a named region needs the plain layout on a list of servers (else ``OSError``
+    with ``errno.ENOTSUP``). :meth:`close` (or leaving a ``with`` block, or
     the object being freed) ends the region, for every process that opened it when this
     process made it. The session's servers stay up while a region on them is open, even
     after :func:`close`.

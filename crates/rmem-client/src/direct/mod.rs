@@ -18,9 +18,14 @@
 //! so a second process that opens the region by name finds every page without asking its
 //! creator. A server that is full refuses a write (`ENOSPC`); no other server takes the page.
 //!
-//! Layouts: byte ranges are exact only where a server stores a page as it is. A sealed page
-//! (encryption, or the checksums of replicas) or an erasure-coded one cannot be patched by
-//! the server, so regions are refused under those layouts (see docs/regions.md).
+//! Layouts: byte ranges are exact only where a server stores a page as it is (`--redundancy
+//! none`, not encrypted): then each piece is a byte-range request ([`Ranges`]). A sealed page
+//! (encryption, or the checksums of replicas) or an erasure-coded one cannot be read or
+//! patched by a server, and a pool's servers come and go; an unnamed region then goes through
+//! the pager's page store ([`paged`]: whole pages, or 4 KiB pieces where sealed by the piece,
+//! read, patched and stored again by this process, with the store's failover and repair). A
+//! named region needs the plain layout and a list of servers: the key, versions and placement
+//! of sealed pages live in the process that wrote them (see docs/regions.md).
 //!
 //! Named regions: the creator writes a registration file (0600, in a 0700 directory of the
 //! user's: `$XDG_RUNTIME_DIR/rmem-regions`, else `/tmp/rmem-regions-UID`) with the session
@@ -41,6 +46,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod paged;
+
 /// Bytes of pieces in flight at once per region when `RMEM_REGION_INFLIGHT` is not set.
 pub const INFLIGHT_BYTES_DEFAULT: u64 = 64 << 20;
 /// Longest region name.
@@ -49,6 +56,8 @@ pub const NAME_LEN_MAX: usize = 64;
 const SPIN_INFLIGHT_MAX: u64 = 64 << 10;
 /// How often the engine looks at its connections when nothing happens (timeouts, pings).
 const TICK: Duration = Duration::from_millis(100);
+/// How often while the backend has work of its own under way (a page store's repair).
+const BUSY_TICK: Duration = Duration::from_millis(2);
 
 /// Why a region call failed. [`RegionError::errno`] is what the C API sets.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +81,9 @@ pub enum RegionError {
     },
     #[error("memory server {server} is full: a new page of the region does not fit")]
     Full { server: String },
+    /// A page store refused a page for want of room (every server full, or the pool's grant).
+    #[error("{0}")]
+    NoRoom(String),
     #[error("the region is unusable: {0}")]
     Failed(String),
     #[error(transparent)]
@@ -88,7 +100,7 @@ impl RegionError {
             RegionError::NoSuchName { .. } => libc::ENOENT,
             RegionError::NameTaken { .. } => libc::EEXIST,
             RegionError::Registry { .. } => libc::EACCES,
-            RegionError::Full { .. } => libc::ENOSPC,
+            RegionError::Full { .. } | RegionError::NoRoom(_) => libc::ENOSPC,
             RegionError::Failed(_) | RegionError::Store(_) => libc::EIO,
         }
     }
@@ -220,19 +232,28 @@ impl DirectRegion {
             return Err(RegionError::Invalid("a region of 0 bytes".into()));
         }
         let (redundancy, encrypt) = config.layout();
-        if redundancy != crate::store::codec::Redundancy::None || encrypt {
+        let sealed = redundancy != crate::store::codec::Redundancy::None || encrypt;
+        if name.is_none() && (sealed || config.manager.is_some()) {
+            // The servers cannot serve byte ranges of sealed or coded pages, and a pool's
+            // servers come and go: the pager's page store takes the region's pages whole.
+            let store = crate::store::cluster::RemoteStore::from_config(config)?;
+            return DirectRegion::with_backend(
+                Box::new(paged::Paged::new(Box::new(store), config.page_size)),
+                size,
+                config.page_size,
+                config.spin,
+                inflight_limit()?,
+            );
+        }
+        if sealed {
             return Err(RegionError::Layout(format!(
-                "direct regions need pages stored as they are, so that a server can read and \
-                 write a byte range of one; this configuration seals them (--redundancy \
-                 {redundancy}{}), which only whole pages can be (use --redundancy none \
-                 without --encrypt for regions; see docs/regions.md)",
+                "a named region needs pages stored as they are, so that another process can                  read and write byte ranges of them: this configuration seals them                  (--redundancy {redundancy}{}), and the key and versions of sealed pages stay                  in the process that wrote them (use --redundancy none without --encrypt for                  named regions, or an unnamed region; see docs/regions.md)",
                 if encrypt { ", --encrypt" } else { "" }
             )));
         }
         if config.manager.is_some() || config.servers.is_empty() {
             return Err(RegionError::Layout(
-                "direct regions need a list of servers; a pool's manager (RMEM_MANAGER) is not \
-                 supported for them yet"
+                "a named region needs a list of servers (RMEM_SERVERS), so that another process                  finds its pages; a pool's manager (RMEM_MANAGER) places pages where it likes                  (use an unnamed region in a pool; see docs/regions.md)"
                     .into(),
             ));
         }
@@ -311,6 +332,29 @@ impl DirectRegion {
                 }
             }
         }
+        let ranges = Ranges {
+            conns,
+            ops: HashMap::new(),
+            next_op: 0,
+            inflight_bytes: 0,
+            owner,
+        };
+        DirectRegion::with_backend(
+            Box::new(ranges),
+            place.size,
+            place.page_size,
+            spin,
+            inflight_max,
+        )
+    }
+
+    fn with_backend(
+        backend: Box<dyn Backend>,
+        size: u64,
+        page_size: usize,
+        spin: Duration,
+        inflight_max: u64,
+    ) -> Result<DirectRegion, RegionError> {
         // SAFETY: eventfd has no memory arguments; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -331,13 +375,9 @@ impl DirectRegion {
         });
         let engine = Arc::new(Mutex::new(Engine {
             shared: shared.clone(),
-            conns,
-            ops: HashMap::new(),
+            backend,
             waiting: VecDeque::new(),
-            next_op: 0,
-            inflight_bytes: 0,
             inflight_max,
-            owner,
             next_tick: Instant::now() + TICK,
             spin,
         }));
@@ -353,8 +393,8 @@ impl DirectRegion {
             shared,
             engine,
             ticker: Some(ticker),
-            size: place.size,
-            page_size: place.page_size,
+            size,
+            page_size,
             registered: None,
         })
     }
@@ -468,7 +508,8 @@ impl DirectRegion {
         let mut last = Instant::now();
         while !job.done() {
             engine.take_queued();
-            let sleep = last.elapsed() >= engine.spin || engine.inflight_bytes > SPIN_INFLIGHT_MAX;
+            let sleep = last.elapsed() >= engine.spin
+                || engine.backend.inflight_bytes() > SPIN_INFLIGHT_MAX;
             match engine.step(sleep) {
                 Ok(0) => crate::config::spin_pause(),
                 Ok(_) => last = Instant::now(),
@@ -497,29 +538,51 @@ impl Drop for DirectRegion {
     }
 }
 
-/// The engine's state: the links, the pieces in flight by op, those waiting for room.
+/// Where a region's pieces go: straight to the servers as byte ranges ([`Ranges`]), or
+/// through a page store ([`paged::Paged`]) where the servers cannot serve byte ranges.
+trait Backend: Send {
+    /// Send `p`, or hold it until its page is free.
+    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), StoreError>;
+    /// Bytes of pieces (or pages) under way.
+    fn inflight_bytes(&self) -> u64;
+    /// Whether anything is under way.
+    fn busy(&self) -> bool;
+    fn flush(&mut self, now: Instant) -> Result<(), StoreError>;
+    /// Descriptors to wait on for answers.
+    fn pollfds(&self, out: &mut Vec<libc::pollfd>);
+    /// Take the answers that came, answering pieces; how many came.
+    fn take_answers(&mut self, now: Instant, stats: &RegionStats) -> Result<usize, StoreError>;
+    /// Upkeep every [`TICK`]: pings, deadlines.
+    fn tick(&mut self, now: Instant) -> Result<(), StoreError>;
+    /// Whether work of its own (a repair) wants polling more often than every [`TICK`].
+    fn wants_polling(&self) -> bool {
+        false
+    }
+    /// Every piece held or under way, taken back (the region failed).
+    fn drain(&mut self) -> Vec<Piece>;
+    /// The region is freed: end the sessions this process made.
+    fn end_sessions(&mut self);
+}
+
+/// The engine's state: where pieces go, and those waiting for room.
 struct Engine {
     shared: Arc<Shared>,
-    conns: Vec<Conn>,
-    ops: HashMap<u64, Piece>,
+    backend: Box<dyn Backend>,
     waiting: VecDeque<Piece>,
-    next_op: u64,
-    inflight_bytes: u64,
     inflight_max: u64,
-    /// This process created the sessions: it ends them when the region is freed.
-    owner: bool,
     /// When the links are next looked at for timeouts and pings.
     next_tick: Instant,
     /// How long a driving caller polls without sleeping after an answer (`RMEM_SPIN_US`).
     spin: Duration,
 }
 
-/// The ticker thread: every [`TICK`], unless a caller is driving the engine, take answers
-/// and ping idle links; when the region is dropped, end its sessions if this process made
-/// them.
+/// The ticker thread: every [`TICK`] (more often while the backend has work of its own),
+/// unless a caller is driving the engine, take answers and ping idle links; when the region
+/// is dropped, end its sessions if this process made them.
 fn tick_until_stopped(shared: &Shared, engine: &Mutex<Engine>) {
+    let mut period = TICK;
     loop {
-        std::thread::park_timeout(TICK);
+        std::thread::park_timeout(period);
         let (stop, failed) = {
             let q = shared.queue.lock().unwrap_or_else(|e| e.into_inner());
             (q.stop, q.failed.is_some())
@@ -535,12 +598,15 @@ fn tick_until_stopped(shared: &Shared, engine: &Mutex<Engine>) {
             if let Err(err) = e.step(false) {
                 e.fail(err);
             }
+            period = if e.backend.wants_polling() {
+                BUSY_TICK
+            } else {
+                TICK
+            };
         }
     }
     let mut e = engine.lock().unwrap_or_else(|e| e.into_inner());
-    if e.owner {
-        e.conns.iter_mut().for_each(Conn::end_session);
-    }
+    e.backend.end_sessions();
 }
 
 impl Engine {
@@ -554,22 +620,20 @@ impl Engine {
     /// answers; how many came.
     fn step(&mut self, wait: bool) -> Result<usize, StoreError> {
         while !self.waiting.is_empty() {
-            if self.inflight_bytes >= self.inflight_max && !self.ops.is_empty() {
+            if self.backend.inflight_bytes() >= self.inflight_max && self.backend.busy() {
                 break;
             }
             let p = self.waiting.pop_front().expect("front");
-            self.submit(p);
+            self.backend.submit(p, &self.shared.stats)?;
         }
         let now = Instant::now();
-        for c in &mut self.conns {
-            c.flush(now)?;
-        }
+        self.backend.flush(now)?;
         let mut fds = vec![libc::pollfd {
             fd: self.shared.wake.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }];
-        fds.extend(self.conns.iter().filter_map(Conn::pollfd));
+        self.backend.pollfds(&mut fds);
         let timeout = if wait {
             (self.next_tick.saturating_duration_since(now).as_millis() as i32).max(1)
         } else {
@@ -587,44 +651,46 @@ impl Engine {
             )
         };
         let now = Instant::now();
-        let mut refused = Vec::new();
-        let mut answers = 0;
-        let (ops, inflight, shared) = (&mut self.ops, &mut self.inflight_bytes, &*self.shared);
-        for (s, c) in self.conns.iter_mut().enumerate() {
-            c.poll(
-                &mut |a| {
-                    answers += 1;
-                    match a {
-                        Answer::Read { op, data, .. } => {
-                            finish(ops, inflight, shared, op, Some(data))
-                        }
-                        Answer::Written { op, .. } => finish(ops, inflight, shared, op, None),
-                        Answer::Full { op, .. } | Answer::Missing { op, .. } => {
-                            refused.push((op, s))
-                        }
-                        Answer::Pulled { .. } => unreachable!("a region sends no pulls"),
-                    }
-                },
-                now,
-            )?;
-        }
-        for (op, s) in refused {
-            if let Some(p) = self.ops.remove(&op) {
-                self.inflight_bytes -= u64::from(p.len);
-                let server = self.conns[s].name().to_string();
-                p.job.answered(Some(RegionError::Full { server }));
-            }
-        }
+        let answers = self.backend.take_answers(now, &self.shared.stats)?;
         if now >= self.next_tick {
-            for c in &mut self.conns {
-                c.tick(now)?;
-            }
+            self.backend.tick(now)?;
             self.next_tick = now + TICK;
         }
         Ok(answers)
     }
 
-    fn submit(&mut self, p: Piece) {
+    /// The engine gives up: every piece fails, and every later call.
+    fn fail(&mut self, e: StoreError) {
+        let why = crate::error_chain(&e);
+        let pieces: Vec<Piece> = {
+            let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.failed = Some(why.clone());
+            q.pieces.drain(..).collect()
+        };
+        let all = self
+            .backend
+            .drain()
+            .into_iter()
+            .chain(self.waiting.drain(..))
+            .chain(pieces);
+        for p in all {
+            p.job.answered(Some(RegionError::Failed(why.clone())));
+        }
+    }
+}
+
+/// Pieces as byte ranges, straight to the servers: page `p` on server `p mod N`.
+struct Ranges {
+    conns: Vec<Conn>,
+    ops: HashMap<u64, Piece>,
+    next_op: u64,
+    inflight_bytes: u64,
+    /// This process created the sessions: it ends them when the region is freed.
+    owner: bool,
+}
+
+impl Backend for Ranges {
+    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), StoreError> {
         self.next_op += 1;
         let op = self.next_op;
         let s = (p.page % self.conns.len() as u64) as usize;
@@ -644,10 +710,7 @@ impl Engine {
                     offset: p.offset,
                 },
             );
-            self.shared
-                .stats
-                .bytes_sent
-                .fetch_add(p.len.into(), Relaxed);
+            stats.bytes_sent.fetch_add(p.len.into(), Relaxed);
         } else {
             self.conns[s].submit(
                 Request::ReadRange {
@@ -664,53 +727,93 @@ impl Engine {
                 },
             );
         }
-        self.shared.stats.requests.fetch_add(1, Relaxed);
+        stats.requests.fetch_add(1, Relaxed);
         self.inflight_bytes += u64::from(p.len);
         self.ops.insert(op, p);
+        Ok(())
     }
 
-    /// The engine gives up: every piece fails, and every later call.
-    fn fail(&mut self, e: StoreError) {
-        let why = crate::error_chain(&e);
-        let pieces: Vec<Piece> = {
-            let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-            q.failed = Some(why.clone());
-            q.pieces.drain(..).collect()
+    fn inflight_bytes(&self) -> u64 {
+        self.inflight_bytes
+    }
+
+    fn busy(&self) -> bool {
+        !self.ops.is_empty()
+    }
+
+    fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
+        self.conns.iter_mut().try_for_each(|c| c.flush(now))
+    }
+
+    fn pollfds(&self, out: &mut Vec<libc::pollfd>) {
+        out.extend(self.conns.iter().filter_map(Conn::pollfd));
+    }
+
+    fn take_answers(&mut self, now: Instant, stats: &RegionStats) -> Result<usize, StoreError> {
+        let mut refused = Vec::new();
+        let mut answers = 0;
+        let (ops, inflight) = (&mut self.ops, &mut self.inflight_bytes);
+        let mut done = |op: u64, data: Option<&[u8]>| {
+            let Some(p) = ops.remove(&op) else {
+                return;
+            };
+            *inflight -= u64::from(p.len);
+            match data {
+                Some(data) => {
+                    assert_eq!(data.len(), p.len as usize, "the link checks the length");
+                    stats.bytes_fetched.fetch_add(data.len() as u64, Relaxed);
+                    answer_read(&p, data);
+                }
+                None => p.job.answered(None),
+            }
         };
-        let all = self
-            .ops
-            .drain()
-            .map(|(_, p)| p)
-            .chain(self.waiting.drain(..))
-            .chain(pieces);
-        for p in all {
-            p.job.answered(Some(RegionError::Failed(why.clone())));
+        for (s, c) in self.conns.iter_mut().enumerate() {
+            c.poll(
+                &mut |a| {
+                    answers += 1;
+                    match a {
+                        Answer::Read { op, data, .. } => done(op, Some(data)),
+                        Answer::Written { op, .. } => done(op, None),
+                        Answer::Full { op, .. } | Answer::Missing { op, .. } => {
+                            refused.push((op, s))
+                        }
+                        Answer::Pulled { .. } => unreachable!("a region sends no pulls"),
+                    }
+                },
+                now,
+            )?;
+        }
+        for (op, s) in refused {
+            if let Some(p) = self.ops.remove(&op) {
+                self.inflight_bytes -= u64::from(p.len);
+                let server = self.conns[s].name().to_string();
+                p.job.answered(Some(RegionError::Full { server }));
+            }
+        }
+        Ok(answers)
+    }
+
+    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
+        self.conns.iter_mut().try_for_each(|c| c.tick(now))
+    }
+
+    fn drain(&mut self) -> Vec<Piece> {
+        self.inflight_bytes = 0;
+        self.ops.drain().map(|(_, p)| p).collect()
+    }
+
+    fn end_sessions(&mut self) {
+        if self.owner {
+            self.conns.iter_mut().for_each(Conn::end_session);
         }
     }
 }
 
-/// Piece `op` is answered: `data` (a read's, checked against the request by the link) goes
-/// to the caller's buffer.
-fn finish(
-    ops: &mut HashMap<u64, Piece>,
-    inflight_bytes: &mut u64,
-    shared: &Shared,
-    op: u64,
-    data: Option<&[u8]>,
-) {
-    let Some(p) = ops.remove(&op) else {
-        return;
-    };
-    *inflight_bytes -= u64::from(p.len);
-    if let Some(data) = data {
-        assert_eq!(data.len(), p.len as usize, "the link checks the length");
-        // SAFETY: the caller's buffer, `len` bytes from `buf`, borrowed while it waits.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.buf.0, data.len()) };
-        shared
-            .stats
-            .bytes_fetched
-            .fetch_add(data.len() as u64, Relaxed);
-    }
+/// Read piece `p` is answered with `data` (its bytes): to the caller's buffer.
+fn answer_read(p: &Piece, data: &[u8]) {
+    debug_assert_eq!(data.len(), p.len as usize);
+    // SAFETY: the caller's buffer, `len` bytes from `buf`, borrowed while it waits.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.buf.0, data.len()) };
     p.job.answered(None);
 }
 

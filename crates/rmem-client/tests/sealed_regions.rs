@@ -1,0 +1,165 @@
+//! Direct regions over layouts the servers cannot serve byte ranges of (issue 13 item 8: "the
+//! same redundancy and encryption as paged memory"): replicas, erasure coding and encryption,
+//! through the pager's page store. Eight threads write and read random unaligned ranges over
+//! stripes that share pages with their neighbours (so two threads patch one page at once),
+//! each against a reference copy, then the whole region is read back against all of them.
+//! Real servers, in-process; every run bounded by its seconds.
+
+mod common;
+use rmem_client::config::Placement;
+use rmem_client::direct::{DirectRegion, RegionError};
+use rmem_client::store::codec::Redundancy;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+const TOKEN: &[u8] = b"sealed-regions-token";
+const THREADS: usize = 8;
+
+fn config(
+    servers: usize,
+    redundancy: &str,
+    encrypt: bool,
+    page_size: usize,
+) -> rmem_client::Config {
+    rmem_client::Config {
+        servers: (0..servers)
+            .map(|_| common::server(TOKEN, 256 << 20))
+            .collect(),
+        token: TOKEN.to_vec(),
+        page_size,
+        placement: Placement::Stripe,
+        redundancy: Some(Redundancy::parse(redundancy).unwrap()),
+        encrypt: Some(encrypt),
+        connect_timeout: Duration::from_secs(2),
+        ..Default::default()
+    }
+}
+
+fn rnd(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Each thread's stripe: `stripe` bytes from `t * stripe`, a length that is no multiple of
+/// the page, so that neighbouring threads share the pages at their borders.
+fn stress(r: &DirectRegion, stripe: u64, seconds: f64) -> Vec<Vec<u8>> {
+    let page = r.page_size() as u64;
+    let refs: Vec<Vec<u8>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..THREADS as u64)
+            .map(|t| {
+                sc.spawn(move || {
+                    let base = t * stripe;
+                    let mut mine = vec![0u8; stripe as usize];
+                    let mut seed = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
+                    let until = Instant::now() + Duration::from_secs_f64(seconds);
+                    let mut ops = 0u64;
+                    while Instant::now() < until || ops < 64 {
+                        ops += 1;
+                        let len = 1 + rnd(&mut seed) % (2 * page + 17).min(stripe);
+                        let off = rnd(&mut seed) % (stripe - len + 1);
+                        let at = off as usize..(off + len) as usize;
+                        match rnd(&mut seed) % 4 {
+                            0 | 1 => {
+                                let v = rnd(&mut seed) as u8;
+                                let data: Vec<u8> =
+                                    (0..len).map(|i| v.wrapping_add(i as u8)).collect();
+                                r.write(base + off, &data).unwrap();
+                                mine[at].copy_from_slice(&data);
+                            }
+                            2 => {
+                                let mut got = vec![0xa5u8; len as usize];
+                                r.read(base + off, &mut got).unwrap();
+                                assert!(got == mine[at], "thread {t}: {len} bytes at {off}");
+                            }
+                            _ => {
+                                // A list of two ranges: one written, one read.
+                                let wlen = (len / 2).max(1);
+                                let data = vec![rnd(&mut seed) as u8; wlen as usize];
+                                r.write_ranges(&[(base + off, &data[..])]).unwrap();
+                                mine[off as usize..(off + wlen) as usize].copy_from_slice(&data);
+                                let mut got = vec![0u8; len as usize];
+                                r.read_ranges(&mut [(base + off, &mut got[..])]).unwrap();
+                                assert!(got == mine[at], "thread {t}: list at {off}");
+                            }
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all = vec![0u8; r.size() as usize];
+    r.read(0, &mut all).unwrap();
+    for (t, mine) in refs.iter().enumerate() {
+        let at = t * stripe as usize;
+        assert!(
+            all[at..at + stripe as usize] == mine[..],
+            "stripe {t} read whole differs from its reference"
+        );
+    }
+    refs
+}
+
+#[test]
+fn sealed_and_coded_layouts_keep_every_byte_from_8_threads() {
+    for (servers, layout, encrypt, ps) in [
+        (3, "replicas:2", true, 64 << 10),
+        (3, "ec:2+1", false, 64 << 10),
+        (4, "ec:2+2", true, 16 << 10),
+        (2, "none", true, 4096),
+    ] {
+        let c = config(servers, layout, encrypt, ps);
+        let stripe = (ps as u64) * 3 / 2 + 13;
+        let r = DirectRegion::create(&c, stripe * THREADS as u64, None)
+            .unwrap_or_else(|e| panic!("{layout}: {e}"));
+        stress(&r, stripe, 1.0);
+        let st = r.stats();
+        assert!(st.bytes_sent.load(Relaxed) > 0 && st.bytes_fetched.load(Relaxed) > 0);
+        eprintln!(
+            "{layout}{}: {} requests, {} bytes fetched, {} sent",
+            if encrypt { ", encrypted" } else { "" },
+            st.requests.load(Relaxed),
+            st.bytes_fetched.load(Relaxed),
+            st.bytes_sent.load(Relaxed)
+        );
+    }
+}
+
+#[test]
+fn a_read_of_a_sealed_page_moves_one_piece_and_a_never_written_page_nothing() {
+    let c = config(3, "replicas:2", true, 64 << 10);
+    let r = DirectRegion::create(&c, 1 << 20, None).unwrap();
+    let mut got = [7u8; 100];
+    r.read(5000, &mut got).unwrap();
+    assert_eq!(got, [0u8; 100], "a never written range reads as zeros");
+    assert_eq!(r.stats().requests.load(Relaxed), 0, "with no request");
+    r.write(5000, &[9u8; 100]).unwrap();
+    let before = r.stats().bytes_fetched.load(Relaxed);
+    r.read(5000, &mut got).unwrap();
+    assert_eq!(got, [9u8; 100]);
+    assert_eq!(
+        r.stats().bytes_fetched.load(Relaxed) - before,
+        4096,
+        "100 bytes inside one piece read that piece alone"
+    );
+}
+
+#[test]
+fn a_named_region_under_a_sealed_layout_is_refused_with_why() {
+    let dir = std::env::temp_dir().join(format!("rmem-sealed-regions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    let c = config(2, "replicas:2", false, 4096);
+    match DirectRegion::create(&c, 1 << 20, Some("sealed")) {
+        Err(e @ RegionError::Layout(_)) => {
+            assert_eq!(e.errno(), libc::ENOTSUP);
+            assert!(e.to_string().contains("docs/regions.md"), "{e}");
+        }
+        Err(e) => panic!("refused, but not for its layout: {e}"),
+        Ok(_) => panic!("a named region under replicas:2 was made"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
