@@ -196,6 +196,20 @@ impl Shared {
     }
 }
 
+/// How a region's links attach its sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attach {
+    /// An unnamed region: no other process attaches its sessions, so a link attaches
+    /// exclusively, and a lost one is re-established (fencing whatever the old link still had
+    /// buffered on the server) with its requests sent again, as the pager's are.
+    Alone,
+    /// A named region's creator, and another process that opened it by name: attaches fence
+    /// no one, and a lost link ends the region ([`Conn::connect_shared`]). The creator ends
+    /// the sessions when it frees the region.
+    Creator,
+    Opener,
+}
+
 /// Where a region lives, as the registration file says (what [`registered`] shows of it:
 /// [`Registered`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,11 +287,16 @@ impl DirectRegion {
             Some(n) => Some(register(n, &place)?),
             None => None,
         };
+        let attach = if name.is_some() {
+            Attach::Creator
+        } else {
+            Attach::Alone
+        };
         let r = DirectRegion::start(
             &place,
             Timing::of(config),
             config.spin,
-            true,
+            attach,
             inflight_limit()?,
         );
         if r.is_err() {
@@ -309,19 +328,24 @@ impl DirectRegion {
         }
         let spin =
             crate::config::spin_from_env().map_err(|e| RegionError::Invalid(e.to_string()))?;
-        DirectRegion::start(&place, timing, spin, false, inflight_limit()?)
+        DirectRegion::start(&place, timing, spin, Attach::Opener, inflight_limit()?)
     }
 
     fn start(
         place: &Place,
         timing: Timing,
         spin: Duration,
-        owner: bool,
+        attach: Attach,
         inflight_max: u64,
     ) -> Result<DirectRegion, RegionError> {
+        let owner = attach != Attach::Opener;
         let mut conns = Vec::with_capacity(place.servers.len());
         for s in &place.servers {
-            let c = Conn::connect_shared(s, &place.token, place.page_size, place.session, timing);
+            let (t, ps, id) = (&place.token, place.page_size, place.session);
+            let c = match attach {
+                Attach::Alone => Conn::connect(s, t, ps, id, timing),
+                Attach::Creator | Attach::Opener => Conn::connect_shared(s, t, ps, id, timing),
+            };
             match c {
                 Ok(c) => conns.push(c),
                 Err(e) => {
