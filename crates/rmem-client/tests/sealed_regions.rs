@@ -2,8 +2,9 @@
 //! same redundancy and encryption as paged memory"): replicas, erasure coding and encryption,
 //! through the pager's page store. Eight threads write and read random unaligned ranges over
 //! stripes that share pages with their neighbours (so two threads patch one page at once),
-//! each against a reference copy, then the whole region is read back against all of them.
-//! Real servers, in-process; every run bounded by its seconds.
+//! each against a reference copy, then the whole region is read back against all of them. A
+//! region that fills its servers gets ENOSPC for the page that does not fit and keeps the
+//! others. Real servers, in-process; every run bounded by its seconds.
 
 mod common;
 use rmem_client::config::Placement;
@@ -162,4 +163,38 @@ fn a_named_region_under_a_sealed_layout_is_refused_with_why() {
         Ok(_) => panic!("a named region under replicas:2 was made"),
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_sealed_region_on_full_servers_refuses_the_write_and_keeps_what_it_had() {
+    let c = rmem_client::Config {
+        servers: (0..2).map(|_| common::server(TOKEN, 1 << 20)).collect(),
+        token: TOKEN.to_vec(),
+        page_size: 64 << 10,
+        placement: Placement::Stripe,
+        redundancy: Some(Redundancy::parse("replicas:2").unwrap()),
+        encrypt: Some(true),
+        connect_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let r = DirectRegion::create(&c, 8 << 20, None).unwrap();
+    let page = 64 << 10;
+    let mut written = 0u64;
+    let err = loop {
+        let data = vec![(written / page) as u8 + 1; page as usize];
+        match r.write(written, &data) {
+            Ok(()) => written += page,
+            Err(e) => break e,
+        }
+        assert!(written < 8 << 20, "1 MiB servers took 8 MiB");
+    };
+    eprintln!("after {written} bytes: {err}");
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert!(written > 0);
+    // What was written before is still there, and the region still answers.
+    for p in 0..written / page {
+        let mut got = vec![0u8; page as usize];
+        r.read(p * page, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == p as u8 + 1), "page {p}");
+    }
 }

@@ -140,6 +140,26 @@ impl Paged {
             self.ended.push(page);
             return Ok(());
         }
+        let fits = self.written.contains(&page)
+            || (self.written.len() as u64 + 1) * self.page_size as u64
+                <= self.store.capacity_bytes();
+        if !fits {
+            // Refused here rather than by the servers: a store that learns it from their
+            // answers has sent the page already, and can only give up on it (the pager's
+            // end). What the servers said they had room for at connect time, with the
+            // layout's copies and seals; room others take later is still found by answers.
+            let why = format!(
+                "the memory servers are full: this region's {} pages take the {} bytes of \
+                 pages they had room for, and a new page does not fit",
+                self.written.len(),
+                self.store.capacity_bytes()
+            );
+            for p in w.pieces.drain(..) {
+                p.job.answered(Some(RegionError::NoRoom(why.clone())));
+            }
+            self.ended.push(page);
+            return Ok(());
+        }
         match self.store.store(PageIndex(page), &w.buf) {
             Ok(()) => {}
             Err(e @ (StoreError::AllFull { .. } | StoreError::OverGrant { .. })) => {
