@@ -7,16 +7,19 @@
 //! split at page boundaries and each piece is one `ReadRange` or `WriteRange` request, so a
 //! 100-byte read moves about 100 bytes ([`RegionStats`]).
 //!
-//! One engine per region owns a connection ([`Conn`]) per server and keeps many pieces in
-//! flight (up to [`DirectRegion::create`]'s in-flight limit in bytes). Callers on any number
-//! of threads queue their pieces; the calling thread that holds the engine drives it (sends,
-//! waits on the sockets, takes the answers, everyone's) until its own call is answered, then
-//! hands it to the next caller. So a call from one thread costs one round trip and no thread
-//! hand-off (an engine thread of its own cost two wake-ups per call: a 64-byte read took 3.6x
-//! the raw round trip). A ticker thread keeps idle links alive (pings within the lease).
-//! Page `p` of a region lives on server `p mod N` of the list it was made with: a fixed place,
-//! so a second process that opens the region by name finds every page without asking its
-//! creator. A server that is full refuses a write (`ENOSPC`); no other server takes the page.
+//! One engine per region owns where its pieces go (a [`Backend`]: a connection ([`Conn`])
+//! per server, or a page store) and keeps many pieces in flight (up to
+//! [`DirectRegion::create`]'s in-flight limit in bytes). Callers on any number of threads
+//! queue their pieces; the calling thread that holds the engine drives it (sends, waits on the
+//! sockets, takes the answers, everyone's) until its own call is answered, then hands it to
+//! the next caller. So a call from one thread costs one round trip and no thread hand-off (an
+//! engine thread of its own cost two wake-ups per call: a 64-byte read took 3.6x the raw
+//! round trip). A ticker thread keeps idle links alive (pings within the lease) and drives a
+//! page store's own work (a repair) when no caller does.
+//! With byte ranges, page `p` of a region lives on server `p mod N` of the list it was made
+//! with: a fixed place, so a second process that opens the region by name finds every page
+//! without asking its creator. A server that is full refuses a write (`ENOSPC`); no other
+//! server takes the page.
 //!
 //! Layouts: byte ranges are exact only where a server stores a page as it is (`--redundancy
 //! none`, not encrypted): then each piece is a byte-range request ([`Ranges`]). A sealed page
