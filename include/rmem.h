@@ -105,7 +105,9 @@ struct rmem_region_stats {
     uint64_t bytes_written;
     uint64_t bytes_fetched;   /* page data that came from the servers */
     uint64_t bytes_sent;      /* page data that went to the servers */
-    uint64_t requests;        /* requests sent (one per piece of a range within a page) */
+    uint64_t requests;        /* requests sent: one per piece of a range within a page; under
+                                 a sealed or coded layout or in a pool, one per page (or 4 KiB
+                                 piece) read and one per page stored, whatever its copies */
 };
 
 /* A new region of `size` bytes (> 0), zeroed. NULL and errno on failure. */

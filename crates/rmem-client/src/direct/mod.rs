@@ -121,7 +121,9 @@ pub struct RegionStats {
     /// Page data that came from the servers and went to them.
     pub bytes_fetched: AtomicU64,
     pub bytes_sent: AtomicU64,
-    /// Requests sent to servers (one per piece of a range within a page).
+    /// Requests sent to servers: one per piece of a range within a page; through a page store
+    /// (sealed or coded layouts, pools) one per page (or 4 KiB piece) read and one per page
+    /// stored, however many servers it goes to.
     pub requests: AtomicU64,
 }
 
