@@ -131,7 +131,7 @@ pub struct StoreCounters {
 /// The runs of consecutive pieces in `pieces` (bit `i`: the 4 KiB piece at `i * 4096`), in
 /// order, as (byte offset, byte length).
 pub fn piece_runs(pieces: u64) -> impl Iterator<Item = (usize, usize)> {
-    const PIECE: usize = 4096;
+    const PIECE: usize = rmem_uffd::PIECE as usize;
     let mut rest = pieces;
     std::iter::from_fn(move || {
         if rest == 0 {
