@@ -302,7 +302,11 @@ fn fetched(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     let mut got = None;
     let deadline = Instant::now() + Duration::from_secs(10);
     while got.is_none() {
-        assert!(Instant::now() < deadline, "page {p} never came");
+        assert!(
+            Instant::now() < deadline,
+            "page {p} never came; {}",
+            s.describe_in_flight()
+        );
         s.poll(&mut |c| {
             if let Completion::Fetched { page, data } = c {
                 got = Some((page.0, data.to_vec()));
@@ -339,6 +343,7 @@ fn a_piece_read_alone_is_checked_and_a_lie_served_from_other_pieces() {
         ("ec:2+1", true),
     ] {
         let (lying, lies) = liar(server());
+        eprintln!("{redundancy} encrypt={encrypt}");
         let mut s = store_sized(&[lying, server(), server()], redundancy, encrypt, BIG);
         assert!(s.part_reads(), "{redundancy}: pieces read alone");
         assert!(!s.part_writes(), "{redundancy}: pieces written alone");
