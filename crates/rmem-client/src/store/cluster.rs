@@ -780,12 +780,18 @@ impl Book {
             }
             r.is_ok()
         } else {
-            // Without each piece in turn, on a copy, then the bad one is known.
+            // Without each piece in turn, on a copy: the bad one is then known. Exactly K
+            // pieces are tried as they are instead (leaving one out leaves too few): a data
+            // piece cleared after a bad seal (above) and asked again may not be back yet, and
+            // the K here be good ones (a lying parity piece got a good data piece cleared);
+            // decoded, every one of K is checked.
             let mut found = false;
             let mut copy = std::mem::take(&mut self.scratch);
             let mut spare = Vec::new();
-            for leave in (0..32).filter(|&i| fe.have & bit(i) != 0) {
-                let have = fe.have & !bit(leave);
+            let each = (0..32).filter(|&i| fe.have & bit(i) != 0).map(Some);
+            let as_they_are = fe.have.count_ones() as usize == needed;
+            for leave in std::iter::once(None).filter(|_| as_they_are).chain(each) {
+                let have = leave.map_or(fe.have, |i| fe.have & !bit(i));
                 if (have.count_ones() as usize) < needed {
                     continue;
                 }
@@ -799,8 +805,10 @@ impl Book {
                 if r.is_ok() {
                     std::mem::swap(&mut fe.buf, &mut copy);
                     fe.have = have;
-                    fe.bad |= bit(leave);
-                    self.counters.pieces_bad.fetch_add(1, Relaxed);
+                    if let Some(i) = leave {
+                        fe.bad |= bit(i);
+                        self.counters.pieces_bad.fetch_add(1, Relaxed);
+                    }
                     found = true;
                     break;
                 }
