@@ -456,7 +456,7 @@ impl BlockCache {
         let c = &mut self.c;
         let n = self.store.poll(&mut |done| c.complete(done))?;
         let mut progress = n > 0;
-        while let Some((page, landed)) = self.c.states.next_reinstall() {
+        while let Some((page, landed)) = self.c.states.next_reinstall(true) {
             progress = true;
             match landed {
                 // Its buffer is its staging slot: nothing to copy.

@@ -1901,18 +1901,16 @@ impl Core {
     /// After completions: reinstall written-back pages that were wanted meanwhile, then retry
     /// faults that were waiting for room.
     fn settle(&mut self, store: &mut dyn PageStore) -> Result<(), PagerError> {
-        // Reinstall first and make room after: the room may need a staging slot for a dirty
-        // victim, and the slot may be the one this reinstall frees. Waiting for room first
-        // deadlocks when every slot holds a wanted page. The budget holds meanwhile: the page
-        // leaves its slot as it enters the region.
-        while let Some((page, landed)) = self.pages.next_reinstall() {
-            let mapped = matches!(landed, Landed::Map { .. });
+        // Room first, as for any page coming in. Where none can be made now (every other
+        // resident page in flight, or dirty with no staging slot free) the page is not
+        // reinstalled over the budget: its write-back landed, so it is remote now and the
+        // fault that wants it fetches it again, its slot freed for a victim. Mapping it
+        // anyway held one page over the budget, and a partial victim's merge could then fill
+        // the slot it freed (a budget overrun, not only a page over the resident count).
+        while self.pages.reinstall_waiting() {
+            let room = self.make_room(store)?;
+            let (page, landed) = self.pages.next_reinstall(room).expect("waiting");
             self.land(page, landed, None)?;
-            if mapped {
-                // If every other resident page is in flight this stays one over until one
-                // lands; the next fault or completion evicts it.
-                self.shrink_to(self.resident_max, store)?;
-            }
         }
         for _ in 0..self.blocked.len() {
             let (f, t0) = self.blocked.pop_front().expect("counted");

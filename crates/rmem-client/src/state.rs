@@ -779,8 +779,7 @@ impl PageStates {
             // The slot holds zeros where pieces were not mapped: the page comes from the
             // server again. So does a merged page: it left as a partial page, giving back
             // only its pieces, and the room for all of it is made by the fault that fetches
-            // it (a reinstall with every other page in flight would hold one page over the
-            // budget until one lands).
+            // it, as for every page that left in part.
             self.end_leave(page);
             self.table.transition(page, PageState::Remote);
             Landed::Refetch { slot: leave.slot }
@@ -823,8 +822,10 @@ impl PageStates {
         Landed::Synced { dirty }
     }
 
-    /// The next written-back page that was wanted: map it from its slot (or it was freed).
-    pub fn next_reinstall(&mut self) -> Option<(PageIndex, Landed)> {
+    /// The next written-back page that was wanted: map it from its slot if there is `room`
+    /// for it, else it is remote now (its copy on the servers is whole) and fetched again by
+    /// the fault that wants it ([`Landed::Refetch`]); or it was freed.
+    pub fn next_reinstall(&mut self, room: bool) -> Option<(PageIndex, Landed)> {
         let page = self.reinstall.pop_front()?;
         let leave = self.end_leave(page);
         assert_eq!(
@@ -842,6 +843,10 @@ impl PageStates {
             ));
         }
         let want = leave.wanted.expect("reinstalled page was wanted");
+        if !room {
+            self.table.transition(page, PageState::Remote);
+            return Some((page, Landed::Refetch { slot: leave.slot }));
+        }
         Some((
             page,
             self.mapped(page, want, Some(leave.slot), Admission::Fetched),
@@ -999,7 +1004,7 @@ mod tests {
         s.begin_leave(p, 2);
         s.want(p, fill(true));
         assert_eq!(s.stored(p), Landed::Queued);
-        let (q, l) = s.next_reinstall().expect("queued");
+        let (q, l) = s.next_reinstall(true).expect("queued");
         assert_eq!(q, p);
         assert!(matches!(
             l,
@@ -1010,6 +1015,27 @@ mod tests {
             }
         ));
         assert_eq!(s.get(p), PageState::Dirty);
+        s.check();
+    }
+
+    #[test]
+    fn a_wanted_write_back_with_no_room_is_fetched_again() {
+        let mut s = states();
+        let p = PageIndex(9);
+        s.zero_fill(p, true);
+        assert_eq!(s.take_victim(true), Some(p));
+        s.begin_leave(p, 3);
+        s.want(p, fill(false));
+        assert_eq!(s.stored(p), Landed::Queued);
+        assert!(s.reinstall_waiting());
+        assert_eq!(s.local(), 1, "its slot still holds it");
+        assert_eq!(
+            s.next_reinstall(false),
+            Some((p, Landed::Refetch { slot: 3 }))
+        );
+        assert!(!s.reinstall_waiting());
+        assert_eq!(s.get(p), PageState::Remote);
+        assert_eq!(s.local(), 0, "neither mapped nor staged");
         s.check();
     }
 
@@ -1060,7 +1086,7 @@ mod tests {
         assert_eq!(s.get(leaving), PageState::LeavingWanted);
         // Mapped: clean, zero, dirty, pinned; staged: leaving.
         assert_eq!((s.resident(), s.local()), (4, 5));
-        let (q, l) = s.next_reinstall().expect("the staged page");
+        let (q, l) = s.next_reinstall(true).expect("the staged page");
         assert_eq!(q, leaving);
         assert!(matches!(
             l,
