@@ -376,9 +376,17 @@ fn a_piece_read_alone_is_checked_and_a_lie_served_from_other_pieces() {
 
 /// Write `pages` pages, read them back, write them again, read again: every read correct.
 fn check(redundancy: &str, encrypt: bool) {
+    check_at(redundancy, encrypt, 0);
+}
+
+/// [`check`] with the liar `liar_at` in the list of servers (with priority placement, the
+/// piece it holds: 2 is the parity piece of ec:2+1).
+fn check_at(redundancy: &str, encrypt: bool, liar_at: usize) {
     let (lying, lies) = liar(server());
     let (slow, _) = proxy(server(), Mode::Slow(Duration::from_millis(25)));
-    let mut s = store_on(&[lying, server(), slow], redundancy, encrypt);
+    let mut servers = vec![server(), slow];
+    servers.insert(liar_at, lying);
+    let mut s = store_on(&servers, redundancy, encrypt);
     let counters = s.counters().unwrap();
     let pages = 60u64;
     for round in 0..2 {
@@ -414,6 +422,13 @@ fn replicas_catch_every_lie_encrypted() {
 #[test]
 fn fragments_catch_every_lie_encrypted() {
     check("ec:2+1", true);
+}
+
+/// The parity piece lies, the data pieces do not: a data piece read with it fails the seal
+/// and is cleared to be asked again; the page still decodes from the two true ones.
+#[test]
+fn fragments_catch_a_lying_parity_piece_encrypted() {
+    check_at("ec:2+1", true, 2);
 }
 
 #[test]
@@ -984,4 +999,36 @@ fn a_read_from_a_server_gone_silent_is_asked_of_the_other_copy() {
         assert!(took < Duration::from_secs(1), "page {p} took {took:?}");
     }
     assert!(counters.failovers.load(Relaxed) >= 1, "no read failed over");
+}
+
+/// More liars than the layout tolerates: no piece set the page can be made of is left. The
+/// fetch ends, and the error says the page is lost and names the servers whose pieces failed
+/// their check; it never waits forever, never hands out a page that fails its seal.
+#[test]
+fn more_liars_than_tolerated_lose_the_page_with_an_error_naming_them() {
+    for (redundancy, encrypt) in [
+        ("replicas:2", false),
+        ("replicas:2", true),
+        ("ec:2+1", false),
+        ("ec:2+1", true),
+    ] {
+        eprintln!("{redundancy} encrypt={encrypt}");
+        let (a, _) = liar(server());
+        let (b, _) = liar(server());
+        let mut s = store_on(&[a.clone(), b.clone(), server()], redundancy, encrypt);
+        store_all(&mut s, 4, 1);
+        for p in 0..4 {
+            let e = match fetch_one(&mut s, p) {
+                Ok(_) => panic!("{redundancy} encrypt={encrypt}: page {p} read from liars"),
+                Err(e) => e,
+            };
+            assert!(
+                e.contains("failed its check") && (e.contains(&a) || e.contains(&b)),
+                "{redundancy} encrypt={encrypt}: page {p}: {e}"
+            );
+            if p == 0 {
+                eprintln!("{e}");
+            }
+        }
+    }
 }

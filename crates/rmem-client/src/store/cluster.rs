@@ -749,13 +749,32 @@ impl Book {
             }
             return;
         }
+        let outstanding = (fe.asked & !fe.answered) != 0;
         if (fe.have.count_ones() as usize) < needed {
+            if !outstanding {
+                // Nothing more comes unless asked: ask, or end the fetch (`ask` says why).
+                todo.push(Todo::Ask(op));
+            }
             return;
         }
-        let outstanding = (fe.asked & !fe.answered) != 0;
-        if fe.all && outstanding {
-            return; // every piece was asked after a bad seal: try once all are in
+        if fe.all {
+            // Every piece was asked after a bad seal: try once all are in. A data piece
+            // cleared after a bad seal is to be asked again (queued): until it is back, the
+            // pieces here are not all there are, and a subset failing says nothing of them.
+            let (asked, gone) = (fe.asked, fe.gone);
+            let members = &self.groups.members[fe.group as usize];
+            let unasked =
+                (0..members.len()).any(|i| (asked | gone) & bit(i) == 0 && self.alive(members[i]));
+            if unasked && !outstanding {
+                todo.push(Todo::Ask(op));
+            }
+            if unasked || outstanding {
+                return;
+            }
         }
+        let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
+            unreachable!()
+        };
         let codec = &self.codec;
         let (page, stamp) = (fe.page, fe.stamp);
         let pieces = match came.as_deref_mut() {
@@ -1871,6 +1890,10 @@ impl RemoteStore {
                 )
             };
             let dead = self.dead_list();
+            // The fetch ends here: a late answer to it, or a call after this error, finds
+            // nothing to work on (it would report this page again, for another's call).
+            self.book.ops.remove(&op);
+            self.book.unbusy(page, op);
             return Err(StoreError::Lost {
                 servers: if dead.is_empty() { "none".into() } else { dead },
                 detail: format!("page {page}: too few of its pieces could be read back ({r}{bad})"),
@@ -2131,8 +2154,15 @@ impl RemoteStore {
     fn settle(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<(), StoreError> {
         // In order: pieces refused in order are placed again in that order.
         while !self.todo.is_empty() {
-            for t in std::mem::take(&mut self.todo) {
-                self.settle_one(t, f)?;
+            let mut batch = std::mem::take(&mut self.todo).into_iter();
+            while let Some(t) = batch.next() {
+                if let Err(e) = self.settle_one(t, f) {
+                    // One operation's error (a page lost) ends only that one: the others'
+                    // work is kept, in order, for the next call.
+                    let since = std::mem::take(&mut self.todo);
+                    self.todo = batch.chain(since).collect();
+                    return Err(e);
+                }
             }
         }
         Ok(())
@@ -3153,7 +3183,20 @@ impl PageStore for RemoteStore {
             match op {
                 Op::Fetch(fe) if fe.repair => repairs += 1,
                 Op::Store(st) if st.repair => repairs += 1,
-                Op::Fetch(_) => fetches += 1,
+                Op::Fetch(fe) => {
+                    fetches += 1;
+                    if some.len() < 4 {
+                        some.push(format!(
+                            "{} (pieces asked {:#b}, answered {:#b}, in {:#b}, bad {:#b}{})",
+                            fe.page,
+                            fe.asked,
+                            fe.answered,
+                            fe.have,
+                            fe.bad,
+                            if fe.all { ", every piece asked" } else { "" }
+                        ));
+                    }
+                }
                 Op::Store(st) => {
                     stores += 1;
                     if some.len() < 4 {
@@ -3179,12 +3222,12 @@ impl PageStore for RemoteStore {
             .collect::<Vec<_>>()
             .join(", ");
         format!(
-            "store: {fetches} fetches, {stores} write-backs{} and {repairs} repair steps open, \
+            "store: {fetches} fetches, {stores} write-backs and {repairs} repair steps open{}, \
              {} pages busy, {} to settle, {} finished to deliver; requests per server: {servers}",
             if some.is_empty() {
                 String::new()
             } else {
-                format!(" (pages {})", some.join(", "))
+                format!(" (of pages {})", some.join(", "))
             },
             self.book.busy.len(),
             self.todo.len(),
