@@ -43,7 +43,21 @@ use std::time::{Duration, Instant};
 #[derive(Debug, thiserror::Error)]
 pub enum PagerError {
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
+    /// The store's [`StoreError::AllFull`], with what a program paged by rmem can do.
+    #[error(
+        "{0}. The program's allocations take the servers' capacity only as their pages are \
+         written (overcommit); give the servers more (--server-capacity or the hosts file), \
+         or run with --no-overcommit so that allocations beyond it fail instead"
+    )]
+    ServersFull(StoreError),
+    /// The store's [`StoreError::OverGrant`], with what a program paged by rmem can do.
+    #[error(
+        "{0}. Allocations take server memory only as their pages are written (overcommit); \
+         raise --max-remote, or run with --no-overcommit so that allocations beyond it fail \
+         instead"
+    )]
+    OverGrant(StoreError),
     #[error(transparent)]
     Uffd(#[from] UffdError),
     #[error("pager stuck with faults waiting and nothing in flight (a bug): {0}")]
@@ -58,6 +72,16 @@ pub enum PagerError {
     Populated { page: u64, addr: u64 },
     #[error("cannot prepare a fork: {0}")]
     Fork(String),
+}
+
+impl From<StoreError> for PagerError {
+    fn from(e: StoreError) -> PagerError {
+        match e {
+            StoreError::AllFull { .. } => PagerError::ServersFull(e),
+            StoreError::OverGrant { .. } => PagerError::OverGrant(e),
+            e => PagerError::Store(e),
+        }
+    }
 }
 
 /// The reference trace being recorded (`rmem run --trace`), and when it started.

@@ -165,9 +165,9 @@ fn a_named_region_under_a_sealed_layout_is_refused_with_why() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_sealed_region_on_full_servers_refuses_the_write_and_keeps_what_it_had() {
-    let c = rmem_client::Config {
+/// Two servers of 1 MiB each, pages of 64 KiB in two encrypted copies.
+fn small_servers() -> rmem_client::Config {
+    rmem_client::Config {
         servers: (0..2).map(|_| common::server(TOKEN, 1 << 20)).collect(),
         token: TOKEN.to_vec(),
         page_size: 64 << 10,
@@ -176,7 +176,12 @@ fn a_sealed_region_on_full_servers_refuses_the_write_and_keeps_what_it_had() {
         encrypt: Some(true),
         connect_timeout: Duration::from_secs(2),
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn a_sealed_region_on_full_servers_refuses_the_write_and_keeps_what_it_had() {
+    let c = small_servers();
     let r = DirectRegion::create(&c, 8 << 20, None).unwrap();
     let page = 64 << 10;
     let mut written = 0u64;
@@ -197,4 +202,35 @@ fn a_sealed_region_on_full_servers_refuses_the_write_and_keeps_what_it_had() {
         r.read(p * page, &mut got).unwrap();
         assert!(got.iter().all(|&b| b == p as u8 + 1), "page {p}");
     }
+}
+
+/// Servers that fill after the region learnt their room (another client took it): the
+/// servers refuse the page, so the store gives it up. The region ends (EIO on that write and
+/// every later call) and says why in its own words: the pager's advice (`--no-overcommit`,
+/// about a program's allocations) is no help to a region's caller.
+#[test]
+fn a_sealed_region_whose_servers_fill_behind_it_ends_saying_why() {
+    let c = small_servers();
+    let page = 64 << 10;
+    let a = DirectRegion::create(&c, 8 << 20, None).unwrap();
+    a.write(0, &vec![1u8; page as usize]).unwrap();
+    let b = DirectRegion::create(&c, 8 << 20, None).unwrap();
+    let mut taken = 0u64;
+    while b.write(taken, &vec![2u8; page as usize]).is_ok() {
+        taken += page;
+        assert!(taken < 8 << 20, "1 MiB servers took 8 MiB");
+    }
+    let err = a.write(page, &vec![3u8; page as usize]).unwrap_err();
+    eprintln!("after {taken} bytes taken by another region: {err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("every memory server is full") && !msg.contains("overcommit"),
+        "{msg}"
+    );
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    let later = a.read(0, &mut [0u8; 16]).unwrap_err();
+    assert!(
+        later.to_string().contains("every memory server is full"),
+        "{later}"
+    );
 }

@@ -64,19 +64,14 @@ pub enum StoreError {
         code: rmem_proto::ErrorCode,
         message: String,
     },
-    #[error(
-        "every memory server is full, so page {page} cannot be written back: {servers}. The \
-         program's allocations take the servers' capacity only as their pages are written \
-         (overcommit); give the servers more (--server-capacity or the hosts file), or run \
-         with --no-overcommit so that allocations beyond it fail instead"
-    )]
+    /// What to do about it depends on who wrote the page: the pager says it
+    /// ([`crate::pager::PagerError::ServersFull`]).
+    #[error("every memory server is full, so page {page} cannot be written back: {servers}")]
     AllFull { page: u64, servers: String },
     #[error(
         "this program may keep at most {grant_bytes} bytes on the pool's servers (its grant: \
          --max-remote, or the manager's own limit) and holds {used_bytes}, so page {page} \
-         cannot be written back. Allocations take server memory only as their pages are \
-         written (overcommit); raise --max-remote, or run with --no-overcommit so that \
-         allocations beyond it fail instead"
+         cannot be written back"
     )]
     OverGrant {
         page: u64,
