@@ -5,90 +5,15 @@
 //! (EIO), never a hang. Real server, in-process; every wait bounded.
 
 mod common;
+#[path = "common/proxy.rs"]
+mod proxy;
+use proxy::Proxy;
 use rmem_client::config::Placement;
 use rmem_client::direct::DirectRegion;
 use rmem_client::store::codec::Redundancy;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TOKEN: &[u8] = b"region-links-token";
-
-/// A proxy to a real server whose links can all be cut at once; it goes on accepting.
-struct Proxy {
-    addr: String,
-    links: Arc<Mutex<Vec<TcpStream>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    fn start(real: String) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let links: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ls, st) = (links.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !st.load(Relaxed) {
-                match l.accept() {
-                    Ok((client, _)) => {
-                        client.set_nonblocking(false).unwrap();
-                        let up = TcpStream::connect(&real).unwrap();
-                        let mut held = ls.lock().unwrap();
-                        held.push(client.try_clone().unwrap());
-                        held.push(up.try_clone().unwrap());
-                        drop(held);
-                        pump(client.try_clone().unwrap(), up.try_clone().unwrap());
-                        pump(up, client);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(2))
-                    }
-                    Err(e) => panic!("proxy accept: {e}"),
-                }
-            }
-        });
-        Proxy { addr, links, stop }
-    }
-
-    /// Close every link it carries now, both ways.
-    fn cut(&self) -> usize {
-        let mut held = self.links.lock().unwrap();
-        for s in held.iter() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        let n = held.len() / 2;
-        held.clear();
-        n
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        self.cut();
-    }
-}
-
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match from.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = to.shutdown(Shutdown::Both);
-    });
-}
 
 fn config(server: &str) -> rmem_client::Config {
     rmem_client::Config {

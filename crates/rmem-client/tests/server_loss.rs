@@ -8,6 +8,9 @@
 //! wait is bounded.
 
 mod common;
+#[path = "common/proxy.rs"]
+mod proxy;
+use proxy::Proxy;
 use rmem_client::config::Placement;
 use rmem_client::store::cluster::Layout;
 use rmem_client::store::codec::Redundancy;
@@ -15,10 +18,7 @@ use rmem_client::store::remote::{RemoteStore, Timing};
 use rmem_client::store::{Completion, PageStore};
 use rmem_client::PageIndex;
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 const PS: usize = 4096;
@@ -28,108 +28,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_millis(150);
 
 fn server() -> String {
     common::server(TOKEN, 64 << 20)
-}
-
-/// A proxy to a real server that can stop passing bytes (a stopped process: the link stays
-/// up, nothing is answered) and then vanish, listener and links (a killed one: a reconnect is
-/// refused).
-struct Proxy {
-    addr: String,
-    stalled: Arc<AtomicBool>,
-    killed: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    fn start(real: String) -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let stalled = Arc::new(AtomicBool::new(false));
-        let killed = Arc::new(AtomicBool::new(false));
-        let (st, ki) = (stalled.clone(), killed.clone());
-        std::thread::spawn(move || {
-            while !ki.load(Relaxed) {
-                match l.accept() {
-                    Ok((client, _)) => {
-                        let up = TcpStream::connect(&real).unwrap();
-                        pump(
-                            client.try_clone().unwrap(),
-                            up.try_clone().unwrap(),
-                            &st,
-                            &ki,
-                        );
-                        pump(up, client, &st, &ki);
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(2))
-                    }
-                    Err(e) => panic!("proxy accept: {e}"),
-                }
-            }
-            // The listener is dropped here: connecting to the port is refused from now on.
-        });
-        Proxy {
-            addr,
-            stalled,
-            killed,
-        }
-    }
-
-    fn stall(&self) {
-        self.stalled.store(true, Relaxed);
-    }
-
-    fn resume(&self) {
-        self.stalled.store(false, Relaxed);
-    }
-
-    /// Gone: the listener closes within a few ms, the links at once.
-    fn kill(&self) {
-        self.killed.store(true, Relaxed);
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while TcpStream::connect(&self.addr).is_ok() {
-            assert!(Instant::now() < deadline, "the proxy's port still accepts");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-/// Copy `from` to `to` while not stalled; close both once killed.
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    stalled: &Arc<AtomicBool>,
-    killed: &Arc<AtomicBool>,
-) {
-    let (stalled, killed) = (stalled.clone(), killed.clone());
-    from.set_read_timeout(Some(Duration::from_millis(2)))
-        .unwrap();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        while !killed.load(Relaxed) {
-            if stalled.load(Relaxed) {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            match from.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    // Stalled while this was read: held until resumed, so that a stall takes
-                    // effect at once for every byte not yet passed on.
-                    while stalled.load(Relaxed) && !killed.load(Relaxed) {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    if killed.load(Relaxed) || to.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(_) => break,
-            }
-        }
-        let _ = from.shutdown(Shutdown::Both);
-        let _ = to.shutdown(Shutdown::Both);
-    });
 }
 
 fn page(n: u64, round: u64) -> Vec<u8> {
