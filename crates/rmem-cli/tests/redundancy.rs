@@ -2,8 +2,9 @@
 //! `rmem server` processes with replicas and erasure coding while servers are killed with
 //! SIGKILL at random moments (one, two at once, one during the repair of another), one more
 //! server lost than the redundancy covers (a clear error naming them, within 5 s), the
-//! same as user `nobody`, and a server stopped (SIGSTOP) until it times out, then killed.
-//! Every wait is bounded.
+//! same as user `nobody`, and a server stopped (SIGSTOP) until it times out, then killed;
+//! and programs nobody here wrote (GNU sort, CPython) giving their plain output while a
+//! server is killed, or killed and started again empty. Every wait is bounded.
 
 mod common;
 use common::*;
@@ -614,5 +615,108 @@ fn rmem_run_restarts_a_lost_server_and_the_next_loss_is_survived() {
     let v = read_json(&stats);
     assert_eq!(v["servers_lost"].as_u64(), Some(2), "{v}\n{what}");
     assert!(v["pages_repaired"].as_u64().unwrap() > 0, "{v}\n{what}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Programs nobody here wrote (GNU sort, CPython), paged over a redundant layout while one
+/// server is SIGKILLed at a random moment, or killed and started again empty on its port (a
+/// node rebooted: its fresh server holds none of the pages): every output is the plain run's
+/// and the run ends 0. The C stress above checks every byte it wrote; this checks what real
+/// allocators, sort buffers and interpreter heaps make of the same faults.
+#[test]
+fn real_programs_give_the_plain_output_when_a_server_is_killed_or_restarted_empty() {
+    let dir = scratch("red-real");
+    let input = dir.join("in.txt");
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut text = String::new();
+    for _ in 0..150_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text += &format!("{x:016x} {}\n", "y".repeat((x % 30) as usize));
+    }
+    std::fs::write(&input, text).unwrap();
+    let script = dir.join("heap.py");
+    std::fs::write(
+        &script,
+        "import hashlib, random\n\
+         r = random.Random(5)\n\
+         a = [r.getrandbits(48) for _ in range(800_000)]\n\
+         d = {v: i for i, v in enumerate(a[:300_000])}\n\
+         a.sort()\n\
+         h = hashlib.sha256(b''.join(v.to_bytes(8, 'little') for v in a[::7]))\n\
+         print(h.hexdigest(), len(d), sum(a) % 1000003)\n",
+    )
+    .unwrap();
+    let input = input.to_str().unwrap().to_string();
+    let script = script.to_str().unwrap().to_string();
+    // Each with the local memory that keeps it paging for 1.5 to 3 s, past the kill.
+    let programs: [(&str, &str, Vec<&str>); 2] = [
+        ("sort", "4M", vec!["sort", "-S", "100M", &input]),
+        ("python3", "8M", vec!["python3", &script]),
+    ];
+    // (layout, servers, --encrypt, restart the killed one empty on its port)
+    let cases = [("ec:2+1", 3, false, false), ("replicas:2", 2, true, true)];
+    for (name, local, argv) in &programs {
+        let plain = run_bounded(
+            Command::new(argv[0]).args(&argv[1..]),
+            Duration::from_secs(60),
+        );
+        assert!(plain.status.success(), "plain {name}: {}", shown(&plain));
+        for (layout, n, encrypt, restart) in cases {
+            let what = format!("{name} under {layout} encrypt={encrypt} restart={restart}");
+            let mut servers: Vec<ServerProcess> =
+                (0..n).map(|_| ServerProcess::start(TOKEN, &[])).collect();
+            let hosts = dir.join("hosts");
+            let mut text = format!("me {local}\nredundancy {layout}\n");
+            for s in &servers {
+                text += &format!("{} 256M\n", s.addr);
+            }
+            std::fs::write(&hosts, text).unwrap();
+            let mut cmd = Command::new(rmem());
+            cmd.args(["run", "--launcher", "none", "--hostfile"])
+                .arg(&hosts)
+                .args(if encrypt { &["--encrypt"][..] } else { &[][..] })
+                .arg("--")
+                .args(argv)
+                .env("RMEM_TOKEN", TOKEN)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = cmd.spawn().unwrap();
+            let at = random_ms(100, 700);
+            std::thread::sleep(at);
+            let victim = (at.as_millis() as usize) % n;
+            let addr = servers[victim].addr.clone();
+            servers[victim].child.kill().unwrap();
+            let _ = servers[victim].child.wait();
+            let again = restart.then(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                ServerProcess::start(TOKEN, &["--listen", &addr])
+            });
+            let out = wait_bounded(child, Duration::from_secs(120), &what);
+            eprintln!(
+                "{what}: server {victim} killed at {} ms, the run ended {:.1} s later",
+                at.as_millis(),
+                out.elapsed.as_secs_f64()
+            );
+            assert!(out.status.success(), "{what}: {}", shown(&out));
+            assert!(
+                out.stderr.contains(&format!("memory server {addr} lost"))
+                    && out.stderr.contains("the program goes on"),
+                "{what}: the kill at {} ms was not met while the program ran: {}",
+                at.as_millis(),
+                out.stderr
+            );
+            assert!(
+                out.stdout == plain.stdout,
+                "{what}: output differs from the plain run's ({} bytes against {})\n{}",
+                out.stdout.len(),
+                plain.stdout.len(),
+                out.stderr
+            );
+            drop(again);
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
