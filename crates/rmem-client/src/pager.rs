@@ -1931,10 +1931,16 @@ impl Core {
         // fault that wants it fetches it again, its slot freed for a victim. Mapping it
         // anyway held one page over the budget, and a partial victim's merge could then fill
         // the slot it freed (a budget overrun, not only a page over the resident count).
+        // A fork child's page whose write-back was the parent's is mapped all the same (its
+        // slot is its only sure copy) and evicted again as soon as a victim is free.
         while self.pages.reinstall_waiting() {
             let room = self.make_room(store)?;
             let (page, landed) = self.pages.next_reinstall(room).expect("waiting");
+            let over = !room && matches!(landed, Landed::Map { .. });
             self.land(page, landed, None)?;
+            if over {
+                self.shrink_to(self.resident_max, store)?;
+            }
         }
         for _ in 0..self.blocked.len() {
             let (f, t0) = self.blocked.pop_front().expect("counted");

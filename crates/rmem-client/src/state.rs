@@ -45,6 +45,9 @@ struct Leave {
     held: u64,
     /// Where a partial page's written pieces cannot be written back alone.
     merge: Merge,
+    /// The write-back landed (the servers hold the page): the slot is then not its only
+    /// copy, and a reinstall with no room may leave it remote instead.
+    landed: bool,
 }
 
 /// A leaving partial page's merge with the rest of its page ([`PageStates::begin_merge`]).
@@ -666,7 +669,10 @@ impl PageStates {
         let mut leaving: Vec<PageIndex> = self.leaving.keys().copied().collect();
         leaving.sort_unstable();
         for &page in &leaving {
-            self.leaving.get_mut(&page).expect("listed").wanted = Some(wanted);
+            // The parent's write-back may not have reached the child's snapshot: the slot
+            // is the child's only sure copy.
+            let l = self.leaving.get_mut(&page).expect("listed");
+            (l.wanted, l.landed) = (Some(wanted), false);
         }
         self.reinstall = leaving.into();
         for page in std::mem::take(&mut self.locked) {
@@ -701,6 +707,7 @@ impl PageStates {
                 pieces,
                 held,
                 merge: Merge::No,
+                landed: false,
             },
         );
         pieces
@@ -784,6 +791,7 @@ impl PageStates {
             self.table.transition(page, PageState::Remote);
             Landed::Refetch { slot: leave.slot }
         } else if leave.wanted.is_some() {
+            self.leaving.get_mut(&page).expect("leaving").landed = true;
             self.reinstall.push_back(page);
             Landed::Queued
         } else {
@@ -823,8 +831,10 @@ impl PageStates {
     }
 
     /// The next written-back page that was wanted: map it from its slot if there is `room`
-    /// for it, else it is remote now (its copy on the servers is whole) and fetched again by
-    /// the fault that wants it ([`Landed::Refetch`]); or it was freed.
+    /// for it, else, where its write-back landed, it is remote now (its copy on the servers
+    /// is whole) and fetched again by the fault that wants it ([`Landed::Refetch`]); or it
+    /// was freed. A fork child's page whose parent's write-back was in flight is mapped
+    /// whatever the room: its slot holds the only copy the child can trust.
     pub fn next_reinstall(&mut self, room: bool) -> Option<(PageIndex, Landed)> {
         let page = self.reinstall.pop_front()?;
         let leave = self.end_leave(page);
@@ -843,7 +853,7 @@ impl PageStates {
             ));
         }
         let want = leave.wanted.expect("reinstalled page was wanted");
-        if !room {
+        if !room && leave.landed {
             self.table.transition(page, PageState::Remote);
             return Some((page, Landed::Refetch { slot: leave.slot }));
         }
@@ -1086,7 +1096,9 @@ mod tests {
         assert_eq!(s.get(leaving), PageState::LeavingWanted);
         // Mapped: clean, zero, dirty, pinned; staged: leaving.
         assert_eq!((s.resident(), s.local()), (4, 5));
-        let (q, l) = s.next_reinstall(true).expect("the staged page");
+        // Mapped from its slot even with no room: the parent's write-back may not have
+        // reached the child's snapshot, so the server copy cannot be fetched instead.
+        let (q, l) = s.next_reinstall(false).expect("the staged page");
         assert_eq!(q, leaving);
         assert!(matches!(
             l,
