@@ -8,6 +8,11 @@
 #
 #   scripts/sweep-kills.sh [RUNS [SEED]]     (RMEM=path/to/rmem, LIMIT=seconds, DIR=scratch)
 #
+# POOL=1: a pool instead (a manager and four servers, the program through --manager, layouts
+# none, ec:2+1, replicas:2), and at the random moment one of: `rmem pool drain` of a server; a
+# drain and, meanwhile, another server SIGKILLed (redundant layouts); the manager SIGKILLed and
+# started again a second later; a fifth server joining, then a drain.
+#
 # Takes minutes (a run is 1 to 40 s on 2 cores); not part of the test suite, whose
 # `redundancy::real_programs_give_the_plain_output_when_a_server_is_killed_or_restarted_empty`
 # is the bounded version. Exit status 1 if any run failed.
@@ -62,35 +67,68 @@ done
 fails=0
 for i in $(seq 1 "$RUNS"); do
   p=${progs[$((RANDOM % ${#progs[@]}))]}
-  case $((RANDOM % 4)) in
-    0) lay=ec:2+1; n=3; enc= ;;
-    1) lay=ec:2+1; n=3; enc=--encrypt ;;
-    2) lay=replicas:2; n=2; enc= ;;
-    3) lay=replicas:2; n=3; enc=--encrypt ;;
-  esac
+  if [ "${POOL:-0}" = 1 ]; then
+    case $((RANDOM % 3)) in 0) lay=none ;; 1) lay=ec:2+1 ;; 2) lay=replicas:2 ;; esac
+    [ $((RANDOM % 2)) = 0 ] && enc= || enc=--encrypt
+    n=4
+  else
+    case $((RANDOM % 4)) in
+      0) lay=ec:2+1; n=3; enc= ;;
+      1) lay=ec:2+1; n=3; enc=--encrypt ;;
+      2) lay=replicas:2; n=2; enc= ;;
+      3) lay=replicas:2; n=3; enc=--encrypt ;;
+    esac
+  fi
   [ $((RANDOM % 2)) = 0 ] && pgs=4K || pgs=64K
-  mode=$((RANDOM % 4)) # 0, 1: SIGKILL; 2: stopped 3 s; 3: killed, started again empty
+  # Without a pool: 0, 1: SIGKILL; 2: stopped 3 s; 3: killed, started again empty.
+  # In a pool: 0: drain; 1: drain and kill another; 2: manager killed, restarted; 3: join, drain.
+  mode=$((RANDOM % 4))
+  [ "${POOL:-0}" = 1 ] && [ $lay = none ] && [ $mode = 1 ] && mode=0
+  base=$((42000 + (i % 50) * 10))
   pids=(); ports=(); hosts=$D/hosts.$i
   printf "me 48M\nredundancy $lay\n" > "$hosts"
+  if [ "${POOL:-0}" = 1 ]; then
+    "$RMEM" manager --listen 127.0.0.1:$base --heartbeat-ms 300 > "$D/manager.log" 2>&1 &
+    manager=$!; disown $!
+    sleep 0.3
+    join=(--manager 127.0.0.1:$base)
+    where=(--manager 127.0.0.1:$base --redundancy $lay --local 48M)
+  else
+    join=(); where=(--launcher none --hostfile "$hosts")
+  fi
   for s in $(seq 1 $n); do
-    port=$((42000 + (i % 50) * 10 + s))
-    "$RMEM" server --listen 127.0.0.1:$port --capacity 2G > "$D/srv.$s.log" 2>&1 &
+    port=$((base + s))
+    "$RMEM" server --listen 127.0.0.1:$port --capacity 2G "${join[@]}" > "$D/srv.$s.log" 2>&1 &
     pids+=($!); ports+=($port); echo "127.0.0.1:$port 1G" >> "$hosts"
+    disown $! # no "Killed" notice from bash when the sweep kills it
   done
   sleep 0.3
+  [ "${POOL:-0}" = 1 ] && sleep 0.7 # the servers' first beats reach the manager
   delay=$(python3 -c "import random; print(round(random.uniform(0.2, 5.0), 2))")
   victim=$((RANDOM % n))
+  other=$(( (victim + 1 + RANDOM % (n - 1)) % n ))
+  drain() {
+    "$RMEM" pool drain 127.0.0.1:${ports[$1]} --manager 127.0.0.1:$base --wait 120 \
+      > "$D/drain.log" 2>&1
+  }
   ( sleep "$delay"
-    case $mode in
-      2) kill -STOP ${pids[$victim]}; sleep 3; kill -CONT ${pids[$victim]} ;;
-      3) kill -9 ${pids[$victim]}; sleep 1
-         "$RMEM" server --listen 127.0.0.1:${ports[$victim]} --capacity 2G > "$D/srv.again.log" 2>&1 &
-         echo $! > "$D/again.pid"; wait ;;
-      *) kill -9 ${pids[$victim]} ;;
+    case "${POOL:-0}$mode" in
+      02) kill -STOP ${pids[$victim]}; sleep 3; kill -CONT ${pids[$victim]} ;;
+      03) kill -9 ${pids[$victim]}; sleep 1
+          "$RMEM" server --listen 127.0.0.1:${ports[$victim]} --capacity 2G > "$D/srv.again.log" 2>&1 &
+          echo $! > "$D/again.pid"; wait 2>/dev/null ;;
+      0*) kill -9 ${pids[$victim]} ;;
+      10) drain $victim ;;
+      11) drain $victim & sleep 0.2; kill -9 ${pids[$other]}; wait 2>/dev/null ;;
+      12) kill -9 $manager; sleep 1
+          "$RMEM" manager --listen 127.0.0.1:$base --heartbeat-ms 300 > "$D/manager.again.log" 2>&1 &
+          echo $! > "$D/again.pid"; wait 2>/dev/null ;;
+      13) "$RMEM" server --listen 127.0.0.1:$((base + 9)) --capacity 2G "${join[@]}" > "$D/srv.9.log" 2>&1 &
+          echo $! > "$D/again.pid"; sleep 0.7; drain $victim; wait 2>/dev/null ;;
     esac ) &
   killer=$!
   t0=$(date +%s.%N)
-  "$RMEM" run --launcher none --hostfile "$hosts" --page-size $pgs $enc --children -- \
+  "$RMEM" run "${where[@]}" --page-size $pgs $enc --children -- \
     bash -c "$(command_of $p)" > "$D/out.$i" 2> "$D/err.$i" &
   run=$!
   for _ in $(seq 1 "$LIMIT"); do kill -0 $run 2>/dev/null || break; sleep 1; done
@@ -103,15 +141,16 @@ for i in $(seq 1 "$RUNS"); do
     kill -9 $tree 2>/dev/null
     echo "run $i went on past $LIMIT s: stacks in $D/hang.$i"
   fi
-  wait $run; rc=$?
+  wait $run 2>/dev/null; rc=$?
   t1=$(date +%s.%N)
   kill $killer 2>/dev/null; sleep 0.2
   [ -f "$D/again.pid" ] && kill -9 "$(cat "$D/again.pid")" 2>/dev/null; rm -f "$D/again.pid"
   wait $killer 2>/dev/null
   for pid in "${pids[@]}"; do kill -9 $pid 2>/dev/null; done
+  [ "${POOL:-0}" = 1 ] && { kill -9 $manager 2>/dev/null; pkill -9 -f "pool drain 127.0.0.1:" ; }
   wait 2>/dev/null
   secs=$(python3 -c "print(round($t1 - $t0, 1))")
-  what="$p $lay $enc pages $pgs mode $mode (server $victim at ${delay} s), $secs s"
+  what="$p $lay $enc pages $pgs mode ${POOL:-0}$mode (server $victim at ${delay} s), $secs s"
   if [ $rc != 0 ] || ! cmp -s "$D/out.$i" "$D/ref.$p"; then
     fails=$((fails + 1))
     echo "FAIL run $i: $what, exit $rc; its stderr: $D/err.$i"
