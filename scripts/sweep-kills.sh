@@ -102,7 +102,11 @@ for i in $(seq 1 "$RUNS"); do
     pids+=($!); ports+=($port); echo "127.0.0.1:$port 1G" >> "$hosts"
     disown $! # no "Killed" notice from bash when the sweep kills it
   done
-  sleep 0.3
+  # Each server says where it listens once it does (a port still held by an earlier run's
+  # server would otherwise fail the run at connect time: the harness's fault, not rmem's).
+  for s in $(seq 1 $n); do
+    for _ in $(seq 1 100); do grep -q "listening on" "$D/srv.$s.log" && break; sleep 0.1; done
+  done
   [ "${POOL:-0}" = 1 ] && sleep 0.7 # the servers' first beats reach the manager
   delay=$(python3 -c "import random; print(round(random.uniform(0.2, 5.0), 2))")
   victim=$((RANDOM % n))
