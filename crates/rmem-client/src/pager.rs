@@ -1937,6 +1937,9 @@ impl Core {
             let room = self.make_room(store)?;
             let (page, landed) = self.pages.next_reinstall(room).expect("waiting");
             let over = !room && matches!(landed, Landed::Map { .. });
+            if !room && matches!(landed, Landed::Refetch { .. }) {
+                Stats::add(&self.stats.reinstalls_refetched, 1);
+            }
             self.land(page, landed, None)?;
             if over {
                 self.shrink_to(self.resident_max, store)?;

@@ -39,6 +39,9 @@ pub struct Stats {
     /// Write-backs of a partial page's written 4 KiB pieces alone (in `evictions`, not in
     /// `swap_outs`, which counts whole pages; their bytes in `bytes_written_back`).
     pub sub_page_write_backs: AtomicU64,
+    /// Pages wanted while their write-back was in flight and, when it landed, left remote
+    /// for want of room (every other resident page in flight) and fetched again.
+    pub reinstalls_refetched: AtomicU64,
     latency: [AtomicU64; BUCKETS],
     /// Sum of every resolved fault's latency (beside its histogram): the time the program's
     /// threads waited on rmem.
@@ -69,6 +72,7 @@ impl Default for Stats {
             dirty_unchanged: AtomicU64::new(0),
             sub_page_fetches: AtomicU64::new(0),
             sub_page_write_backs: AtomicU64::new(0),
+            reinstalls_refetched: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             fault_ns_total: AtomicU64::new(0),
             store: std::sync::OnceLock::new(),
@@ -182,6 +186,7 @@ impl Stats {
             dirty_unchanged: self.dirty_unchanged.load(Relaxed),
             sub_page_fetches: self.sub_page_fetches.load(Relaxed),
             sub_page_write_backs: self.sub_page_write_backs.load(Relaxed),
+            reinstalls_refetched: self.reinstalls_refetched.load(Relaxed),
         }
     }
 }
@@ -224,6 +229,8 @@ pub struct StatsSnapshot {
     pub sub_page_fetches: u64,
     /// Partial pages whose written 4 KiB pieces were written back alone.
     pub sub_page_write_backs: u64,
+    /// Wanted write-backs left remote when they landed, for want of room, and fetched again.
+    pub reinstalls_refetched: u64,
     /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
     pub layout: String,
     /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
@@ -277,6 +284,7 @@ impl StatsSnapshot {
             ("dirty_unchanged", self.dirty_unchanged),
             ("sub_page_fetches", self.sub_page_fetches),
             ("sub_page_write_backs", self.sub_page_write_backs),
+            ("reinstalls_refetched", self.reinstalls_refetched),
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
             ("pieces_moved", self.pieces_moved),
