@@ -1937,7 +1937,8 @@ impl Core {
             let room = self.make_room(store)?;
             let (page, landed) = self.pages.next_reinstall(room).expect("waiting");
             let over = !room && matches!(landed, Landed::Map { .. });
-            if !room && matches!(landed, Landed::Refetch { .. }) {
+            // (Only a reinstall with no room is fetched again.)
+            if matches!(landed, Landed::Refetch { .. }) {
                 Stats::add(&self.stats.reinstalls_refetched, 1);
             }
             self.land(page, landed, None)?;

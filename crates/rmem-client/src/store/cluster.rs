@@ -750,27 +750,22 @@ impl Book {
             return;
         }
         let outstanding = (fe.asked & !fe.answered) != 0;
-        if (fe.have.count_ones() as usize) < needed {
+        // Every piece was asked after a bad seal: try once all are in. A data piece cleared
+        // after a bad seal is to be asked again: until it is back, the pieces here are not
+        // all there are, and a subset failing says nothing of them.
+        let (all, asked, gone) = (fe.all, fe.asked, fe.gone);
+        let few = (fe.have.count_ones() as usize) < needed;
+        let members = &self.groups.members[fe.group as usize];
+        let waiting = all
+            && (outstanding
+                || (0..members.len())
+                    .any(|i| (asked | gone) & bit(i) == 0 && self.alive(members[i])));
+        if few || waiting {
             if !outstanding {
                 // Nothing more comes unless asked: ask, or end the fetch (`ask` says why).
                 todo.push(Todo::Ask(op));
             }
             return;
-        }
-        if fe.all {
-            // Every piece was asked after a bad seal: try once all are in. A data piece
-            // cleared after a bad seal is to be asked again (queued): until it is back, the
-            // pieces here are not all there are, and a subset failing says nothing of them.
-            let (asked, gone) = (fe.asked, fe.gone);
-            let members = &self.groups.members[fe.group as usize];
-            let unasked =
-                (0..members.len()).any(|i| (asked | gone) & bit(i) == 0 && self.alive(members[i]));
-            if unasked && !outstanding {
-                todo.push(Todo::Ask(op));
-            }
-            if unasked || outstanding {
-                return;
-            }
         }
         let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
             unreachable!()
