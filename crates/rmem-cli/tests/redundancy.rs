@@ -649,8 +649,7 @@ fn real_programs_give_the_plain_output_when_a_server_is_killed_or_restarted_empt
     )
     .unwrap();
     // The interpreter itself, not a launcher that execs it (pyenv's shim): a process that
-    // starts its runtime after a server was lost cannot start yet (see the session note),
-    // which this test does not cover.
+    // starts its runtime after the loss is the next test's.
     let python = run_bounded(
         Command::new("python3").args(["-c", "import sys; print(sys.executable)"]),
         Duration::from_secs(30),
@@ -728,5 +727,131 @@ fn real_programs_give_the_plain_output_when_a_server_is_killed_or_restarted_empt
             drop(again);
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process that starts its runtime after a server was lost (a shell script's next
+/// command, a launcher that execs the program, make's children) starts without it where the
+/// layout outlives the loss, as the process that saw the loss goes on: here a shell under
+/// `rmem run --children` sleeps past the kill, then runs CPython and sort, each giving its
+/// plain output. One more server unreachable than the layout can store a page without, or
+/// any under no redundancy, is a clear error naming them, as is a host name that does not
+/// resolve (a wrong hosts file is not a lost server).
+#[test]
+fn a_program_that_starts_after_a_server_is_lost_starts_without_it() {
+    let dir = scratch("red-late");
+    let script = dir.join("heap.py");
+    std::fs::write(
+        &script,
+        "import hashlib, random\n\
+         r = random.Random(7)\n\
+         a = [r.getrandbits(48) for _ in range(300_000)]\n\
+         a.sort()\n\
+         print(hashlib.sha256(b''.join(v.to_bytes(8, 'little') for v in a[::3])).hexdigest())\n",
+    )
+    .unwrap();
+    let input = dir.join("in.txt");
+    let text: String = (0..60_000u64)
+        .map(|i| format!("{:016x}\n", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let (script, input) = (script.to_str().unwrap(), input.to_str().unwrap());
+    let shell = format!("sleep 2; python3 {script}; sort -S 50M {input} | sha256sum");
+    let plain = run_bounded(
+        Command::new("sh").args(["-c", &shell]),
+        Duration::from_secs(60),
+    );
+    assert!(plain.status.success(), "plain: {}", shown(&plain));
+    let hosts = dir.join("hosts");
+    let write_hosts = |layout: &str, addrs: &[String]| {
+        let mut text = format!("me 4M\nredundancy {layout}\n");
+        for a in addrs {
+            text += &format!("{a} 256M\n");
+        }
+        std::fs::write(&hosts, text).unwrap();
+    };
+    let run = |extra: &[&str], argv: &[&str]| {
+        let mut cmd = Command::new(rmem());
+        cmd.args(["run", "--launcher", "none", "--hostfile"])
+            .arg(&hosts)
+            .args(extra)
+            .arg("--")
+            .args(argv)
+            .env("RMEM_TOKEN", TOKEN)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+
+    // The loss while the shell sleeps: every later process starts without the server.
+    let mut servers: Vec<ServerProcess> =
+        (0..3).map(|_| ServerProcess::start(TOKEN, &[])).collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    write_hosts("ec:2+1", &addrs);
+    let child = run(&["--children"], &["sh", "-c", &shell]);
+    std::thread::sleep(Duration::from_millis(500));
+    servers[1].child.kill().unwrap();
+    let _ = servers[1].child.wait();
+    let out = wait_bounded(child, Duration::from_secs(120), "the shell");
+    assert!(out.status.success(), "the shell: {}", shown(&out));
+    assert!(
+        out.stdout == plain.stdout,
+        "output differs from the plain run's:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!(
+            "memory servers unreachable at start: {} (cannot connect",
+            addrs[1]
+        )) && out.stderr.contains("Connection refused"),
+        "no process said it started without the lost server: {}",
+        out.stderr
+    );
+
+    // Two of three unreachable: ec:2+1 cannot store a page on one.
+    servers[2].child.kill().unwrap();
+    let _ = servers[2].child.wait();
+    let out = wait_bounded(
+        run(&[], &["true"]),
+        Duration::from_secs(30),
+        "two of three down",
+    );
+    assert!(!out.status.success(), "two of three down: {}", shown(&out));
+    assert!(
+        out.stderr.contains("cannot start")
+            && out.stderr.contains(&addrs[1])
+            && out.stderr.contains(&addrs[2])
+            && out.stderr.contains("needs 2 servers answering"),
+        "two of three down: {}",
+        out.stderr
+    );
+
+    // No redundancy: no server may be missing.
+    write_hosts("none", &addrs);
+    let out = wait_bounded(run(&[], &["true"]), Duration::from_secs(30), "none");
+    assert!(!out.status.success(), "none: {}", shown(&out));
+    assert!(
+        out.stderr
+            .contains(&format!("cannot connect to memory server {}", addrs[1])),
+        "none: {}",
+        out.stderr
+    );
+
+    // A name that does not resolve is a wrong hosts file, not a lost server.
+    let mut named = addrs.clone();
+    named[1] = "no-such-host.invalid:7000".into();
+    let extra = ServerProcess::start(TOKEN, &[]);
+    named[2] = extra.addr.clone();
+    write_hosts("ec:2+1", &named);
+    let out = wait_bounded(run(&[], &["true"]), Duration::from_secs(30), "bad name");
+    assert!(!out.status.success(), "bad name: {}", shown(&out));
+    assert!(
+        out.stderr.contains("no-such-host.invalid"),
+        "bad name: {}",
+        out.stderr
+    );
+    drop(servers);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -36,7 +36,7 @@
 //! [`remote::Conn`]: super::remote::Conn
 
 use super::codec::{self, Codec, Redundancy, Stamp, CELL, PIECE};
-use super::remote::{Answer, Conn, Kind, Orphan, Timing};
+use super::remote::{self, Answer, Conn, Kind, Orphan, Timing};
 use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::{Config, Placement};
 use crate::pool::PoolLink;
@@ -1040,12 +1040,24 @@ impl RemoteStore {
         };
         let unit = store.book.unit();
         let mut unreachable = std::collections::HashSet::new();
+        // Some server is down now, under a layout that outlives losing it.
+        let mut down = false;
+        let tolerates = layout.redundancy.tolerates();
         for s in servers {
             match Conn::connect(s, token, unit, session, timing) {
                 Ok(c) => store.join(c),
                 Err(e) if pool.is_some() => {
                     say_unreachable(s, &e);
                     unreachable.insert(s.clone());
+                }
+                Err(e) if tolerates > 0 && remote::down_at_start(&e) => {
+                    // As if lost at once: a program that starts after its parent lost a
+                    // server (a shell script, a launcher that execs) goes on as the parent
+                    // does, and the server is tried again every REVIVE_EVERY.
+                    store.join(Conn::unreachable(s, token, unit, session, timing));
+                    *store.book.dead.last_mut().expect("just joined") =
+                        Some(crate::error_chain(&e));
+                    down = true;
                 }
                 Err(e) => return Err(e),
             }
@@ -1056,6 +1068,34 @@ impl RemoteStore {
                 layout.redundancy,
                 store.conns.len()
             )));
+        }
+        if down {
+            let lost = store.book.dead.iter().filter(|d| d.is_some()).count();
+            let needed = layout.redundancy.needed();
+            if store.conns.len() - lost < needed {
+                return Err(StoreError::Lost {
+                    servers: store.dead_list(),
+                    detail: format!(
+                        "--redundancy {} needs {needed} servers answering to store a page; \
+                         {lost} of {} are unreachable",
+                        layout.redundancy,
+                        store.conns.len()
+                    ),
+                });
+            }
+            store
+                .book
+                .counters
+                .servers_lost
+                .fetch_add(lost as u64, Relaxed);
+            crate::tell!(
+                "rmem: memory servers unreachable at start: {}; the program starts without \
+                 them (--redundancy {} outlives their loss), \
+                 each tried again every {} s",
+                store.dead_list(),
+                layout.redundancy,
+                REVIVE_EVERY.as_secs()
+            );
         }
         if let Some(link) = &pool {
             for offer in link.view().servers {

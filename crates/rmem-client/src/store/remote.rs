@@ -391,6 +391,28 @@ fn link_failure(e: &StoreError) -> bool {
     )
 }
 
+/// Whether `e`, met connecting at start, says the server is down or unreachable now (a
+/// fault a redundant layout outlives) rather than that the configuration is wrong: a name
+/// that does not resolve, a wrong token, a refused attach or an incompatible server stay
+/// errors.
+pub(crate) fn down_at_start(e: &StoreError) -> bool {
+    match e {
+        StoreError::Connect { source, .. } => matches!(
+            source.kind(),
+            io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::WouldBlock
+                | io::ErrorKind::HostUnreachable
+                | io::ErrorKind::NetworkUnreachable
+                | io::ErrorKind::NetworkDown
+        ),
+        StoreError::Closed { .. } | StoreError::Timeout { .. } | StoreError::Io { .. } => true,
+        _ => false,
+    }
+}
+
 /// A connected, authenticated, attached link and what the server said.
 struct Link {
     sock: TcpStream,
@@ -577,6 +599,25 @@ impl Conn {
         let mut conn = Conn::unlinked(server, token, page_size, session, timing, limits);
         conn.take_link(link, Instant::now());
         Ok(conn)
+    }
+
+    /// A server that could not be reached at start (under a layout that outlives it): no
+    /// link, no room known; it is buried from the start and replaced by a live connection
+    /// if it answers again.
+    pub(crate) fn unreachable(
+        server: &str,
+        token: &[u8],
+        page_size: usize,
+        session: SessionId,
+        timing: Timing,
+    ) -> Conn {
+        let limits = Limits {
+            frame_len_max: 0,
+            lease: Duration::ZERO,
+            capacity_bytes: 0,
+            server_capacity_bytes: 0,
+        };
+        Conn::unlinked(server, token, page_size, session, timing, limits)
     }
 
     /// A connection with no link yet and nothing sent.
