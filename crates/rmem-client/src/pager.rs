@@ -1934,7 +1934,8 @@ impl Core {
         // A fork child's page whose write-back was the parent's is mapped all the same (its
         // slot is its only sure copy) and evicted again as soon as a victim is free.
         while self.pages.reinstall_waiting() {
-            let room = self.make_room(store)?;
+            // A page freed meanwhile maps nothing: no victim is evicted for it.
+            let room = !self.pages.next_reinstall_maps() || self.make_room(store)?;
             let (page, landed) = self.pages.next_reinstall(room).expect("waiting");
             let over = !room && matches!(landed, Landed::Map { .. });
             // (Only a reinstall with no room is fetched again.)

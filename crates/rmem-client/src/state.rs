@@ -830,6 +830,14 @@ impl PageStates {
         Landed::Synced { dirty }
     }
 
+    /// Whether the next reinstall needs room: not where the program freed the page meanwhile
+    /// (it only gives its slot back). None waiting: false.
+    pub fn next_reinstall_maps(&self) -> bool {
+        self.reinstall
+            .front()
+            .is_some_and(|p| !self.released.contains(p))
+    }
+
     /// The next written-back page that was wanted: map it from its slot if there is `room`
     /// for it, else, where its write-back landed, it is remote now (its copy on the servers
     /// is whole) and fetched again by the fault that wants it ([`Landed::Refetch`]); or it
@@ -1025,6 +1033,36 @@ mod tests {
             }
         ));
         assert_eq!(s.get(p), PageState::Dirty);
+        s.check();
+    }
+
+    /// A queued reinstall the program freed meanwhile maps nothing, so the pager makes no room
+    /// for it; one still wanted does.
+    #[test]
+    fn a_freed_reinstall_needs_no_room() {
+        let mut s = states();
+        let (p, q) = (PageIndex(9), PageIndex(10));
+        for page in [p, q] {
+            s.zero_fill(page, true);
+        }
+        for (page, slot) in [(p, 1), (q, 2)] {
+            assert_eq!(s.take_victim(true), Some(page));
+            s.begin_leave(page, slot);
+            s.want(page, fill(false));
+            assert_eq!(s.stored(page), Landed::Queued);
+        }
+        assert_eq!(s.free(p), Freed::Later);
+        assert!(!s.next_reinstall_maps(), "freed: nothing to map");
+        assert_eq!(
+            s.next_reinstall(false),
+            Some((p, Landed::Released { slot: Some(1) }))
+        );
+        assert!(s.next_reinstall_maps(), "still wanted");
+        assert!(matches!(
+            s.next_reinstall(true),
+            Some((_, Landed::Map { .. }))
+        ));
+        assert!(!s.next_reinstall_maps(), "none waiting");
         s.check();
     }
 
