@@ -133,6 +133,23 @@ impl HostFile {
             ));
         }
         let servers: Vec<HostLine> = it.collect();
+        // A server named twice would be connected to twice in one session, each link fencing
+        // the other: a wrong file, said here. (A host without a port may run several.)
+        for (i, a) in servers.iter().enumerate() {
+            if let Some(b) = servers[..i]
+                .iter()
+                .find(|b| a.port.is_some() && b.host == a.host && b.port == a.port)
+            {
+                return Err(err(
+                    a.line,
+                    format!(
+                        "{} is listed twice (line {} too): each server once",
+                        a.addr(a.port.expect("checked")),
+                        b.line
+                    ),
+                ));
+            }
+        }
         if servers.is_empty() {
             return Err(err(
                 0,
@@ -238,6 +255,16 @@ mod tests {
         assert!(e.to_string().contains("on, off or auto"), "{e}");
         let e = parse("me 1G\nredundancy none\nredundancy replicas:2\nm1 1G\n").unwrap_err();
         assert!(e.to_string().contains("second"), "{e}");
+    }
+
+    #[test]
+    fn a_server_listed_twice_is_refused_naming_both_lines() {
+        let e = parse("me 1G\nn1:7000 1G\nn2:7000 1G\nn1:7000 2G\n").unwrap_err();
+        assert_eq!(e.line, 4);
+        assert!(e.what.contains("n1:7000 is listed twice (line 2"), "{e}");
+        // The same host on other ports, or without a port (several servers launched there).
+        assert!(parse("me 1G\nn1:7000 1G\nn1:7001 1G\n").is_ok());
+        assert!(parse("me 1G\nn1 1G\nn1 1G\n").is_ok());
     }
 
     #[test]

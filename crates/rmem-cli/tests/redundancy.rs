@@ -784,11 +784,45 @@ fn a_program_that_starts_after_a_server_is_lost_starts_without_it() {
         cmd.spawn().unwrap()
     };
 
-    // The loss while the shell sleeps: every later process starts without the server.
     let mut servers: Vec<ServerProcess> =
         (0..3).map(|_| ServerProcess::start(TOKEN, &[])).collect();
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     write_hosts("ec:2+1", &addrs);
+
+    // A server that hangs (stopped: the kernel still accepts its connections) holds a new
+    // process up for about a second once the others answered, not for the connect timeout.
+    let pid = servers[2].child.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let mut cmd = Command::new(rmem());
+    cmd.args(["run", "--launcher", "none", "--hostfile"])
+        .arg(&hosts)
+        .args(["--", "true"])
+        .env("RMEM_TOKEN", TOKEN)
+        .env("RMEM_CONNECT_TIMEOUT_MS", "40000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_bounded(
+        cmd.spawn().unwrap(),
+        Duration::from_secs(60),
+        "a hung server",
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(out.status.success(), "a hung server: {}", shown(&out));
+    assert!(
+        out.elapsed < Duration::from_secs(20)
+            && out.stderr.contains(&format!(
+                "unreachable at start: {} (memory server {} did not answer",
+                addrs[2], addrs[2]
+            )),
+        "a hung server held the start {:.1} s (the connect timeout is 40 s): {}",
+        out.elapsed.as_secs_f64(),
+        out.stderr
+    );
+
+    // The loss while the shell sleeps: every later process starts without the server.
     let child = run(&["--children"], &["sh", "-c", &shell]);
     std::thread::sleep(Duration::from_millis(500));
     servers[1].child.kill().unwrap();

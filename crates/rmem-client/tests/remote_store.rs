@@ -44,14 +44,24 @@ fn connect_with(
     token: &[u8],
     reconnect: Duration,
 ) -> Result<RemoteStore, StoreError> {
+    RemoteStore::connect(
+        &[addr.to_string()],
+        token,
+        PS,
+        Placement::Priority,
+        timing(reconnect),
+    )
+}
+
+/// Every clock at 5 s but the reconnection window.
+fn timing(reconnect: Duration) -> Timing {
     let t = Duration::from_secs(5);
-    let timing = Timing {
+    Timing {
         connect: t,
         request: t,
         heartbeat: t,
         reconnect,
-    };
-    RemoteStore::connect(&[addr.to_string()], token, PS, Placement::Priority, timing)
+    }
 }
 
 #[test]
@@ -65,6 +75,24 @@ fn a_wrong_token_is_refused_with_a_message_naming_it() {
     let msg = err.to_string();
     assert!(
         msg.contains(&addr.to_string()) && msg.contains("wrong token"),
+        "{msg}"
+    );
+}
+
+/// A server named twice is refused before anything is dialed: its two links would share
+/// one session, each attach fencing the other, and the program would stop later with "lost
+/// this program's pages".
+#[test]
+fn a_server_named_twice_is_refused_at_once() {
+    let (a, b) = (server(16).to_string(), server(16).to_string());
+    let servers = [a.clone(), b, a.clone()];
+    let timing = timing(Duration::from_secs(5));
+    let err = RemoteStore::connect(&servers, TOKEN, PS, Placement::Priority, timing)
+        .err()
+        .expect("accepted a server twice");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("{a} is named twice (servers 1 and 3)")),
         "{msg}"
     );
 }

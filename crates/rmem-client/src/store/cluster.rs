@@ -81,6 +81,10 @@ const REVIVE_EVERY: Duration = Duration::from_secs(2);
 /// A server slow for this long or longer is named on stderr when it answers again (with the
 /// write-backs stored with a piece fewer meanwhile); shorter silences are only counted.
 const SLOW_TOLD_AFTER: Duration = Duration::from_secs(1);
+/// A process starting under a layout that outlives a loss waits no longer than this for a
+/// server that does not answer, once enough others have ([`dial_all`]). A live server on a
+/// network answers within milliseconds.
+const START_GRACE: Duration = Duration::from_secs(1);
 /// Connecting to a server the manager offers gives up after this long (on a thread of its
 /// own: the pager goes on meanwhile), and is tried again after [`REVIVE_EVERY`].
 const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
@@ -523,6 +527,74 @@ fn dial_apart(
         .spawn(dial)
         .ok()
         .map(|_| dialing)
+}
+
+/// Connect to each of `servers` in `session`, all at once (each on a thread of its own), and
+/// give each one's link or error, in order. Every dial is waited for, each bounded by the
+/// connect timeout, except that with `enough` (a layout that outlives losing servers) the
+/// start waits past [`START_GRACE`] only while fewer than `enough` links are in: a host that
+/// is down or hangs then holds each new process up for that long, not for the connect
+/// timeout (a shell script's every command paid it), and comes back timed out (the store
+/// buries it and tries it again every [`REVIVE_EVERY`]).
+fn dial_all(
+    servers: &[String],
+    token: &[u8],
+    unit: usize,
+    session: SessionId,
+    timing: Timing,
+    enough: Option<usize>,
+) -> Vec<Result<Conn, StoreError>> {
+    let start = Instant::now();
+    let (done, dialed) = mpsc::channel();
+    let mut got: Vec<Option<Result<Conn, StoreError>>> = servers.iter().map(|_| None).collect();
+    for (i, s) in servers.iter().enumerate() {
+        let (done, server, key) = (done.clone(), s.clone(), token.to_vec());
+        let dial = move || {
+            let _ = done.send((i, Conn::connect(&server, &key, unit, session, timing)));
+        };
+        if std::thread::Builder::new()
+            .name("rmem-connect".into())
+            .spawn(dial)
+            .is_err()
+        {
+            // No thread to be had: dial here.
+            got[i] = Some(Conn::connect(s, token, unit, session, timing));
+        }
+    }
+    drop(done);
+    // Each dial ends by itself within the connect timeout; the second is slack.
+    let last = start + timing.connect + Duration::from_secs(1);
+    loop {
+        let ok = got.iter().filter(|g| matches!(g, Some(Ok(_)))).count();
+        if got.iter().all(Option::is_some) {
+            break;
+        }
+        let until = match enough {
+            Some(n) if ok >= n => (start + START_GRACE).min(last),
+            _ => last,
+        };
+        let Some(left) = until.checked_duration_since(Instant::now()) else {
+            break;
+        };
+        match dialed.recv_timeout(left) {
+            Ok((i, r)) => got[i] = Some(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let waited = start.elapsed().as_secs_f64();
+    got.into_iter()
+        .zip(servers)
+        .map(|(g, s)| {
+            g.unwrap_or_else(|| {
+                Err(StoreError::Timeout {
+                    server: s.clone(),
+                    secs: waited,
+                    detail: " connecting at start".into(),
+                })
+            })
+        })
+        .collect()
 }
 
 fn bit(piece: usize) -> u32 {
@@ -984,6 +1056,18 @@ impl RemoteStore {
         pool: Option<PoolLink>,
     ) -> Result<RemoteStore, StoreError> {
         assert!(servers.len() <= SERVERS_MAX, "too many servers");
+        if let Some((i, s)) = servers
+            .iter()
+            .enumerate()
+            .find(|(i, s)| servers[..*i].contains(s))
+        {
+            // Two links in one session would fence each other.
+            return Err(StoreError::Layout(format!(
+                "memory server {s} is named twice (servers {} and {}): name each server once",
+                servers.iter().position(|x| x == s).expect("found") + 1,
+                i + 1
+            )));
+        }
         let w = layout.redundancy.width();
         let io = |e| StoreError::Io {
             server: "(none)".into(),
@@ -1043,8 +1127,12 @@ impl RemoteStore {
         // Some server is down now, under a layout that outlives losing it.
         let mut down = false;
         let tolerates = layout.redundancy.tolerates();
-        for s in servers {
-            match Conn::connect(s, token, unit, session, timing) {
+        // With a layout that outlives a loss, the start waits for a server that hangs only
+        // until enough others answered and START_GRACE passed.
+        let enough = (tolerates > 0 && pool.is_none()).then(|| layout.redundancy.needed());
+        let dialed = dial_all(servers, token, unit, session, timing, enough);
+        for (s, dial) in servers.iter().zip(dialed) {
+            match dial {
                 Ok(c) => store.join(c),
                 Err(e) if pool.is_some() => {
                     say_unreachable(s, &e);
