@@ -81,6 +81,9 @@ const REVIVE_EVERY: Duration = Duration::from_secs(2);
 /// A server slow for this long or longer is named on stderr when it answers again (with the
 /// write-backs stored with a piece fewer meanwhile); shorter silences are only counted.
 const SLOW_TOLD_AFTER: Duration = Duration::from_secs(1);
+/// How often the store looks for a fetch that nothing can finish
+/// ([`RemoteStore::check_fetches`]); one seen so at two looks in a row is an error.
+const FETCH_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// A process starting under a layout that outlives a loss waits no longer than this for a
 /// server that does not answer, once enough others have ([`dial_all`]). A live server on a
 /// network answers within milliseconds.
@@ -449,6 +452,10 @@ pub struct RemoteStore {
     repair: Repair,
     pulls: Pulls,
     next_revive: Instant,
+    /// Fetches that had nothing out for them at the last check, and when the next is due
+    /// ([`RemoteStore::check_fetches`]).
+    idle_fetches: std::collections::HashSet<u64>,
+    next_fetch_check: Instant,
     /// Per server, a try to reach it again in flight ([`RemoteStore::revive`]).
     reviving: Vec<Option<mpsc::Receiver<Result<Conn, StoreError>>>>,
     /// The codec the fork() child of the latest snapshot seals with (its own key: see
@@ -1116,6 +1123,8 @@ impl RemoteStore {
             repair: Repair::default(),
             pulls: Pulls::default(),
             next_revive: Instant::now(),
+            idle_fetches: Default::default(),
+            next_fetch_check: Instant::now() + FETCH_CHECK_EVERY,
             reviving: Vec::new(),
             child_codec: None,
             finished: Vec::new(),
@@ -2715,6 +2724,66 @@ impl RemoteStore {
         (0..self.conns.len()).any(|s| self.book.dead[s].is_some() && !self.book.draining[s])
     }
 
+    /// A fetch finishes only on an answer to a read sent for it, or is asked again from the
+    /// work queue: one with neither would wait forever, and the program with it (a fault
+    /// that never returns). Such a state is a bug in this file (the class of a hang found
+    /// under lying servers), so it is an error naming the fetch, not a hang: a fetch with no
+    /// read out on any link and no ask queued, at two looks [`FETCH_CHECK_EVERY`] apart.
+    fn check_fetches(&mut self, now: Instant) -> Result<(), StoreError> {
+        if now < self.next_fetch_check {
+            return Ok(());
+        }
+        self.next_fetch_check = now + FETCH_CHECK_EVERY;
+        let fetches = self
+            .book
+            .ops
+            .iter()
+            .filter(|(_, op)| matches!(op, Op::Fetch(_)))
+            .count();
+        if fetches == 0 {
+            self.idle_fetches.clear();
+            return Ok(());
+        }
+        let mut live: std::collections::HashSet<u64> = self
+            .conns
+            .iter()
+            .zip(&self.book.dead)
+            .filter(|(_, d)| d.is_none())
+            .flat_map(|(c, _)| c.pending_read_ops())
+            .collect();
+        live.extend(self.todo.iter().filter_map(|t| match t {
+            Todo::Ask(op) => Some(*op),
+            _ => None,
+        }));
+        let idle: std::collections::HashSet<u64> = self
+            .book
+            .ops
+            .iter()
+            .filter(|(op, o)| matches!(o, Op::Fetch(_)) && !live.contains(op))
+            .map(|(&op, _)| op)
+            .collect();
+        if let Some(&op) = idle.iter().find(|op| self.idle_fetches.contains(op)) {
+            let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
+                unreachable!("listed as a fetch")
+            };
+            return Err(StoreError::Stuck {
+                page: fe.page,
+                detail: format!(
+                    "fetch {op}: pieces asked {:#b}, answered {:#b}, in {:#b}, bad {:#b}, \
+                     gone {:#b}; {}",
+                    fe.asked,
+                    fe.answered,
+                    fe.have,
+                    fe.bad,
+                    fe.gone,
+                    self.describe_in_flight()
+                ),
+            });
+        }
+        self.idle_fetches = idle;
+        Ok(())
+    }
+
     /// Try buried servers again now and then: one that answers takes new pages (a fresh
     /// session: whatever it kept of the old one is not trusted). Each try opens its link on a
     /// thread of its own (as a reconnect does), taken here on a later call once open: a
@@ -3277,7 +3346,8 @@ impl PageStore for RemoteStore {
             }
         });
         self.finished = finished;
-        r
+        r?;
+        self.check_fetches(now)
     }
 
     fn heartbeat(&self) -> Option<Duration> {
@@ -3443,6 +3513,8 @@ impl PageStore for RemoteStore {
                 ..Pulls::default()
             },
             next_revive: Instant::now(),
+            idle_fetches: Default::default(),
+            next_fetch_check: Instant::now() + FETCH_CHECK_EVERY,
             reviving: self.conns.iter().map(|_| None).collect(),
             child_codec: None,
             // The parent's finished write-backs are the parent's: the child reinstalls those

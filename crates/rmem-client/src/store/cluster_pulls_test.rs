@@ -514,3 +514,54 @@ fn pieces_written_while_their_pages_move_read_as_written() {
         }
     }
 }
+
+/// A fetch with nothing out for it and no ask queued is an error naming its page at the
+/// second look a second later; one whose read is out (unanswered, or answered but unread) is
+/// not, however long it waits.
+#[test]
+fn a_fetch_that_nothing_can_finish_is_an_error_not_a_hang() {
+    let (a, _sa) = server();
+    let (b, _sb) = server();
+    let mut s = store_with(&[a, b], "replicas:2", PS, false);
+    s.store(PageIndex(3), &[7u8; PS]).unwrap();
+    s.flush().unwrap();
+    drive(&mut s, "the write-back", |s, _| s.book.ops.is_empty());
+    // A real read, its answer left unread across three looks.
+    s.fetch(PageIndex(3)).unwrap();
+    s.flush().unwrap();
+    let t = Instant::now();
+    for i in 1..=3 {
+        s.tick(t + FETCH_CHECK_EVERY * i).expect("a read is out");
+    }
+    drive(&mut s, "the read", |s, _| s.book.ops.is_empty());
+    // A fetch nobody asked for: what a lost ask would leave.
+    let op = s.book.op_id();
+    let group = s.book.meta.group(3).expect("stored");
+    s.book.ops.insert(
+        op,
+        super::Op::Fetch(Fetch {
+            page: 3,
+            stamp: s.book.meta.stamp(3),
+            group,
+            buf: Vec::new(),
+            have: 0,
+            asked: 0b01,
+            answered: 0b01,
+            bad: 0,
+            gone: 0,
+            all: false,
+            repair: false,
+            moving: 0,
+            part: None,
+            only: None,
+        }),
+    );
+    // The clock goes on from the looks above (each look sets the next one's time).
+    s.tick(t + FETCH_CHECK_EVERY * 4)
+        .expect("first look: not yet");
+    let e = s.tick(t + FETCH_CHECK_EVERY * 5).expect_err("second look");
+    assert!(
+        matches!(e, StoreError::Stuck { page: 3, .. }) && e.to_string().contains("page 3"),
+        "{e}"
+    );
+}

@@ -84,6 +84,11 @@ pub enum StoreError {
     Lost { servers: String, detail: String },
     #[error("{0}")]
     Layout(String),
+    #[error(
+        "a read of page {page} from the memory servers waits for nothing that can finish it \
+         (a bug in rmem, stopped rather than hang): {detail}"
+    )]
+    Stuck { page: u64, detail: String },
     #[error("i/o error with memory server {server}")]
     Io {
         server: String,

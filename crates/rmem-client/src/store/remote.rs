@@ -1089,6 +1089,14 @@ impl Conn {
         })
     }
 
+    /// The operations of the reads (whole pieces and byte ranges) waiting on this server.
+    pub(crate) fn pending_read_ops(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pending.iter().filter_map(|p| match p.kind {
+            Kind::Read { op, .. } | Kind::ReadRange { op, .. } => Some(op),
+            _ => None,
+        })
+    }
+
     /// The writes waiting on this server that are not redirected yet, as (position among
     /// the unanswered requests, operation, piece, key), oldest first.
     pub(crate) fn pending_writes(&self) -> Vec<(usize, u64, u8, u64)> {
