@@ -81,7 +81,8 @@ fn a_wrong_token_is_refused_with_a_message_naming_it() {
 
 /// A server named twice is refused before anything is dialed: its two links would share
 /// one session, each attach fencing the other, and the program would stop later with "lost
-/// this program's pages".
+/// this program's pages". Under two names (a host name and its address) it is refused once
+/// both links are up.
 #[test]
 fn a_server_named_twice_is_refused_at_once() {
     let (a, b) = (server(16).to_string(), server(16).to_string());
@@ -93,6 +94,17 @@ fn a_server_named_twice_is_refused_at_once() {
     let msg = err.to_string();
     assert!(
         msg.contains(&format!("{a} is named twice (servers 1 and 3)")),
+        "{msg}"
+    );
+    // A name and the address it resolves to: found by where the links go.
+    let port = a.rsplit(':').next().unwrap();
+    let servers = [a.clone(), format!("localhost:{port}")];
+    let err = RemoteStore::connect(&servers, TOKEN, PS, Placement::Priority, timing)
+        .err()
+        .expect("accepted a server under two names");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("{a} and localhost:{port} are the same server")),
         "{msg}"
     );
 }

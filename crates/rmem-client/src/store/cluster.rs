@@ -1159,6 +1159,19 @@ impl RemoteStore {
                 Err(e) => return Err(e),
             }
         }
+        // Two names for one server (a host name and its address) are caught where the links
+        // are: its pieces would share one server, silently short of the layout's copies.
+        for i in 0..store.conns.len() {
+            let Some(at) = store.conns[i].peer_addr() else {
+                continue;
+            };
+            if let Some(j) = (0..i).find(|&j| store.conns[j].peer_addr() == Some(at)) {
+                return Err(StoreError::Layout(format!(
+                    "memory servers {} and {} are the same server ({at}): name each server once",
+                    store.conns[j].name, store.conns[i].name
+                )));
+            }
+        }
         if store.conns.len() < w {
             return Err(StoreError::Layout(format!(
                 "--redundancy {} puts each page on {w} servers; there are {}",
