@@ -329,10 +329,12 @@ pub fn run(args: RunArgs) -> i32 {
     };
     let _ = std::fs::remove_file(&stats_path);
     // A child's statistics of an earlier run to the same --stats-json would be counted as this
-    // run's.
+    // run's, and the servers it said it started without would not be said again.
     for old in children_stats(&stats_path) {
         let _ = std::fs::remove_file(old);
     }
+    let told = told_path(&stats_path);
+    let _ = std::fs::remove_file(&told);
     let addrs: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
     let mut cmd = Command::new(&args.program[0]);
     cmd.args(&args.program[1..])
@@ -509,6 +511,8 @@ pub fn run(args: RunArgs) -> i32 {
     }
     if args.stats_json.is_none() {
         let _ = std::fs::remove_dir_all(&tmp);
+    } else {
+        let _ = std::fs::remove_file(&told);
     }
     let code = status_code(status);
     if !status.success() {
@@ -666,6 +670,13 @@ fn live_paged_children(stats: &std::path::Path) -> Vec<libc::pid_t> {
             (!matches!(state, 'Z' | 'X')).then_some(pid)
         })
         .collect()
+}
+
+/// Where the run's processes list the servers one of them said it started without.
+fn told_path(stats: &std::path::Path) -> PathBuf {
+    let mut p = stats.as_os_str().to_owned();
+    p.push(rmem_client::store::cluster::TOLD_SUFFIX);
+    PathBuf::from(p)
 }
 
 /// The statistics files of the program's child processes: `STATS.PID` beside `stats`.

@@ -843,6 +843,13 @@ fn a_program_that_starts_after_a_server_is_lost_starts_without_it() {
         "no process said it started without the lost server: {}",
         out.stderr
     );
+    // Said once for the run, not by each of the processes that started after the kill.
+    assert_eq!(
+        out.stderr.matches("unreachable at start").count(),
+        1,
+        "{}",
+        out.stderr
+    );
 
     // Two of three unreachable: ec:2+1 cannot store a page on one.
     servers[2].child.kill().unwrap();

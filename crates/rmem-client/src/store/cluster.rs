@@ -604,6 +604,47 @@ fn dial_all(
         .collect()
 }
 
+/// Beside `RMEM_STATS_JSON`, the servers a process of the run said it started without
+/// ([`RemoteStore::say_down_at_start`]); `rmem run` removes it.
+pub const TOLD_SUFFIX: &str = ".unreachable";
+
+/// Of `names`, those `path` does not list yet, added to it (under an exclusive lock: the
+/// run's processes start at once). Any error reading or writing it: all of them (said
+/// again rather than not at all).
+fn not_told_yet(path: &std::path::Path, names: &[&str]) -> Vec<String> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let all = || names.iter().map(|n| n.to_string()).collect();
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+    else {
+        return all();
+    };
+    // SAFETY: flock on a descriptor this function owns; released when `f` closes.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return all();
+    }
+    let mut text = String::new();
+    if f.rewind().is_err() || f.read_to_string(&mut text).is_err() {
+        return all();
+    }
+    let fresh: Vec<String> = names
+        .iter()
+        .filter(|n| !text.lines().any(|l| l == **n))
+        .map(|n| n.to_string())
+        .collect();
+    let add: String = fresh.iter().map(|n| format!("{n}\n")).collect();
+    if f.write_all(add.as_bytes()).is_err() {
+        return all();
+    }
+    fresh
+}
+
 fn bit(piece: usize) -> u32 {
     1 << piece
 }
@@ -984,7 +1025,43 @@ impl RemoteStore {
         layout: Layout,
         timing: Timing,
     ) -> Result<RemoteStore, StoreError> {
-        RemoteStore::open(servers, token, page_size, layout, timing, None)
+        let store = RemoteStore::open(servers, token, page_size, layout, timing, None)?;
+        store.say_down_at_start(None);
+        Ok(store)
+    }
+
+    /// Say on stderr which servers this store starts without (down at start: see `open`),
+    /// but not again what another process of the same run said: `told` (a file beside the
+    /// run's `RMEM_STATS_JSON`) lists those said, one per line. Each exec of a launcher
+    /// (pyenv's shim execs about seven times) and each command of a script under `rmem run
+    /// --children` starts a runtime of its own, and each said the same line.
+    fn say_down_at_start(&self, told: Option<&std::path::Path>) {
+        let down: Vec<(&str, &str)> = (0..self.conns.len())
+            .filter_map(|s| Some((self.conns[s].name.as_str(), self.book.dead[s].as_deref()?)))
+            .collect();
+        if down.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = down.iter().map(|(n, _)| *n).collect();
+        let fresh = match told {
+            Some(path) => not_told_yet(path, &names),
+            None => names.iter().map(|n| n.to_string()).collect(),
+        };
+        let said: Vec<String> = down
+            .iter()
+            .filter(|(n, _)| fresh.iter().any(|f| f == n))
+            .map(|(n, why)| format!("{n} ({why})"))
+            .collect();
+        if said.is_empty() {
+            return;
+        }
+        crate::tell!(
+            "rmem: memory servers unreachable at start: {}; the program starts without them \
+             (--redundancy {} outlives their loss), each tried again every {} s",
+            said.join("; "),
+            self.book.codec.redundancy(),
+            REVIVE_EVERY.as_secs()
+        );
     }
 
     /// The store `config` names: its servers, or those of its pool manager (then this store
@@ -998,13 +1075,19 @@ impl RemoteStore {
                 redundancy,
                 encrypt,
             };
-            let mut store = RemoteStore::connect_with(
+            let mut store = RemoteStore::open(
                 &config.servers,
                 &config.token,
                 config.page_size,
                 layout,
                 Timing::of(config),
+                None,
             )?;
+            let told = config
+                .stats_json
+                .as_ref()
+                .map(|p| std::path::PathBuf::from(format!("{p}{TOLD_SUFFIX}")));
+            store.say_down_at_start(told.as_deref());
             store.pulls.off = !config.pull;
             return Ok(store);
         };
@@ -1198,14 +1281,6 @@ impl RemoteStore {
                 .counters
                 .servers_lost
                 .fetch_add(lost as u64, Relaxed);
-            crate::tell!(
-                "rmem: memory servers unreachable at start: {}; the program starts without \
-                 them (--redundancy {} outlives their loss), \
-                 each tried again every {} s",
-                store.dead_list(),
-                layout.redundancy,
-                REVIVE_EVERY.as_secs()
-            );
         }
         if let Some(link) = &pool {
             for offer in link.view().servers {
