@@ -333,7 +333,7 @@ pub fn run(args: RunArgs) -> i32 {
     for old in children_stats(&stats_path) {
         let _ = std::fs::remove_file(old);
     }
-    let told = told_path(&stats_path);
+    let told = rmem_client::store::cluster::told_path(&stats_path);
     let _ = std::fs::remove_file(&told);
     let addrs: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
     let mut cmd = Command::new(&args.program[0]);
@@ -670,13 +670,6 @@ fn live_paged_children(stats: &std::path::Path) -> Vec<libc::pid_t> {
             (!matches!(state, 'Z' | 'X')).then_some(pid)
         })
         .collect()
-}
-
-/// Where the run's processes list the servers one of them said it started without.
-fn told_path(stats: &std::path::Path) -> PathBuf {
-    let mut p = stats.as_os_str().to_owned();
-    p.push(rmem_client::store::cluster::TOLD_SUFFIX);
-    PathBuf::from(p)
 }
 
 /// The statistics files of the program's child processes: `STATS.PID` beside `stats`.

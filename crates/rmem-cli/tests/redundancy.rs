@@ -253,6 +253,27 @@ fn one_more_server_lost_than_covered_stops_with_their_names() {
     let _ = std::fs::remove_dir_all(&run.dir);
 }
 
+/// A CPython script in `dir` that builds, hashes and sorts `numbers` random integers (a
+/// dict over three eighths of them): an interpreter heap, its output one line to compare.
+fn heap_script(dir: &std::path::Path, numbers: usize) -> std::path::PathBuf {
+    let script = dir.join("heap.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import hashlib, random\n\
+             r = random.Random(5)\n\
+             a = [r.getrandbits(48) for _ in range({numbers})]\n\
+             d = {{v: i for i, v in enumerate(a[:{}])}}\n\
+             a.sort()\n\
+             h = hashlib.sha256(b''.join(v.to_bytes(8, 'little') for v in a[::7]))\n\
+             print(h.hexdigest(), len(d), sum(a) % 1000003)\n",
+            numbers * 3 / 8
+        ),
+    )
+    .unwrap();
+    script
+}
+
 /// A server that stops answering for a while (SIGSTOP, then SIGCONT within the reconnection
 /// window): the reads waiting on it are asked of the other copy at once, the answers it
 /// sends when it wakes are ignored, it is never given up on, and nothing is wrong.
@@ -636,18 +657,7 @@ fn real_programs_give_the_plain_output_when_a_server_is_killed_or_restarted_empt
         text += &format!("{x:016x} {}\n", "y".repeat((x % 30) as usize));
     }
     std::fs::write(&input, text).unwrap();
-    let script = dir.join("heap.py");
-    std::fs::write(
-        &script,
-        "import hashlib, random\n\
-         r = random.Random(5)\n\
-         a = [r.getrandbits(48) for _ in range(800_000)]\n\
-         d = {v: i for i, v in enumerate(a[:300_000])}\n\
-         a.sort()\n\
-         h = hashlib.sha256(b''.join(v.to_bytes(8, 'little') for v in a[::7]))\n\
-         print(h.hexdigest(), len(d), sum(a) % 1000003)\n",
-    )
-    .unwrap();
+    let script = heap_script(&dir, 800_000);
     // The interpreter itself, not a launcher that execs it (pyenv's shim): a process that
     // starts its runtime after the loss is the next test's.
     let python = run_bounded(
@@ -740,16 +750,7 @@ fn real_programs_give_the_plain_output_when_a_server_is_killed_or_restarted_empt
 #[test]
 fn a_program_that_starts_after_a_server_is_lost_starts_without_it() {
     let dir = scratch("red-late");
-    let script = dir.join("heap.py");
-    std::fs::write(
-        &script,
-        "import hashlib, random\n\
-         r = random.Random(7)\n\
-         a = [r.getrandbits(48) for _ in range(300_000)]\n\
-         a.sort()\n\
-         print(hashlib.sha256(b''.join(v.to_bytes(8, 'little') for v in a[::3])).hexdigest())\n",
-    )
-    .unwrap();
+    let script = heap_script(&dir, 300_000);
     let input = dir.join("in.txt");
     let text: String = (0..60_000u64)
         .map(|i| format!("{:016x}\n", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))

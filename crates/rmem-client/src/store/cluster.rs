@@ -604,9 +604,13 @@ fn dial_all(
         .collect()
 }
 
-/// Beside `RMEM_STATS_JSON`, the servers a process of the run said it started without
-/// ([`RemoteStore::say_down_at_start`]); `rmem run` removes it.
-pub const TOLD_SUFFIX: &str = ".unreachable";
+/// Beside the run's statistics (`RMEM_STATS_JSON`), the servers a process of the run said it
+/// started without ([`RemoteStore::say_down_at_start`]); `rmem run` removes it.
+pub fn told_path(stats: &std::path::Path) -> std::path::PathBuf {
+    let mut p = stats.as_os_str().to_owned();
+    p.push(".unreachable");
+    p.into()
+}
 
 /// Of `names`, those `path` does not list yet, added to it (under an exclusive lock: the
 /// run's processes start at once). Any error reading or writing it: all of them (said
@@ -1086,7 +1090,7 @@ impl RemoteStore {
             let told = config
                 .stats_json
                 .as_ref()
-                .map(|p| std::path::PathBuf::from(format!("{p}{TOLD_SUFFIX}")));
+                .map(|p| told_path(std::path::Path::new(p)));
             store.say_down_at_start(told.as_deref());
             store.pulls.off = !config.pull;
             return Ok(store);
@@ -1216,8 +1220,6 @@ impl RemoteStore {
         };
         let unit = store.book.unit();
         let mut unreachable = std::collections::HashSet::new();
-        // Some server is down now, under a layout that outlives losing it.
-        let mut down = false;
         let tolerates = layout.redundancy.tolerates();
         // With a layout that outlives a loss, the start waits for a server that hangs only
         // until enough others answered and START_GRACE passed.
@@ -1237,7 +1239,6 @@ impl RemoteStore {
                     store.join(Conn::unreachable(s, token, unit, session, timing));
                     *store.book.dead.last_mut().expect("just joined") =
                         Some(crate::error_chain(&e));
-                    down = true;
                 }
                 Err(e) => return Err(e),
             }
@@ -1262,8 +1263,9 @@ impl RemoteStore {
                 store.conns.len()
             )));
         }
-        if down {
-            let lost = store.book.dead.iter().filter(|d| d.is_some()).count();
+        // Servers down at start, under a layout that outlives losing them.
+        let lost = store.book.dead.iter().filter(|d| d.is_some()).count();
+        if lost > 0 {
             let needed = layout.redundancy.needed();
             if store.conns.len() - lost < needed {
                 return Err(StoreError::Lost {
@@ -2822,13 +2824,7 @@ impl RemoteStore {
             return Ok(());
         }
         self.next_fetch_check = now + FETCH_CHECK_EVERY;
-        let fetches = self
-            .book
-            .ops
-            .iter()
-            .filter(|(_, op)| matches!(op, Op::Fetch(_)))
-            .count();
-        if fetches == 0 {
+        if !self.book.ops.values().any(|op| matches!(op, Op::Fetch(_))) {
             self.idle_fetches.clear();
             return Ok(());
         }

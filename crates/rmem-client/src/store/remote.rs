@@ -397,6 +397,8 @@ fn link_failure(e: &StoreError) -> bool {
 /// errors.
 pub(crate) fn down_at_start(e: &StoreError) -> bool {
     match e {
+        // Of the failures a new link may cure, only the network's: not a name that does
+        // not resolve.
         StoreError::Connect { source, .. } => matches!(
             source.kind(),
             io::ErrorKind::ConnectionRefused
@@ -408,8 +410,7 @@ pub(crate) fn down_at_start(e: &StoreError) -> bool {
                 | io::ErrorKind::NetworkUnreachable
                 | io::ErrorKind::NetworkDown
         ),
-        StoreError::Closed { .. } | StoreError::Timeout { .. } | StoreError::Io { .. } => true,
-        _ => false,
+        other => link_failure(other),
     }
 }
 
