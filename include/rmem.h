@@ -76,12 +76,8 @@ size_t rmem_page_size(void);
  *   ENOSPC  a memory server is full (the page of a range written for the first time), or
  *           every server (or the pool's grant) is
  *   EIO     a memory server was lost (with no redundancy left to cover it), or the region's
- *           creator freed it (the region is then unusable; every later call fails the same way)
- *   ENOTSUP rmem_region_create_named under a layout with which servers cannot see bytes
- *           (--encrypt, --redundancy other than none) or in a pool: a named region needs
- *           pages stored as they are on a fixed list of servers. An unnamed region takes any
- *           layout, and a pool (its pages read and written whole, or by the 4 KiB piece, by
- *           this process); see docs/regions.md
+ *           creator freed it or exited (the region is then unusable; every later call fails
+ *           the same way)
  *   ENOENT  rmem_region_open: no such name, or its creator is gone
  *   EEXIST  rmem_region_create_named: the name is held by a live process
  * Concurrent writes of overlapping bytes land in no particular order; a read concurrent

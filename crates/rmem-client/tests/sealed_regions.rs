@@ -8,7 +8,7 @@
 
 mod common;
 use rmem_client::config::Placement;
-use rmem_client::direct::{DirectRegion, RegionError};
+use rmem_client::direct::DirectRegion;
 use rmem_client::store::codec::Redundancy;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -148,20 +148,49 @@ fn a_read_of_a_sealed_page_moves_one_piece_and_a_never_written_page_nothing() {
     );
 }
 
+/// A named region under a sealed layout is served by its creator: an opener (here in the same
+/// process, through the socket as another process would) reads what the creator wrote and
+/// writes what it reads back; a link sending a malformed request is closed and nothing else is
+/// disturbed; once the creator frees the region, the opener's calls fail (EIO) saying so.
 #[test]
-fn a_named_region_under_a_sealed_layout_is_refused_with_why() {
+fn a_named_region_under_a_sealed_layout_is_served_by_its_creator() {
+    use std::io::{Read, Write};
     let dir = std::env::temp_dir().join(format!("rmem-sealed-regions-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::env::set_var("XDG_RUNTIME_DIR", &dir);
-    let c = config(2, "replicas:2", false, 4096);
-    match DirectRegion::create(&c, 1 << 20, Some("sealed")) {
-        Err(e @ RegionError::Layout(_)) => {
-            assert_eq!(e.errno(), libc::ENOTSUP);
-            assert!(e.to_string().contains("docs/regions.md"), "{e}");
-        }
-        Err(e) => panic!("refused, but not for its layout: {e}"),
-        Ok(_) => panic!("a named region under replicas:2 was made"),
-    }
+    let c = config(2, "replicas:2", true, 4096);
+    let creator = DirectRegion::create(&c, 1 << 20, Some("sealed")).unwrap();
+    creator.write(10_000, &[5u8; 9000]).unwrap();
+    let timing = rmem_client::store::remote::Timing::of(&c);
+    let opener = DirectRegion::open("sealed", timing).unwrap();
+    assert_eq!((opener.size(), opener.page_size()), (1 << 20, 4096));
+    let mut got = vec![0u8; 9002];
+    opener.read(9_999, &mut got).unwrap();
+    assert!(got[0] == 0 && got[9001] == 0 && got[1..9001].iter().all(|&b| b == 5));
+    opener.write(12_345, b"from the opener").unwrap();
+    assert!(opener.stats().requests.load(Relaxed) >= 4);
+    // A hostile link: a request of an unknown kind. It is closed; the opener goes on.
+    let mut bad =
+        std::os::unix::net::UnixStream::connect(dir.join("rmem-regions/.sealed")).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    bad.write_all(&[9u8; 25]).unwrap();
+    let mut sink = [0u8; 16];
+    assert_eq!(
+        bad.read(&mut sink).unwrap(),
+        0,
+        "the malformed link was not closed"
+    );
+    let mut back = [0u8; 15];
+    creator.read(12_345, &mut back).unwrap();
+    assert_eq!(&back, b"from the opener");
+    opener.read(12_345, &mut back).unwrap();
+    assert_eq!(&back, b"from the opener");
+    drop(creator);
+    let e = opener.read(0, &mut back).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("creator"), "{e}");
+    assert!(!dir.join("rmem-regions/sealed").exists());
+    assert!(!dir.join("rmem-regions/.sealed").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -24,16 +24,17 @@
 //! Layouts: byte ranges are exact only where a server stores a page as it is (`--redundancy
 //! none`, not encrypted): then each piece is a byte-range request ([`Ranges`]). A sealed page
 //! (encryption, or the checksums of replicas) or an erasure-coded one cannot be read or
-//! patched by a server, and a pool's servers come and go; an unnamed region then goes through
-//! the pager's page store ([`paged`]: whole pages, or 4 KiB pieces where sealed by the piece,
-//! read, patched and stored again by this process, with the store's failover and repair). A
-//! named region needs the plain layout and a list of servers: the key, versions and placement
-//! of sealed pages live in the process that wrote them (see docs/regions.md).
+//! patched by a server, and a pool's servers come and go; a region then goes through the
+//! pager's page store ([`paged`]: whole pages, or 4 KiB pieces where sealed by the piece,
+//! read, patched and stored again by this process, with the store's failover and repair).
 //!
 //! Named regions: the creator writes a registration file (0600, in a 0700 directory of the
-//! user's: `$XDG_RUNTIME_DIR/rmem-regions`, else `/tmp/rmem-regions-UID`) with the session
-//! id, the servers, the token and its pid; an opener attaches the same server sessions. The
-//! creator's free ends the sessions (openers then get errors) and removes the file.
+//! user's: `$XDG_RUNTIME_DIR/rmem-regions`, else `/tmp/rmem-regions-UID`) with its pid and
+//! how to reach the pages ([`Reach`]). Under the plain layout: the session id, the servers
+//! and the token; an opener attaches the same server sessions. Under any other: a socket on
+//! which the creator serves the region ([`served`]), since the key, versions and placement of
+//! its pages live in its page store alone. The creator's free ends the sessions or the links
+//! (openers then get errors) and removes the file.
 
 use crate::config::Config;
 use crate::store::remote::{Answer, Conn, Kind, Timing};
@@ -50,6 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod paged;
+mod served;
 
 /// Bytes of pieces in flight at once per region when `RMEM_REGION_INFLIGHT` is not set.
 pub const INFLIGHT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -219,24 +221,46 @@ enum Attach {
 /// [`Registered`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Place {
-    session: SessionId,
     size: u64,
     page_size: usize,
-    servers: Vec<String>,
-    token: Vec<u8>,
+    /// The creator: the region lives while it does.
     pid: u32,
+    reach: Reach,
+}
+
+/// How an opener reaches a named region's pages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Pages stored as they are: attach the creator's sessions on its servers (page `p` on
+    /// server `p mod N`) and read and write byte ranges there.
+    Servers {
+        session: SessionId,
+        servers: Vec<String>,
+        token: Vec<u8>,
+    },
+    /// Pages only the creator can read (sealed, coded or pooled): ask it, on this socket.
+    Creator { socket: PathBuf },
 }
 
 /// A region of bytes on memory servers. Safe to use from several threads at once.
 pub struct DirectRegion {
+    core: Arc<Core>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+    /// The registration file of a named region this process created (removed at drop).
+    registered: Option<PathBuf>,
+    /// Where this process serves its named region to openers, under a layout only it can
+    /// read ([`served`]).
+    host: Option<served::Host>,
+}
+
+/// What calls on a region go through: its queue and engine. Shared with the threads that
+/// serve a named region's openers ([`served::Host`]).
+struct Core {
     shared: Arc<Shared>,
     /// Driven by whichever calling thread holds it (see the module's notes).
     engine: Arc<Mutex<Engine>>,
-    ticker: Option<std::thread::JoinHandle<()>>,
     size: u64,
     page_size: usize,
-    /// The registration file of a named region this process created (removed at drop).
-    registered: Option<PathBuf>,
 }
 
 impl DirectRegion {
@@ -250,30 +274,48 @@ impl DirectRegion {
         if size == 0 {
             return Err(RegionError::Invalid("a region of 0 bytes".into()));
         }
+        if let Some(n) = name {
+            check_name(n)?;
+        }
         let (redundancy, encrypt) = config.layout();
         let sealed = redundancy != crate::store::codec::Redundancy::None || encrypt;
-        if name.is_none() && (sealed || config.manager.is_some()) {
+        if sealed || config.manager.is_some() {
             // The servers cannot serve byte ranges of sealed or coded pages, and a pool's
-            // servers come and go: the pager's page store takes the region's pages whole.
+            // servers come and go: the pager's page store takes the region's pages whole,
+            // and only this process can read them: it serves a named region's openers.
             let store = crate::store::cluster::RemoteStore::from_config(config)?;
-            return DirectRegion::with_backend(
+            let mut r = DirectRegion::with_backend(
                 Box::new(paged::Paged::new(Box::new(store), config.page_size)),
                 size,
                 config.page_size,
                 config.spin,
                 inflight_limit()?,
-            );
+            )?;
+            if let Some(n) = name {
+                let socket = registry_dir(true)?.join(format!(".{n}"));
+                let place = Place {
+                    size,
+                    page_size: config.page_size,
+                    pid: std::process::id(),
+                    reach: Reach::Creator {
+                        socket: socket.clone(),
+                    },
+                };
+                let registered = register(n, &place)?;
+                match served::Host::start(socket, r.core.clone(), n) {
+                    Ok(h) => r.host = Some(h),
+                    Err(e) => {
+                        let _ = fs::remove_file(&registered);
+                        return Err(e);
+                    }
+                }
+                r.registered = Some(registered);
+            }
+            return Ok(r);
         }
-        if sealed {
-            return Err(RegionError::Layout(format!(
-                "a named region needs pages stored as they are, so that another process can                  read and write byte ranges of them: this configuration seals them                  (--redundancy {redundancy}{}), and the key and versions of sealed pages stay                  in the process that wrote them (use --redundancy none without --encrypt for                  named regions, or an unnamed region; see docs/regions.md)",
-                if encrypt { ", --encrypt" } else { "" }
-            )));
-        }
-        if config.manager.is_some() || config.servers.is_empty() {
+        if config.servers.is_empty() {
             return Err(RegionError::Layout(
-                "a named region needs a list of servers (RMEM_SERVERS), so that another process                  finds its pages; a pool's manager (RMEM_MANAGER) places pages where it likes                  (use an unnamed region in a pool; see docs/regions.md)"
-                    .into(),
+                "a region needs memory servers: none are configured (RMEM_SERVERS)".into(),
             ));
         }
         let session = SessionId::random().map_err(|e| RegionError::Registry {
@@ -281,12 +323,14 @@ impl DirectRegion {
             source: e,
         })?;
         let place = Place {
-            session,
             size,
             page_size: config.page_size,
-            servers: config.servers.clone(),
-            token: config.token.clone(),
             pid: std::process::id(),
+            reach: Reach::Servers {
+                session,
+                servers: config.servers.clone(),
+                token: config.token.clone(),
+            },
         };
         let registered = match name {
             Some(n) => Some(register(n, &place)?),
@@ -333,9 +377,21 @@ impl DirectRegion {
         }
         let spin =
             crate::config::spin_from_env().map_err(|e| RegionError::Invalid(e.to_string()))?;
-        DirectRegion::start(&place, timing, spin, Attach::Opener, inflight_limit()?)
+        match &place.reach {
+            Reach::Servers { .. } => {
+                DirectRegion::start(&place, timing, spin, Attach::Opener, inflight_limit()?)
+            }
+            Reach::Creator { socket } => DirectRegion::with_backend(
+                Box::new(served::Served::connect(socket, place.pid, name)?),
+                place.size,
+                place.page_size,
+                spin,
+                inflight_limit()?,
+            ),
+        }
     }
 
+    /// A region of byte ranges on the servers `place` names.
     fn start(
         place: &Place,
         timing: Timing,
@@ -343,10 +399,18 @@ impl DirectRegion {
         attach: Attach,
         inflight_max: u64,
     ) -> Result<DirectRegion, RegionError> {
+        let Reach::Servers {
+            session,
+            servers,
+            token,
+        } = &place.reach
+        else {
+            unreachable!("a region served by its creator has no servers to attach");
+        };
         let owner = attach != Attach::Opener;
-        let mut conns = Vec::with_capacity(place.servers.len());
-        for s in &place.servers {
-            let (t, ps, id) = (&place.token, place.page_size, place.session);
+        let mut conns = Vec::with_capacity(servers.len());
+        for s in servers {
+            let (t, ps, id) = (token, place.page_size, *session);
             let c = match attach {
                 Attach::Alone => Conn::connect(s, t, ps, id, timing),
                 Attach::Creator | Attach::Opener => Conn::connect_shared(s, t, ps, id, timing),
@@ -363,9 +427,7 @@ impl DirectRegion {
         }
         let ranges = Ranges {
             conns,
-            ops: HashMap::new(),
-            next_op: 0,
-            inflight_bytes: 0,
+            pending: Pending::default(),
             owner,
         };
         DirectRegion::with_backend(
@@ -419,25 +481,28 @@ impl DirectRegion {
                 source: e,
             })?;
         Ok(DirectRegion {
-            shared,
-            engine,
+            core: Arc::new(Core {
+                shared,
+                engine,
+                size,
+                page_size,
+            }),
             ticker: Some(ticker),
-            size,
-            page_size,
             registered: None,
+            host: None,
         })
     }
 
     pub fn size(&self) -> u64 {
-        self.size
+        self.core.size
     }
 
     pub fn page_size(&self) -> usize {
-        self.page_size
+        self.core.page_size
     }
 
     pub fn stats(&self) -> &RegionStats {
-        &self.shared.stats
+        &self.core.shared.stats
     }
 
     /// Read `buf.len()` bytes at `offset`.
@@ -458,9 +523,10 @@ impl DirectRegion {
             .map(|(o, b)| (*o, Buf(b.as_mut_ptr()), b.len()))
             .collect();
         let n: u64 = list.iter().map(|r| r.2 as u64).sum();
-        self.run(&list, false)?;
-        self.shared.stats.reads.fetch_add(1, Relaxed);
-        self.shared.stats.bytes_read.fetch_add(n, Relaxed);
+        self.core.run(&list, false)?;
+        let stats = &self.core.shared.stats;
+        stats.reads.fetch_add(1, Relaxed);
+        stats.bytes_read.fetch_add(n, Relaxed);
         Ok(())
     }
 
@@ -472,14 +538,31 @@ impl DirectRegion {
             .map(|(o, b)| (*o, Buf(b.as_ptr().cast_mut()), b.len()))
             .collect();
         let n: u64 = list.iter().map(|r| r.2 as u64).sum();
-        self.run(&list, true)?;
-        self.shared.stats.writes.fetch_add(1, Relaxed);
-        self.shared.stats.bytes_written.fetch_add(n, Relaxed);
+        self.core.run(&list, true)?;
+        let stats = &self.core.shared.stats;
+        stats.writes.fetch_add(1, Relaxed);
+        stats.bytes_written.fetch_add(n, Relaxed);
         Ok(())
     }
+}
 
-    /// Split the ranges into pieces within pages, queue them, wait for every answer.
+impl Core {
+    /// Queue the ranges and wait for every answer.
     fn run(&self, ranges: &[(u64, Buf, usize)], write: bool) -> Result<(), RegionError> {
+        match self.queue(ranges, write)? {
+            Some(job) => self.wait(&job),
+            None => Ok(()),
+        }
+    }
+
+    /// Split the ranges into pieces within pages and queue them: the job that tells when
+    /// they are answered (none when there is nothing to move). The buffers must stay
+    /// borrowed until [`Core::wait`] of the job returns.
+    fn queue(
+        &self,
+        ranges: &[(u64, Buf, usize)],
+        write: bool,
+    ) -> Result<Option<Arc<Job>>, RegionError> {
         for &(offset, _, len) in ranges {
             let end = offset.checked_add(len as u64);
             if end.is_none_or(|e| e > self.size) {
@@ -497,7 +580,7 @@ impl DirectRegion {
             .map(|&(o, _, l)| ((o + l as u64 - 1) / ps - o / ps + 1) as usize)
             .sum();
         if count == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let job = Job::new(count);
         let mut pieces = Vec::with_capacity(count);
@@ -527,12 +610,16 @@ impl DirectRegion {
             q.pieces.append(&mut pieces);
         }
         self.shared.kick();
-        // Drive the engine, everyone's pieces, until this call's are answered. A caller that
-        // waited for the engine may find its pieces answered by the one before.
-        // With little in flight it polls without sleeping for up to `spin` after its last
-        // answer, as the pager does: a sleep in poll(2) and the wake-up after it cost more
-        // than a round trip. With more, the wake-up is small beside the transfer, and on a
-        // machine with few cores a spinning caller takes the CPU the servers send with.
+        Ok(Some(job))
+    }
+
+    /// Drive the engine, everyone's pieces, until `job`'s are answered. A caller that
+    /// waited for the engine may find its pieces answered by the one before.
+    /// With little in flight it polls without sleeping for up to `spin` after its last
+    /// answer, as the pager does: a sleep in poll(2) and the wake-up after it cost more
+    /// than a round trip. With more, the wake-up is small beside the transfer, and on a
+    /// machine with few cores a spinning caller takes the CPU the servers send with.
+    fn wait(&self, job: &Job) -> Result<(), RegionError> {
         let mut engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
         let mut last = Instant::now();
         while !job.done() {
@@ -552,7 +639,13 @@ impl DirectRegion {
 
 impl Drop for DirectRegion {
     fn drop(&mut self) {
-        self.shared
+        if let Some(p) = &self.registered {
+            let _ = fs::remove_file(p);
+        }
+        // Openers' links close before the engine stops: a call of theirs under way ends.
+        drop(self.host.take());
+        self.core
+            .shared
             .queue
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -561,9 +654,6 @@ impl Drop for DirectRegion {
             t.thread().unpark();
             let _ = t.join();
         }
-        if let Some(p) = &self.registered {
-            let _ = fs::remove_file(p);
-        }
     }
 }
 
@@ -571,18 +661,18 @@ impl Drop for DirectRegion {
 /// through a page store ([`paged::Paged`]) where the servers cannot serve byte ranges.
 trait Backend: Send {
     /// Send `p`, or hold it until its page is free.
-    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), StoreError>;
+    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), RegionError>;
     /// Bytes of pieces (or pages) under way.
     fn inflight_bytes(&self) -> u64;
     /// Whether anything is under way.
     fn busy(&self) -> bool;
-    fn flush(&mut self, now: Instant) -> Result<(), StoreError>;
+    fn flush(&mut self, now: Instant) -> Result<(), RegionError>;
     /// Descriptors to wait on for answers.
     fn pollfds(&self, out: &mut Vec<libc::pollfd>);
     /// Take the answers that came, answering pieces; how many came.
-    fn take_answers(&mut self, now: Instant, stats: &RegionStats) -> Result<usize, StoreError>;
+    fn take_answers(&mut self, now: Instant, stats: &RegionStats) -> Result<usize, RegionError>;
     /// Upkeep every [`TICK`]: pings, deadlines.
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError>;
+    fn tick(&mut self, now: Instant) -> Result<(), RegionError>;
     /// Whether work of its own (a repair) wants polling more often than every [`TICK`].
     fn wants_polling(&self) -> bool {
         false
@@ -647,7 +737,7 @@ impl Engine {
 
     /// Send what fits, wait (if `wait`: for answers, a kick or the next tick) and take the
     /// answers; how many came.
-    fn step(&mut self, wait: bool) -> Result<usize, StoreError> {
+    fn step(&mut self, wait: bool) -> Result<usize, RegionError> {
         while !self.waiting.is_empty() {
             if self.backend.inflight_bytes() >= self.inflight_max && self.backend.busy() {
                 break;
@@ -689,7 +779,7 @@ impl Engine {
     }
 
     /// The engine gives up: every piece fails, and every later call.
-    fn fail(&mut self, e: StoreError) {
+    fn fail(&mut self, e: RegionError) {
         let why = crate::error_chain(&e);
         let pieces: Vec<Piece> = {
             let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -708,20 +798,51 @@ impl Engine {
     }
 }
 
+/// A backend's pieces under way, by the op number their answer names.
+#[derive(Default)]
+struct Pending {
+    ops: HashMap<u64, Piece>,
+    last_op: u64,
+    /// Bytes of the pieces.
+    bytes: u64,
+}
+
+impl Pending {
+    /// A number no piece under way has.
+    fn next_op(&mut self) -> u64 {
+        self.last_op += 1;
+        self.last_op
+    }
+
+    fn insert(&mut self, op: u64, p: Piece) {
+        self.bytes += u64::from(p.len);
+        self.ops.insert(op, p);
+    }
+
+    /// The piece `op` names, answered now (none if it is not under way).
+    fn take(&mut self, op: u64) -> Option<Piece> {
+        let p = self.ops.remove(&op)?;
+        self.bytes -= u64::from(p.len);
+        Some(p)
+    }
+
+    fn drain(&mut self) -> Vec<Piece> {
+        self.bytes = 0;
+        self.ops.drain().map(|(_, p)| p).collect()
+    }
+}
+
 /// Pieces as byte ranges, straight to the servers: page `p` on server `p mod N`.
 struct Ranges {
     conns: Vec<Conn>,
-    ops: HashMap<u64, Piece>,
-    next_op: u64,
-    inflight_bytes: u64,
+    pending: Pending,
     /// This process created the sessions: it ends them when the region is freed.
     owner: bool,
 }
 
 impl Backend for Ranges {
-    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), StoreError> {
-        self.next_op += 1;
-        let op = self.next_op;
+    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), RegionError> {
+        let op = self.pending.next_op();
         let s = (p.page % self.conns.len() as u64) as usize;
         let key = PageKey(p.page);
         if p.write {
@@ -757,36 +878,34 @@ impl Backend for Ranges {
             );
         }
         stats.requests.fetch_add(1, Relaxed);
-        self.inflight_bytes += u64::from(p.len);
-        self.ops.insert(op, p);
+        self.pending.insert(op, p);
         Ok(())
     }
 
     fn inflight_bytes(&self) -> u64 {
-        self.inflight_bytes
+        self.pending.bytes
     }
 
     fn busy(&self) -> bool {
-        !self.ops.is_empty()
+        !self.pending.ops.is_empty()
     }
 
-    fn flush(&mut self, now: Instant) -> Result<(), StoreError> {
-        self.conns.iter_mut().try_for_each(|c| c.flush(now))
+    fn flush(&mut self, now: Instant) -> Result<(), RegionError> {
+        Ok(self.conns.iter_mut().try_for_each(|c| c.flush(now))?)
     }
 
     fn pollfds(&self, out: &mut Vec<libc::pollfd>) {
         out.extend(self.conns.iter().filter_map(Conn::pollfd));
     }
 
-    fn take_answers(&mut self, now: Instant, stats: &RegionStats) -> Result<usize, StoreError> {
+    fn take_answers(&mut self, now: Instant, stats: &RegionStats) -> Result<usize, RegionError> {
         let mut refused = Vec::new();
         let mut answers = 0;
-        let (ops, inflight) = (&mut self.ops, &mut self.inflight_bytes);
+        let pending = &mut self.pending;
         let mut done = |op: u64, data: Option<&[u8]>| {
-            let Some(p) = ops.remove(&op) else {
+            let Some(p) = pending.take(op) else {
                 return;
             };
-            *inflight -= u64::from(p.len);
             match data {
                 Some(data) => {
                     assert_eq!(data.len(), p.len as usize, "the link checks the length");
@@ -813,8 +932,7 @@ impl Backend for Ranges {
             )?;
         }
         for (op, s) in refused {
-            if let Some(p) = self.ops.remove(&op) {
-                self.inflight_bytes -= u64::from(p.len);
+            if let Some(p) = self.pending.take(op) {
                 let server = self.conns[s].name().to_string();
                 p.job.answered(Some(RegionError::Full { server }));
             }
@@ -822,13 +940,12 @@ impl Backend for Ranges {
         Ok(answers)
     }
 
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
-        self.conns.iter_mut().try_for_each(|c| c.tick(now))
+    fn tick(&mut self, now: Instant) -> Result<(), RegionError> {
+        Ok(self.conns.iter_mut().try_for_each(|c| c.tick(now))?)
     }
 
     fn drain(&mut self) -> Vec<Piece> {
-        self.inflight_bytes = 0;
-        self.ops.drain().map(|(_, p)| p).collect()
+        self.pending.drain()
     }
 
     fn end_sessions(&mut self) {
@@ -931,14 +1048,21 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 }
 
 fn format_place(p: &Place) -> String {
+    let reach = match &p.reach {
+        Reach::Servers {
+            session,
+            servers,
+            token,
+        } => format!(
+            "session {session}\nservers {}\ntoken {}\n",
+            servers.join(","),
+            hex(token)
+        ),
+        Reach::Creator { socket } => format!("socket {}\n", socket.display()),
+    };
     format!(
-        "session {}\nsize {}\npage_size {}\nservers {}\ntoken {}\npid {}\n",
-        p.session,
-        p.size,
-        p.page_size,
-        p.servers.join(","),
-        hex(&p.token),
-        p.pid
+        "size {}\npage_size {}\n{reach}pid {}\n",
+        p.size, p.page_size, p.pid
     )
 }
 
@@ -948,17 +1072,27 @@ fn parse_place(text: &str) -> Option<Place> {
         let (k, v) = line.split_once(' ')?;
         f.insert(k, v);
     }
-    let servers: Vec<String> = f.get("servers")?.split(',').map(str::to_string).collect();
-    if servers.iter().any(String::is_empty) {
-        return None;
-    }
+    let reach = match f.get("socket") {
+        Some(socket) => Reach::Creator {
+            socket: Some(PathBuf::from(socket)).filter(|p| p.is_absolute())?,
+        },
+        None => {
+            let servers: Vec<String> = f.get("servers")?.split(',').map(str::to_string).collect();
+            if servers.iter().any(String::is_empty) {
+                return None;
+            }
+            Reach::Servers {
+                session: SessionId(u128::from_str_radix(f.get("session")?, 16).ok()?),
+                servers,
+                token: unhex(f.get("token")?)?,
+            }
+        }
+    };
     Some(Place {
-        session: SessionId(u128::from_str_radix(f.get("session")?, 16).ok()?),
         size: f.get("size")?.parse().ok().filter(|&s| s > 0)?,
         page_size: f.get("page_size")?.parse().ok().filter(|&s| s > 0)?,
-        servers,
-        token: unhex(f.get("token")?)?,
         pid: f.get("pid")?.parse().ok()?,
+        reach,
     })
 }
 
@@ -1046,14 +1180,29 @@ mod tests {
     #[test]
     fn a_registration_round_trips_and_bad_names_are_refused() {
         let p = Place {
-            session: SessionId(u128::MAX - 3),
             size: 12345,
             page_size: 4096,
-            servers: vec!["127.0.0.1:1".into(), "[::1]:2".into()],
-            token: b"t\x00ok\xff".to_vec(),
             pid: 42,
+            reach: Reach::Servers {
+                session: SessionId(u128::MAX - 3),
+                servers: vec!["127.0.0.1:1".into(), "[::1]:2".into()],
+                token: b"t\x00ok\xff".to_vec(),
+            },
         };
         assert_eq!(parse_place(&format_place(&p)), Some(p));
+        let served = Place {
+            size: 7,
+            page_size: 65536,
+            pid: 43,
+            reach: Reach::Creator {
+                socket: "/run/user/1/rmem-regions/.frames".into(),
+            },
+        };
+        assert_eq!(parse_place(&format_place(&served)), Some(served));
+        assert_eq!(
+            parse_place("size 7\npage_size 4096\nsocket rel\npid 1\n"),
+            None
+        );
         assert_eq!(parse_place("session zz\n"), None);
         for bad in ["", ".x", "a/b", "../x", &"n".repeat(NAME_LEN_MAX + 1)] {
             assert!(check_name(bad).is_err(), "{bad:?}");

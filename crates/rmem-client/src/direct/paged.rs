@@ -209,7 +209,7 @@ impl Paged {
 }
 
 impl Backend for Paged {
-    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), StoreError> {
+    fn submit(&mut self, p: Piece, stats: &RegionStats) -> Result<(), RegionError> {
         if let Some(q) = self.queued.get_mut(&p.page) {
             q.push_back(p);
         } else if self.work.contains_key(&p.page) {
@@ -229,15 +229,15 @@ impl Backend for Paged {
         !self.work.is_empty()
     }
 
-    fn flush(&mut self, _now: Instant) -> Result<(), StoreError> {
-        self.store.flush()
+    fn flush(&mut self, _now: Instant) -> Result<(), RegionError> {
+        Ok(self.store.flush()?)
     }
 
     fn pollfds(&self, out: &mut Vec<libc::pollfd>) {
         self.store.wait_fds(out);
     }
 
-    fn take_answers(&mut self, _now: Instant, stats: &RegionStats) -> Result<usize, StoreError> {
+    fn take_answers(&mut self, _now: Instant, stats: &RegionStats) -> Result<usize, RegionError> {
         let (work, landed, ended) = (&mut self.work, &mut self.landed, &mut self.ended);
         let n = self.store.poll(&mut |c| match c {
             Completion::Fetched { page, data } => {
@@ -270,8 +270,8 @@ impl Backend for Paged {
         Ok(n)
     }
 
-    fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
-        self.store.tick(now)
+    fn tick(&mut self, now: Instant) -> Result<(), RegionError> {
+        Ok(self.store.tick(now)?)
     }
 
     fn wants_polling(&self) -> bool {

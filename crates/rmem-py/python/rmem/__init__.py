@@ -306,8 +306,8 @@ class Region:
     in a pool, whole pages (or 4 KiB pieces) are read, changed and stored again sealed, with
     paged memory's failover and repair. With a ``name`` (1 to 64 of ``[A-Za-z0-9._-]``, not
     starting with ``.``) other processes of the same user can :meth:`open` it while this one
-    holds it; a named region needs the plain layout on a list of servers (else ``OSError``
-    with ``errno.ENOTSUP``). :meth:`close` (or leaving a ``with`` block, or
+    holds it (under a layout other than the plain one, this process serves their calls: it
+    alone can read the pages). :meth:`close` (or leaving a ``with`` block, or
     the object being freed) ends the region, for every process that opened it when this
     process made it. The session's servers stay up while a region on them is open, even
     after :func:`close`.
