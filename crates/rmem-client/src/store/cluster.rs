@@ -78,6 +78,10 @@ pub const PULL_REFUSAL_HOLD: Duration = Duration::from_secs(30);
 /// A buried server is tried again this often (on a thread of its own, with the connect
 /// timeout), so that one that comes back takes new pages.
 const REVIVE_EVERY: Duration = Duration::from_secs(2);
+/// How often a front end ticks the store while a repair runs.
+const REPAIR_TICK: Duration = Duration::from_millis(10);
+/// How often a dial calling back a lost server is looked at.
+const DIAL_LOOK: Duration = Duration::from_millis(50);
 /// A server slow for this long or longer is named on stderr when it answers again (with the
 /// write-backs stored with a piece fewer meanwhile); shorter silences are only counted.
 const SLOW_TOLD_AFTER: Duration = Duration::from_secs(1);
@@ -981,6 +985,15 @@ impl Book {
             }
             return;
         }
+        // Whether a piece not in, not bad and not gone may still come, from a live server.
+        let more = match self.ops.get(&op) {
+            Some(Op::Fetch(fe)) => {
+                let seen = fe.have | fe.bad | fe.gone;
+                let members = &self.groups.members[fe.group as usize];
+                (0..members.len()).any(|i| seen & bit(i) == 0 && self.alive(members[i]))
+            }
+            _ => unreachable!(),
+        };
         let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
             unreachable!()
         };
@@ -994,9 +1007,15 @@ impl Book {
         } else if !fe.all {
             fe.all = true;
         } else {
-            // Every subset failed: nothing here is this page.
-            fe.bad |= fe.have;
-            fe.have = 0;
+            // Every subset failed. Exactly K pieces in (a data piece cleared after a bad seal
+            // came back with the liar still here, while an honest piece's read was failed
+            // over): which one is bad cannot be told, and a piece still to come decides
+            // (leaving each out then finds it). With none to come, or more than K in, nothing
+            // here is this page.
+            if !more || fe.have.count_ones() as usize > needed {
+                fe.bad |= fe.have;
+                fe.have = 0;
+            }
         }
         todo.push(Todo::Ask(op));
     }
@@ -2021,11 +2040,14 @@ impl RemoteStore {
         };
         if let Some((i, asked, answered, gone)) = ec_part {
             // A piece is in one data fragment: its cell is asked there alone. Where that
-            // server failed it, or is gone, the page is read whole instead, and the piece
-            // handed on.
+            // server failed it, is gone, or is slow (silent, or its link down: `hedge`), the
+            // page is read whole instead, from the others first, and the piece handed on.
             let (slot, _) = self.book.codec.cell(i);
             let s = members[slot];
-            let ask = asked & bit(slot) == 0 && self.book.alive(s) && gone & bit(slot) == 0;
+            let ask = asked & bit(slot) == 0
+                && self.book.alive(s)
+                && !self.book.slow(s)
+                && gone & bit(slot) == 0;
             let in_flight = asked & !answered & bit(slot) != 0;
             let buf = (!ask && !in_flight).then(|| self.book.take_buf());
             let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) else {
@@ -3439,11 +3461,19 @@ impl PageStore for RemoteStore {
             .filter(|&s| self.book.dead[s].is_none())
             .map(|s| self.conns[s].heartbeat())
             .min();
-        // A repair or a buried server wants ticks too.
-        match (self.repair.started, self.any_lost()) {
-            (None, false) => h,
-            _ => Some(h.unwrap_or(REVIVE_EVERY).min(Duration::from_millis(10))),
-        }
+        // A repair wants ticks often; a buried server when its next call back is due, and
+        // while one is dialled, to see it answer.
+        let due = if self.repair.started.is_some() {
+            REPAIR_TICK
+        } else if !self.any_lost() {
+            return h;
+        } else if self.reviving.iter().any(Option::is_some) {
+            DIAL_LOOK
+        } else {
+            let left = self.next_revive.saturating_duration_since(Instant::now());
+            left.max(Duration::from_millis(1))
+        };
+        Some(h.map_or(due, |h| h.min(due)))
     }
 
     /// Requests on the links, and work a server's loss left that the next poll completes

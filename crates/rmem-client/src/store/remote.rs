@@ -1082,10 +1082,11 @@ impl Conn {
         self.out.held() as u64
     }
 
-    /// The reads waiting on this server, as (operation, piece).
+    /// The reads waiting on this server, of whole pieces and of byte ranges in one (a 4 KiB
+    /// piece's cell), as (operation, piece).
     pub(crate) fn pending_reads(&self) -> impl Iterator<Item = (u64, u8)> + '_ {
         self.pending.iter().filter_map(|p| match p.kind {
-            Kind::Read { op, piece, .. } => Some((op, piece)),
+            Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => Some((op, piece)),
             _ => None,
         })
     }
