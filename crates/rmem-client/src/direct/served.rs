@@ -34,6 +34,9 @@ const BATCH_BYTES: u64 = 16 << 20;
 /// How long an opener retries a socket not listening yet (the creator registers the name,
 /// then listens) while the creator lives.
 const CONNECT_GRACE: Duration = Duration::from_secs(2);
+/// An opener whose calls have waited this long on a creator that answers nothing says so
+/// (once, until it answers): a creator stopped (Ctrl-Z, SIGSTOP) holds them, as it lives.
+const CREATOR_SILENT_TOLD: Duration = Duration::from_secs(10);
 
 /// A request of an opener, as the creator holds it until answered.
 struct Request {
@@ -171,7 +174,10 @@ fn accept_links(listener: &UnixListener, links: &Mutex<Links>, core: &Arc<Core>,
 /// Serve one opener's link: a thread reads its requests; this one does them in batches,
 /// all of a batch in flight together, and answers each in turn.
 fn serve(stream: UnixStream, core: &Core, name: &str) {
-    let (tx, rx) = mpsc::channel();
+    // Bounded: a link that sends faster than it reads its answers is not read meanwhile, so
+    // it cannot grow the creator by what it sends.
+    let queued = (BATCH_BYTES as usize / core.page_size).max(1) * 2;
+    let (tx, rx) = mpsc::sync_channel(queued);
     let Ok(mut input) = stream.try_clone() else {
         return;
     };
@@ -302,6 +308,11 @@ fn read_request(
 pub(super) struct Served {
     link: UnixStream,
     creator: u32,
+    name: String,
+    /// Since when the creator has answered nothing while pieces waited, and whether that was
+    /// said.
+    silent_since: Option<Instant>,
+    told: bool,
     pending: Pending,
     /// Requests not yet taken by the socket.
     out: Vec<u8>,
@@ -342,6 +353,9 @@ impl Served {
         Ok(Served {
             link,
             creator,
+            name: name.into(),
+            silent_since: None,
+            told: false,
             pending: Pending::default(),
             out: Vec::new(),
             input: Vec::new(),
@@ -376,6 +390,13 @@ impl Served {
             let body = &self.input[at + ANSWER_HEAD..at + ANSWER_HEAD + len];
             at += ANSWER_HEAD + len;
             answers += 1;
+            self.silent_since = None;
+            if std::mem::take(&mut self.told) {
+                eprintln!(
+                    "rmem: region {}: its creator (process {}) answers again",
+                    self.name, self.creator
+                );
+            }
             let Some(p) = self.pending.take(op) else {
                 return Err(self.gone(&format!("it answered request {op}, which is not asked")));
             };
@@ -478,7 +499,23 @@ impl Backend for Served {
         self.answer(stats)
     }
 
-    fn tick(&mut self, _now: Instant) -> Result<(), RegionError> {
+    fn tick(&mut self, now: Instant) -> Result<(), RegionError> {
+        if !self.busy() {
+            self.silent_since = None;
+            return Ok(());
+        }
+        let since = *self.silent_since.get_or_insert(now);
+        if !self.told && now.saturating_duration_since(since) >= CREATOR_SILENT_TOLD {
+            self.told = true;
+            eprintln!(
+                "rmem: region {}: its creator (process {}) has answered nothing for {} s while \
+                 calls wait; they wait for it (is it stopped? under this layout the creator \
+                 serves the region)",
+                self.name,
+                self.creator,
+                CREATOR_SILENT_TOLD.as_secs()
+            );
+        }
         Ok(())
     }
 

@@ -322,6 +322,8 @@ struct PullBatch {
 /// hundred times a fault's usual wait on this machine; one asked again needlessly costs one
 /// more read.
 const HEDGE_AFTER: Duration = Duration::from_millis(100);
+/// How often the requests waiting on slow servers are looked through ([`RemoteStore::hedge`]).
+const HEDGE_SCAN: Duration = Duration::from_millis(1);
 
 /// Moves server to server, for drains (see [`PullMove`]).
 struct Pulls {
@@ -456,6 +458,8 @@ pub struct RemoteStore {
     repair: Repair,
     pulls: Pulls,
     next_revive: Instant,
+    /// When [`RemoteStore::hedge`] next looks through the slow servers' requests.
+    next_hedge_scan: Instant,
     /// Fetches that had nothing out for them at the last check, and when the next is due
     /// ([`RemoteStore::check_fetches`]).
     idle_fetches: std::collections::HashSet<u64>,
@@ -1229,6 +1233,7 @@ impl RemoteStore {
             repair: Repair::default(),
             pulls: Pulls::default(),
             next_revive: Instant::now(),
+            next_hedge_scan: Instant::now(),
             idle_fetches: Default::default(),
             next_fetch_check: Instant::now() + FETCH_CHECK_EVERY,
             reviving: Vec::new(),
@@ -2089,8 +2094,14 @@ impl RemoteStore {
             s != NONE && (self.conns[s as usize].in_outage() || self.book.slow(s))
         };
         let (shaky, steady): (Vec<usize>, Vec<usize>) = order.partition(shaky);
-        for i in steady.into_iter().chain(shaky) {
+        let steady_n = steady.len();
+        for (n, i) in steady.into_iter().chain(shaky).enumerate() {
             if asked.len() >= want {
+                break;
+            }
+            // The spare read goes to a steady server only: on a slow one it would wait there,
+            // and pile up while the server is silent.
+            if n >= steady_n && !fe.all && have + outstanding + asked.len() >= r.needed() {
                 break;
             }
             let s = members[i];
@@ -3005,13 +3016,17 @@ impl RemoteStore {
         }
         let now = Instant::now();
         let mut answers_again = Vec::new();
+        let mut became_slow = false;
         for s in 0..self.conns.len() {
             let c = &self.conns[s];
             let slow = self.book.dead[s].is_none()
                 && (c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER));
             let was = self.book.slow[s];
             self.book.slow[s] = match (slow, was) {
-                (true, None) => Some(now),
+                (true, None) => {
+                    became_slow = true;
+                    Some(now)
+                }
                 (true, since) => since,
                 (false, Some(since)) if self.book.dead[s].is_none() => {
                     answers_again.push((s, now - since));
@@ -3023,6 +3038,13 @@ impl RemoteStore {
         if !answers_again.is_empty() {
             self.catch_up(&answers_again);
         }
+        // The slow servers' requests are looked through as one turns slow, then every
+        // HEDGE_SCAN: a hedge is on every poll, and a silent server's link holds thousands of
+        // requests (the released writes), which cost more to go through than the faults.
+        if now < self.next_hedge_scan && !became_slow {
+            return;
+        }
+        self.next_hedge_scan = now + HEDGE_SCAN;
         for s in 0..self.conns.len() {
             if !self.book.slow(s as u16) {
                 continue;
@@ -3070,6 +3092,11 @@ impl RemoteStore {
         let r = self.book.codec.redundancy();
         let width = r.width() as u32;
         let unit = self.book.codec.unit_len() as u64;
+        if self.book.released_bytes + unit > self.book.released_max {
+            // Full: no write can be released before some of those are answered (a hedge is
+            // on every poll, and a silent server's link holds thousands of writes).
+            return;
+        }
         // Pieces each write waits for on slow servers, oldest write first.
         let mut held: std::collections::BTreeMap<u64, u32> = Default::default();
         for x in (0..self.conns.len()).filter(|&x| self.book.slow(x as u16)) {
@@ -3627,6 +3654,7 @@ impl PageStore for RemoteStore {
                 ..Pulls::default()
             },
             next_revive: Instant::now(),
+            next_hedge_scan: Instant::now(),
             idle_fetches: Default::default(),
             next_fetch_check: Instant::now() + FETCH_CHECK_EVERY,
             reviving: self.conns.iter().map(|_| None).collect(),
