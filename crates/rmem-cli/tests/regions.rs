@@ -274,6 +274,54 @@ fn unnamed_regions_keep_every_byte_under_redundancy_while_a_server_is_killed() {
     }
 }
 
+/// A server that hangs (SIGSTOP) does not hold a region's calls under a layout that outlives
+/// it: the 8-thread stress (4 s, then the whole region read back) under `ec:2+1` ends while
+/// its first server is still stopped, 9 s after the stop, with every byte right. (Before
+/// aea4469 its calls waited on the silent server's byte-range reads for as long as it was
+/// stopped. How fast they go meanwhile is not checked here: a stall-rate slowdown, as
+/// c1173ca's once-a-millisecond hedge made in regions, passes this test.)
+#[test]
+fn a_hung_server_does_not_hold_region_calls_under_redundancy() {
+    let dir = runtime_dir("hung");
+    let prog = build_c("tests/c/regions.c");
+    let mut c = Command::new(rmem());
+    c.args(["run", "--api", "--servers", "3", "--"])
+        .arg(&prog)
+        .args(["stress", "6000000", "4"])
+        .env("XDG_RUNTIME_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = c.spawn().unwrap();
+    let servers = launched_servers(child.id(), 3);
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: stopping (and below continuing) a server this test started (indirectly).
+    unsafe { libc::kill(servers[0] as i32, libc::SIGSTOP) };
+    let stopped = std::time::Instant::now();
+    let mut ended = false;
+    while stopped.elapsed() < Duration::from_secs(9) {
+        if child.try_wait().unwrap().is_some() {
+            ended = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let held = stopped.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(servers[0] as i32, libc::SIGCONT) };
+    let out = wait_bounded(
+        child,
+        Duration::from_secs(120),
+        "regions with a server stopped",
+    );
+    check(&out, "a server stopped 9 s");
+    assert!(
+        ended,
+        "the stress did not end in the {held:?} its server was stopped: its calls waited on it\n{}",
+        out.stderr
+    );
+}
+
 /// The process holding a `rmem region put`, killed at the end of the test however it ends.
 struct Holder(i32);
 

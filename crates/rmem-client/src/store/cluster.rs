@@ -322,8 +322,6 @@ struct PullBatch {
 /// hundred times a fault's usual wait on this machine; one asked again needlessly costs one
 /// more read.
 const HEDGE_AFTER: Duration = Duration::from_millis(100);
-/// How often the requests waiting on slow servers are looked through ([`RemoteStore::hedge`]).
-const HEDGE_SCAN: Duration = Duration::from_millis(1);
 
 /// Moves server to server, for drains (see [`PullMove`]).
 struct Pulls {
@@ -458,8 +456,6 @@ pub struct RemoteStore {
     repair: Repair,
     pulls: Pulls,
     next_revive: Instant,
-    /// When [`RemoteStore::hedge`] next looks through the slow servers' requests.
-    next_hedge_scan: Instant,
     /// Fetches that had nothing out for them at the last check, and when the next is due
     /// ([`RemoteStore::check_fetches`]).
     idle_fetches: std::collections::HashSet<u64>,
@@ -1233,7 +1229,6 @@ impl RemoteStore {
             repair: Repair::default(),
             pulls: Pulls::default(),
             next_revive: Instant::now(),
-            next_hedge_scan: Instant::now(),
             idle_fetches: Default::default(),
             next_fetch_check: Instant::now() + FETCH_CHECK_EVERY,
             reviving: Vec::new(),
@@ -3016,17 +3011,13 @@ impl RemoteStore {
         }
         let now = Instant::now();
         let mut answers_again = Vec::new();
-        let mut became_slow = false;
         for s in 0..self.conns.len() {
             let c = &self.conns[s];
             let slow = self.book.dead[s].is_none()
                 && (c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER));
             let was = self.book.slow[s];
             self.book.slow[s] = match (slow, was) {
-                (true, None) => {
-                    became_slow = true;
-                    Some(now)
-                }
+                (true, None) => Some(now),
                 (true, since) => since,
                 (false, Some(since)) if self.book.dead[s].is_none() => {
                     answers_again.push((s, now - since));
@@ -3038,13 +3029,6 @@ impl RemoteStore {
         if !answers_again.is_empty() {
             self.catch_up(&answers_again);
         }
-        // The slow servers' requests are looked through as one turns slow, then every
-        // HEDGE_SCAN: a hedge is on every poll, and a silent server's link holds thousands of
-        // requests (the released writes), which cost more to go through than the faults.
-        if now < self.next_hedge_scan && !became_slow {
-            return;
-        }
-        self.next_hedge_scan = now + HEDGE_SCAN;
         for s in 0..self.conns.len() {
             if !self.book.slow(s as u16) {
                 continue;
@@ -3654,7 +3638,6 @@ impl PageStore for RemoteStore {
                 ..Pulls::default()
             },
             next_revive: Instant::now(),
-            next_hedge_scan: Instant::now(),
             idle_fetches: Default::default(),
             next_fetch_check: Instant::now() + FETCH_CHECK_EVERY,
             reviving: self.conns.iter().map(|_| None).collect(),
