@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// A registry directory of this test's own (the region names are per user otherwise).
+/// A registry directory of this test's own (the region names are per user otherwise): `name`
+/// must be one no other test of this file uses, since tests run at once.
 fn runtime_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("rmem-regions-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -111,9 +112,9 @@ fn a_second_process_opens_a_named_region_while_its_creator_holds_it() {
 /// servers is killed.
 #[test]
 fn named_regions_under_sealed_layouts_are_served_by_their_creator_through_a_server_loss() {
-    handoff("coded", &["--servers", "3"], 3, true);
+    handoff("named-coded", &["--servers", "3"], 3, true);
     handoff(
-        "sealed",
+        "named-sealed",
         &["--servers", "2", "--redundancy", "replicas:2", "--encrypt"],
         2,
         true,

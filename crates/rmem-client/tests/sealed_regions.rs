@@ -185,7 +185,35 @@ fn a_named_region_under_a_sealed_layout_is_served_by_its_creator() {
     assert_eq!(&back, b"from the opener");
     opener.read(12_345, &mut back).unwrap();
     assert_eq!(&back, b"from the opener");
-    drop(creator);
+    // A link that sends requests faster than it reads the answers (here: never): the
+    // creator stops reading it once its queue is full, and still frees the region at once.
+    let mut greedy =
+        std::os::unix::net::UnixStream::connect(dir.join("rmem-regions/.sealed")).unwrap();
+    greedy
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut asked = 0u64;
+    for op in 1..=20_000u64 {
+        let mut f = Vec::with_capacity(25);
+        f.extend_from_slice(&op.to_le_bytes());
+        f.extend_from_slice(&(op % 256).to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(&4096u32.to_le_bytes());
+        f.push(0);
+        if greedy.write_all(&f).is_err() {
+            break; // the creator stopped reading: what is wanted
+        }
+        asked = op;
+    }
+    assert!(asked > 100, "the greedy link sent only {asked} requests");
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(creator);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("freeing the region waited on a link that reads nothing");
     let e = opener.read(0, &mut back).unwrap_err();
     assert_eq!(e.errno(), libc::EIO);
     assert!(e.to_string().contains("creator"), "{e}");

@@ -241,6 +241,9 @@ fn serve(stream: UnixStream, core: &Core, name: &str) {
         }
     }
     let _ = out.shutdown(std::net::Shutdown::Both);
+    // The reader may wait to queue a request (the queue full): it is released by the queue's
+    // end, not by the link's.
+    drop(rx);
     let _ = reader.join();
 }
 
