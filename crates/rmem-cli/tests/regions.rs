@@ -36,6 +36,19 @@ fn regions(args: &[&str], under_run: bool, dir: &PathBuf) -> Command {
     c
 }
 
+/// tests/c/regions.c with `args` under `rmem run --api OPTS`, in its own process group.
+fn regions_under_run(opts: &[&str], args: &[&str], dir: &PathBuf) -> Command {
+    let mut c = Command::new(rmem());
+    c.args(["run", "--api"])
+        .args(opts)
+        .arg("--")
+        .arg(build_c("tests/c/regions.c"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", dir)
+        .process_group(0);
+    c
+}
+
 fn check(out: &Output, what: &str) {
     assert!(
         out.status.success() && out.stdout.lines().any(|l| l.starts_with("ok")),
@@ -127,17 +140,7 @@ fn named_regions_under_sealed_layouts_are_served_by_their_creator_through_a_serv
 /// across its creator's free and then gets `EIO`; the registration (and socket) go with it.
 fn handoff(tag: &str, opts: &[&str], servers: usize, kill: bool) {
     let dir = runtime_dir(tag);
-    let prog = build_c("tests/c/regions.c");
-    let mut creator = Command::new(rmem());
-    creator
-        .args(["run", "--api"])
-        .args(opts)
-        .arg("--")
-        .arg(&prog)
-        .args(["create", "handoff", "3000001"])
-        .env("XDG_RUNTIME_DIR", &dir);
-    let mut creator = creator
-        .process_group(0)
+    let mut creator = regions_under_run(opts, &["create", "handoff", "3000001"], &dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -240,7 +243,6 @@ fn handoff(tag: &str, opts: &[&str], servers: usize, kill: bool) {
 #[test]
 fn unnamed_regions_keep_every_byte_under_redundancy_while_a_server_is_killed() {
     let dir = runtime_dir("sealed");
-    let prog = build_c("tests/c/regions.c");
     for (n, opts) in [
         (3, &["--servers", "3"][..]),
         (
@@ -248,17 +250,11 @@ fn unnamed_regions_keep_every_byte_under_redundancy_while_a_server_is_killed() {
             &["--servers", "2", "--redundancy", "replicas:2", "--encrypt"],
         ),
     ] {
-        let mut c = Command::new(rmem());
-        c.args(["run", "--api"])
-            .args(opts)
-            .arg("--")
-            .arg(&prog)
-            .args(["stress", "6000000", "4"])
-            .env("XDG_RUNTIME_DIR", &dir)
+        let child = regions_under_run(opts, &["stress", "6000000", "4"], &dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0);
-        let child = c.spawn().unwrap();
+            .spawn()
+            .unwrap();
         let servers = launched_servers(child.id(), n);
         std::thread::sleep(random_ms(500, 2500));
         let victim = servers[random_ms(0, n as u64).as_millis() as usize];
@@ -284,16 +280,11 @@ fn unnamed_regions_keep_every_byte_under_redundancy_while_a_server_is_killed() {
 #[test]
 fn a_hung_server_does_not_hold_region_calls_under_redundancy() {
     let dir = runtime_dir("hung");
-    let prog = build_c("tests/c/regions.c");
-    let mut c = Command::new(rmem());
-    c.args(["run", "--api", "--servers", "3", "--"])
-        .arg(&prog)
-        .args(["stress", "6000000", "4"])
-        .env("XDG_RUNTIME_DIR", &dir)
+    let mut child = regions_under_run(&["--servers", "3"], &["stress", "6000000", "4"], &dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = c.spawn().unwrap();
+        .spawn()
+        .unwrap();
     let servers = launched_servers(child.id(), 3);
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: stopping (and below continuing) a server this test started (indirectly).
