@@ -243,7 +243,7 @@ fn serve(
 ) -> i32 {
     let c = &checked.config;
     let (redundancy, encrypt) = c.layout();
-    let mut store = match RemoteStore::from_config(c) {
+    let store = match RemoteStore::from_config(c) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rmem nbd: {}", rmem_client::error_chain(&e));
@@ -251,8 +251,7 @@ fn serve(
         }
     };
     // A FLUSH answered means every piece of what it covers is stored, however long a slow
-    // server takes to say so.
-    store.hold_writes_until_stored();
+    // server takes to say so: the cache's barriers wait for the store to settle them.
     use rmem_client::store::PageStore;
     let capacity = store.capacity_bytes();
     if capacity < checked.size_bytes {

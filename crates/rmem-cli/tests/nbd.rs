@@ -609,16 +609,17 @@ fn swap_on_the_device_serves_a_program_under_a_cgroup_memory_limit() {
 /// with fio's 8 loops again.)
 static FIO: Mutex<()> = Mutex::new(());
 
-/// fio with verification over 4 jobs while one of `n` memory servers is killed.
-fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
-    if !have("fio", name) {
-        return;
-    }
-    let _one = FIO.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch(name);
-    // A token of this test's own: the killed server's port, once free, may be taken by a
-    // server of a test running beside this one, which must not pass for the killed one come
-    // back (it did once, with the shared token: "2 servers lost", the data still right).
+/// `rmem nbd` (256 MiB, a 16 MiB cache, `redundancy`) over `n` memory servers this test starts
+/// itself (to kill or stop them), named in a hosts file in `dir`. The token is the test's own:
+/// a killed server's port, once free, may be taken by a server of a test running beside this
+/// one, which must not pass for the killed one come back (it did once, with the shared token:
+/// "2 servers lost", the data still right).
+fn nbd_over_servers(
+    name: &str,
+    dir: &Path,
+    n: usize,
+    redundancy: &str,
+) -> (Nbd, Vec<ServerProcess>) {
     let token = format!("{TOKEN}-{name}");
     let servers: Vec<ServerProcess> = (0..n).map(|_| ServerProcess::start(&token, &[])).collect();
     let hosts = dir.join("hosts");
@@ -642,29 +643,51 @@ fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
             redundancy,
         ],
     );
-    let fio = Command::new("fio")
+    (nbd, servers)
+}
+
+/// fio's random 4 KiB writes, 16 in flight, to `nbd` with `args`, run in `dir`.
+fn random_writes(dir: &Path, nbd: &Nbd, args: &[&str]) -> Child {
+    Command::new("fio")
         .args([
-            "--name=rmemnbd",
             "--ioengine=nbd",
-            &format!("--uri={}", nbd.uri),
             "--rw=randwrite",
             "--bs=4k",
+            "--iodepth=16",
+        ])
+        .arg(format!("--uri={}", nbd.uri))
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// fio with verification over 4 jobs while one of `n` memory servers is killed.
+fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
+    if !have("fio", name) {
+        return;
+    }
+    let _one = FIO.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch(name);
+    let (nbd, servers) = nbd_over_servers(name, &dir, n, redundancy);
+    let fio = random_writes(
+        &dir,
+        &nbd,
+        &[
+            "--name=rmemnbd",
             "--size=32M",
             "--offset_increment=32M",
             "--numjobs=4",
-            "--iodepth=16",
             "--verify=crc32c",
             "--verify_fatal=1",
             "--loops=8",
             "--group_reporting",
             "--verify_state_save=0",
-        ])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let mut victim = servers.into_iter();
     let mut killed = victim.next().unwrap();
@@ -702,6 +725,123 @@ fn fio_verify_sees_no_error_while_a_server_is_killed_with_replicas() {
 #[test]
 fn fio_verify_sees_no_error_while_a_server_is_killed_with_erasure_coding() {
     fio_survives_a_kill("ec:2+1", 3, "fio-ec");
+}
+
+/// Stop (SIGSTOP) or continue (SIGCONT) a server this test started.
+fn signal(s: &ServerProcess, sig: i32) {
+    // SAFETY: signalling a child of this test, not reaped yet.
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, sig) }, 0);
+}
+
+/// A memory server that hangs (SIGSTOP) for 3 s under `ec:2+1` on three servers, the default
+/// layout, with no spare to take its pieces: requests go on meanwhile (fio's writes through a
+/// cache a quarter of what it writes, so every write evicts one), and only a FLUSH waits, until
+/// the server answers again and holds its pieces. Before, every request waited: the cache's
+/// buffers were all held by write-backs waiting on the hung server (fio completed nothing for
+/// the whole stop), until it answered or was given up 10 s later.
+#[test]
+fn a_hung_server_holds_no_request_and_a_flush_waits_for_its_pieces() {
+    let name = "nbd-hung";
+    if !have("fio", name) || !have("qemu-io", name) {
+        return;
+    }
+    let _one = FIO.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch(name);
+    let (nbd, servers) = nbd_over_servers(name, &dir, 3, "ec:2+1");
+    let fio = random_writes(
+        &dir,
+        &nbd,
+        &[
+            "--name=hung",
+            "--offset=64M",
+            "--size=64M",
+            "--time_based",
+            "--runtime=6",
+            "--write_iops_log=hung",
+            "--log_avg_msec=250",
+        ],
+    );
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    let hung = &servers[1];
+    signal(hung, libc::SIGSTOP);
+    let stopped = started.elapsed();
+    std::thread::sleep(Duration::from_secs(3));
+    signal(hung, libc::SIGCONT);
+    let out = wait_bounded(fio, Duration::from_secs(60), "fio");
+    assert!(
+        out.status.success(),
+        "fio failed:\n{}{}\n{}",
+        out.stdout,
+        out.stderr,
+        nbd.log()
+    );
+    // The writes fio completed from 0.5 s to 2.25 s into the stop. fio's clock starts a
+    // little after `started` (its times are early by that much): the window ends well before
+    // the server is continued. Before the fix, no entry: fio completed nothing there.
+    let log = std::fs::read_to_string(dir.join("hung_iops.1.log")).unwrap();
+    let (from, to) = (stopped.as_millis() + 500, stopped.as_millis() + 2250);
+    let during: u64 = log
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(',').map(|x| x.trim().parse::<u64>().unwrap_or(0));
+            let (t, iops) = (f.next()?, f.next()?);
+            (t as u128 > from && t as u128 <= to).then_some(iops / 4)
+        })
+        .sum();
+    assert!(
+        during >= 1000,
+        "fio completed {during} writes while a server was stopped:\n{log}\n{}",
+        nbd.log()
+    );
+    // Stopped again: writes are answered, the FLUSH after them waits for it.
+    signal(hung, libc::SIGSTOP);
+    let t = Instant::now();
+    let qemu = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            // Write-back caching: qemu-io's default, write-through, flushes after each write.
+            "-t",
+            "writeback",
+            &nbd.uri,
+            "-c",
+            "write -P 0x5a 0 4M",
+            "-c",
+            "flush",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    signal(hung, libc::SIGCONT);
+    let out = wait_bounded(qemu, Duration::from_secs(60), "qemu-io");
+    let took = t.elapsed();
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    let wrote: f64 = out
+        .stdout
+        .split(" ops; ")
+        .nth(1)
+        .and_then(|x| x.split(" sec").next())
+        .and_then(|x| x.replace(':', "").parse().ok())
+        .unwrap_or_else(|| panic!("no write time in {}", out.stdout));
+    assert!(wrote < 1.5, "the write took {wrote} s:\n{}", out.stdout);
+    assert!(
+        took >= Duration::from_millis(1900),
+        "the FLUSH was answered after {took:?}, while a server holding its pieces was stopped"
+    );
+    let out =
+        must(Command::new("qemu-io").args(["-f", "raw", &nbd.uri, "-c", "read -P 0x5a 0 4M"]));
+    assert!(!out.stdout.contains("failed"), "{}", out.stdout);
+    let log = nbd.stop();
+    assert!(
+        log.contains(" 0 servers lost"),
+        "no server was given up on:\n{log}"
+    );
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Processes whose parent is `pid`.

@@ -16,7 +16,12 @@
 //! leave in one write, not in one system call each. Durability is asked with barriers:
 //! [`BlockCache::sync`] starts the write-back of every dirty page of a range (the pages stay
 //! cached, `Syncing`) and returns a [`Barrier`], which [`BlockCache::poll`] reports done once
-//! every write applied before it is on the servers, with the store's redundancy.
+//! every write applied before it is on the servers, with the store's redundancy. That takes
+//! two steps: the write-backs it waits for land (the store tells them stored, and their
+//! buffers are free), then the store says they are *settled* ([`PageStore::settled`]): a
+//! write-back whose piece waits on a slow server is told stored once the page can be read
+//! from its other pieces, so that a hung server does not hold the cache's buffers (and with
+//! them every request), but a barrier still waits for that piece.
 
 use crate::pages::PageState;
 use crate::state::{Fill, Freed, Landed, PageStates};
@@ -62,6 +67,9 @@ struct Cache {
     waiters: HashMap<PageIndex, Vec<Waiter>>,
     /// Barriers not done, and how many pages each still waits for.
     barriers: HashMap<Barrier, usize>,
+    /// Barriers whose pages all landed, waiting for the store to settle the write-backs
+    /// started before the mark taken then ([`PageStore::write_mark`]; None: not taken yet).
+    settling: Vec<(Barrier, Option<u64>)>,
     done: Vec<Barrier>,
     next_barrier: u64,
     /// Pages that landed in this poll (for their waiters).
@@ -143,7 +151,7 @@ impl Cache {
         *left -= 1;
         if *left == 0 {
             self.barriers.remove(&barrier);
-            self.done.push(barrier);
+            self.settling.push((barrier, None));
         }
     }
 }
@@ -175,6 +183,7 @@ impl BlockCache {
                 buffer_of: HashMap::new(),
                 waiters: HashMap::new(),
                 barriers: HashMap::new(),
+                settling: Vec::new(),
                 done: Vec::new(),
                 next_barrier: 0,
                 landed: Vec::new(),
@@ -381,11 +390,26 @@ impl BlockCache {
             }
         }
         if count == 0 {
-            self.c.done.push(id);
+            self.c.settling.push((id, None));
+            self.settle();
         } else {
             self.c.barriers.insert(id, count);
         }
         Ok(id)
+    }
+
+    /// Barriers whose write-backs all landed are done once the store settles them.
+    fn settle(&mut self) {
+        let store = &self.store;
+        self.c.settling.retain_mut(|(b, mark)| {
+            let m = *mark.get_or_insert_with(|| store.write_mark());
+            if store.settled(m) {
+                self.c.done.push(*b);
+                false
+            } else {
+                true
+            }
+        });
     }
 
     fn start_sync(&mut self, page: PageIndex) -> Result<(), StoreError> {
@@ -496,6 +520,9 @@ impl BlockCache {
         }
         self.c.landed = landed;
         self.c.landed.clear();
+        // Not progress for the requests waiting on pages: a released write-back's last piece
+        // settles with no completion.
+        self.settle();
         if progress {
             self.c.states.check();
             self.c
@@ -538,11 +565,13 @@ impl BlockCache {
     /// One line on what the cache and the store hold and wait for, for stall reports.
     pub fn describe_in_flight(&self) -> String {
         format!(
-            "cache: {}, free buffers {}, barriers waiting {} on {} pages; {}",
+            "cache: {}, free buffers {}, barriers waiting {} on {} pages and {} on slow \
+             servers' pieces; {}",
             self.c.states.describe(),
             self.c.free.len(),
             self.c.barriers.len(),
             self.c.waiters.len(),
+            self.c.settling.len(),
             self.store.describe_in_flight()
         )
     }

@@ -572,7 +572,8 @@ fn writes_waiting_on_a_server_gone_silent_go_to_another() {
 /// other pieces are acknowledged and the server has been silent a moment, and reads are
 /// served by the others meanwhile; the writes stay in flight on the silent link until it
 /// answers them, then finish without a second completion. Before, every write waited the 3 s.
-/// A store told to hold writes until every piece is stored (`rmem nbd`) still waits.
+/// A front end that promises every piece stored (`rmem nbd`'s FLUSH) still waits for them:
+/// the store says they are not settled until the server answers.
 #[test]
 fn writes_held_by_a_silent_server_without_a_spare_are_released() {
     for (layout, encrypt, others) in [("replicas:2", false, 1), ("ec:2+1", true, 2)] {
@@ -625,14 +626,22 @@ fn writes_held_by_a_silent_server_without_a_spare_are_released() {
             }
         }
     }
-    // Held until stored: nothing is told stored while the server is silent.
+    // Released, not settled: the silent server's pieces are still waited for.
     let (silent, _) = proxy(server(), Mode::StallWrites(Duration::from_secs(2)));
     let mut s = store_on(&[silent, server()], "replicas:2", false);
-    s.hold_writes_until_stored();
-    let took = store_rounds(&mut s, 8, 1, "held until stored");
+    let t = Instant::now();
+    let took = store_rounds(&mut s, 8, 1, "released");
+    assert!(took < Duration::from_millis(1500), "stored after {took:?}");
+    let mark = s.write_mark();
     assert!(
-        took >= Duration::from_millis(1900),
-        "stored after {took:?}, while the server was silent"
+        !s.settled(mark),
+        "settled while a server holding a piece is silent"
+    );
+    pump_until(&mut s, "settled", |s| s.settled(mark));
+    assert!(
+        t.elapsed() >= Duration::from_millis(1900),
+        "settled after {:?}, while the server was silent",
+        t.elapsed()
     );
 }
 
@@ -734,6 +743,9 @@ fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_ans
             released <= pages && degraded >= 2 * pages,
             "{layout}: {released} released, {degraded} stored a piece short"
         );
+        // A front end that promises every piece stored waits for their repair.
+        let mark = s.write_mark();
+        assert!(!s.settled(mark), "{layout}: settled a piece short");
         for p in 0..pages {
             assert!(
                 fetch_one(&mut s, p).unwrap() == page(p, 2),
@@ -744,6 +756,7 @@ fn writes_past_a_silent_server_are_stored_a_piece_short_and_repaired_when_it_ans
         pump_until(&mut s, &format!("{layout}: the pages repaired"), |s| {
             counters.pages_repaired.load(Relaxed) >= pages && s.in_flight() == 0
         });
+        pump_until(&mut s, &format!("{layout}: settled"), |s| s.settled(mark));
         // Another server dies: every page is still whole.
         kill.store(true, Relaxed);
         pump_until(&mut s, &format!("{layout}: the server dead"), |_| {

@@ -426,12 +426,29 @@ struct Book {
     /// Refreshed on every poll, once the answers are read (not in tick: see there); only with
     /// redundancy (a page of one copy cannot be read without its server anyway).
     slow: Vec<Option<Instant>>,
+    /// Per server, the tag of the newest request the hedge has looked at while the server is
+    /// slow ([`Conn::newest_tag`]): each poll looks only at what was sent since, so a silent
+    /// link holding thousands of write-backs costs nothing per poll. 0 on turning slow, and
+    /// for every slow server when one stops being slow or a server joins or comes back (all
+    /// looked at again: what could be moved or released may have changed).
+    hedged: Vec<u64>,
+    /// Write-backs (not repairs, not released) with pieces waiting on slow links, by
+    /// operation (oldest first), with those pieces: the candidates for
+    /// [`RemoteStore::release_held_writes`], filled as the hedge sees them.
+    slow_held: std::collections::BTreeMap<u64, u32>,
     /// A write-back was stored with a piece fewer since the last catch-up, because a member
     /// was slow and no prompt server could take its piece ([`RemoteStore::degrade`]): its page
     /// is repaired when a slow server answers again ([`RemoteStore::catch_up`]).
     short_since_catch_up: bool,
     /// Bytes of the pieces released write-backs still wait for ([`RELEASED_MAX_BYTES`]).
     released_bytes: u64,
+    /// The released write-backs not yet wholly stored, by operation id (oldest first): what
+    /// [`PageStore::settled`] looks at.
+    released_ops: std::collections::BTreeSet<u64>,
+    /// Write-backs stored a piece short ([`RemoteStore::degrade`]) whose page may still be
+    /// made whole, by (at most) their operation id, with the page: also what
+    /// [`PageStore::settled`] looks at ([`RemoteStore::settle_short_writes`] forgets them).
+    short_writes: std::collections::BTreeMap<u64, u64>,
     /// The most of them ([`RELEASED_MAX_BYTES`] unless a test sets it).
     released_max: u64,
     /// Fetch buffers to reuse (`Codec::slots` units each).
@@ -473,10 +490,6 @@ pub struct RemoteStore {
     finished: Vec<u64>,
     /// The pool this client is in, if any: where new servers come from, and its grant.
     pool: Option<Pool>,
-    /// Write-backs held only by slow servers are told to the pager as stored (see
-    /// [`RemoteStore::release_held_writes`]); off where a front end promises that what it
-    /// acknowledged has every piece stored (`rmem nbd`'s FLUSH).
-    release_held: bool,
 }
 
 /// A client's part of a pool, as the store follows it.
@@ -805,6 +818,9 @@ impl Book {
         }
         let (page, repair, released) = (st.page, st.repair, st.released);
         self.ops.remove(&op);
+        if released {
+            self.released_ops.remove(&op);
+        }
         if let Some(w) = self.writing.get_mut(&page) {
             w.in_flight -= 1;
             if w.in_flight == 0 {
@@ -1194,6 +1210,8 @@ impl RemoteStore {
         let mut store = RemoteStore {
             book: Book {
                 released_bytes: 0,
+                released_ops: Default::default(),
+                short_writes: Default::default(),
                 released_max: RELEASED_MAX_BYTES,
                 bufs: Vec::new(),
                 scratch: Vec::new(),
@@ -1208,6 +1226,8 @@ impl RemoteStore {
                 dead: Vec::new(),
                 draining: Vec::new(),
                 slow: Vec::new(),
+                hedged: Vec::new(),
+                slow_held: Default::default(),
                 short_since_catch_up: false,
                 counters: Arc::new(StoreCounters {
                     layout: format!(
@@ -1234,7 +1254,6 @@ impl RemoteStore {
             reviving: Vec::new(),
             child_codec: None,
             finished: Vec::new(),
-            release_held: true,
             pool: None,
         };
         let unit = store.book.unit();
@@ -1330,6 +1349,9 @@ impl RemoteStore {
         self.book.dead.push(None);
         self.book.draining.push(false);
         self.book.slow.push(None);
+        self.book.hedged.push(0);
+        // Writes that could go nowhere else before may go to it.
+        self.book.hedged.fill(0);
         self.reviving.push(None);
     }
 
@@ -1709,7 +1731,7 @@ impl RemoteStore {
                 }
                 let mut healed = self.heal(page, &m, prompt)?;
                 if prompt {
-                    self.degrade(&mut healed);
+                    self.degrade(page, &mut healed);
                 }
                 if *healed == *m {
                     return Ok((g, 0)); // slow members, and no prompt server to take over
@@ -1719,7 +1741,7 @@ impl RemoteStore {
             None => {
                 self.within_grant(page)?;
                 let mut chosen = self.choose(page, &[], false)?;
-                self.degrade(&mut chosen);
+                self.degrade(page, &mut chosen);
                 chosen
             }
         };
@@ -1782,11 +1804,11 @@ impl RemoteStore {
     /// there is never a spare to send it to instead. The slow server is told to free its older
     /// copy, behind what it was sent before. Not where a front end holds writes until every
     /// piece is stored (`rmem nbd`).
-    fn degrade(&mut self, members: &mut [u16]) {
+    fn degrade(&mut self, page: u64, members: &mut [u16]) {
         let b = &self.book;
         let slow = |s: u16| b.placeable(s) && b.slow(s);
         let short = members.iter().filter(|&&s| slow(s)).count() as u64;
-        if !self.release_held || short == 0 {
+        if short == 0 {
             return;
         }
         // What the slow links hold now, and this write's pieces there.
@@ -1808,6 +1830,9 @@ impl RemoteStore {
         }
         self.book.short_since_catch_up = true;
         self.book.counters.writes_degraded.fetch_add(1, Relaxed);
+        // The write-back's operation is the next one made (none is made before it is sent).
+        let op = self.book.next_op + 1;
+        self.book.short_writes.insert(op, page);
     }
 
     /// Write the pieces of `page` in `mask` to their group's members.
@@ -2930,6 +2955,8 @@ impl RemoteStore {
             self.conns[s] = c;
             self.book.dead[s] = None;
             self.book.draining[s] = false;
+            // Writes waiting on a slow server may go to it now.
+            self.book.hedged.fill(0);
             self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));
         }
         if now < self.next_revive || !self.any_lost() {
@@ -3011,13 +3038,18 @@ impl RemoteStore {
         }
         let now = Instant::now();
         let mut answers_again = Vec::new();
+        let mut fewer = false;
         for s in 0..self.conns.len() {
             let c = &self.conns[s];
             let slow = self.book.dead[s].is_none()
                 && (c.in_outage() || c.silent_for(now).is_some_and(|t| t >= HEDGE_AFTER));
             let was = self.book.slow[s];
+            fewer |= !slow && was.is_some();
             self.book.slow[s] = match (slow, was) {
-                (true, None) => Some(now),
+                (true, None) => {
+                    self.book.hedged[s] = 0;
+                    Some(now)
+                }
                 (true, since) => since,
                 (false, Some(since)) if self.book.dead[s].is_none() => {
                     answers_again.push((s, now - since));
@@ -3026,6 +3058,12 @@ impl RemoteStore {
                 (false, _) => None,
             };
         }
+        if fewer {
+            // Pieces held on a server no longer slow are no reason to release a write, and a
+            // read or write that had nowhere else to go may have now: look at all again.
+            self.book.slow_held.clear();
+            self.book.hedged.fill(0);
+        }
         if !answers_again.is_empty() {
             self.catch_up(&answers_again);
         }
@@ -3033,8 +3071,20 @@ impl RemoteStore {
             if !self.book.slow(s as u16) {
                 continue;
             }
-            self.redirect_writes(s);
-            let reads: Vec<(u64, u8)> = self.conns[s].pending_reads().collect();
+            let (after, newest) = (self.book.hedged[s], self.conns[s].newest_tag());
+            if after == newest {
+                continue; // nothing sent there since the last look
+            }
+            self.book.hedged[s] = newest;
+            self.redirect_writes(s, after);
+            for (_, op, piece, _) in self.conns[s].pending_writes(after) {
+                if let Some(Op::Store(st)) = self.book.ops.get(&op) {
+                    if !st.repair && !st.released {
+                        *self.book.slow_held.entry(op).or_default() |= bit(piece as usize);
+                    }
+                }
+            }
+            let reads: Vec<(u64, u8)> = self.conns[s].pending_reads(after).collect();
             for (op, piece) in reads {
                 let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
                     continue;
@@ -3060,6 +3110,35 @@ impl RemoteStore {
         self.release_held_writes();
     }
 
+    /// Forget the write-backs stored a piece short ([`RemoteStore::degrade`]) whose pages are
+    /// whole again (repaired, or written anew in full) or gone, oldest first; and all of them
+    /// once no server is slow and no repair runs: nothing will make those pages whole before
+    /// a server comes back (a slow server buried with no spare to take its pieces), and
+    /// [`PageStore::settled`] must not wait for that.
+    fn settle_short_writes(&mut self) {
+        let b = &mut self.book;
+        if b.short_writes.is_empty() {
+            return;
+        }
+        let idle = self.repair.queue.is_empty()
+            && self.repair.in_flight == 0
+            && !b.slow.iter().any(Option::is_some);
+        if idle {
+            b.short_writes.clear();
+            return;
+        }
+        while let Some((_, &page)) = b.short_writes.first_key_value() {
+            let whole = b
+                .meta
+                .group(page)
+                .is_none_or(|g| b.groups.members[g as usize].iter().all(|&s| b.placeable(s)));
+            if !whole {
+                return;
+            }
+            b.short_writes.pop_first();
+        }
+    }
+
     /// Write-backs still waiting on slow servers (no prompt server took them: see
     /// [`RemoteStore::redirect_writes`]) whose every other piece is acknowledged, and enough
     /// pieces to read the page from (K, or one copy), are told to the pager as stored (through
@@ -3070,9 +3149,6 @@ impl RemoteStore {
     /// keeps it, and re-sends it on a reconnect), and should that server refuse it or be
     /// buried, the piece is placed again or rebuilt as any other. Reads ask it last meanwhile.
     fn release_held_writes(&mut self) {
-        if !self.release_held {
-            return;
-        }
         let r = self.book.codec.redundancy();
         let width = r.width() as u32;
         let unit = self.book.codec.unit_len() as u64;
@@ -3081,35 +3157,40 @@ impl RemoteStore {
             // on every poll, and a silent server's link holds thousands of writes).
             return;
         }
-        // Pieces each write waits for on slow servers, oldest write first.
-        let mut held: std::collections::BTreeMap<u64, u32> = Default::default();
-        for x in (0..self.conns.len()).filter(|&x| self.book.slow(x as u16)) {
-            for (_, op, piece, _) in self.conns[x].pending_writes() {
-                *held.entry(op).or_default() |= bit(piece as usize);
-            }
-        }
-        for (op, on_slow) in held {
-            let Some(Op::Store(st)) = self.book.ops.get_mut(&op) else {
+        // The writes with pieces on slow servers, oldest first (`hedge` keeps the list).
+        let (mut done, mut release) = (Vec::new(), Vec::new());
+        let mut bytes = self.book.released_bytes;
+        for (&op, &on_slow) in &self.book.slow_held {
+            let Some(Op::Store(st)) = self.book.ops.get(&op) else {
+                done.push(op); // finished
                 continue;
             };
             let waiting = st.waiting;
-            if st.repair
-                || st.released
-                || waiting & !on_slow != 0
-                || ((width - waiting.count_ones()) as usize) < r.needed()
-            {
-                continue;
+            if waiting & !on_slow != 0 || ((width - waiting.count_ones()) as usize) < r.needed() {
+                continue; // its other pieces are not all in yet (or too few can be)
             }
-            let bytes = unit * u64::from(waiting.count_ones());
-            if self.book.released_bytes + bytes > self.book.released_max {
-                return; // the rest wait for their servers
+            let more = unit * u64::from(waiting.count_ones());
+            if bytes + more > self.book.released_max {
+                break; // the rest wait for their servers
             }
-            self.book.released_bytes += bytes;
+            bytes += more;
+            release.push(op);
+        }
+        self.book.released_bytes = bytes;
+        for op in release {
+            let Some(Op::Store(st)) = self.book.ops.get_mut(&op) else {
+                unreachable!("op {op} was just looked at");
+            };
             st.released = true;
             let page = st.page;
+            self.book.released_ops.insert(op);
             self.book.unbusy(page, op);
             self.finished.push(page);
             self.book.counters.writes_released.fetch_add(1, Relaxed);
+            done.push(op);
+        }
+        for op in done {
+            self.book.slow_held.remove(&op);
         }
     }
 
@@ -3154,13 +3235,6 @@ impl RemoteStore {
         );
     }
 
-    /// Every write-back counts as stored only once each of its pieces is acknowledged, however
-    /// long a slow server takes (what `rmem nbd` promises after a FLUSH); by default one held
-    /// only by slow servers is released (see [`RemoteStore::release_held_writes`]).
-    pub fn hold_writes_until_stored(&mut self) {
-        self.release_held = false;
-    }
-
     /// At most `bytes` of pieces of released write-backs wait on slow links at a time
     /// ([`RELEASED_MAX_BYTES`] by default); past it, write-backs are stored a piece short
     /// ([`RemoteStore::degrade`]). For tests, which cannot afford to write the default's worth.
@@ -3175,8 +3249,9 @@ impl RemoteStore {
     /// when the new server says so. Writes of one page go in the order they were sent, all
     /// to the same server, so it ends with the newest. A page a newer write already took
     /// elsewhere is left alone: its old write is superseded (see [`RemoteStore::place`]).
-    /// Without a prompt server the writes wait for `s`, as before.
-    fn redirect_writes(&mut self, s: usize) {
+    /// Without a prompt server the writes wait for `s`, as before. Only the writes sent
+    /// after tag `after` are looked at (the others were, in an earlier call).
+    fn redirect_writes(&mut self, s: usize, after: u64) {
         let width = self.book.codec.redundancy().width();
         let prompt = (0..self.conns.len())
             .filter(|&x| self.book.prompt(x as u16))
@@ -3184,7 +3259,7 @@ impl RemoteStore {
         if prompt < width {
             return; // no page of this layout can leave `s` for a prompt server
         }
-        let writes = self.conns[s].pending_writes();
+        let writes = self.conns[s].pending_writes(after);
         let mut moved: HashMap<(u64, u8), u16> = HashMap::new();
         let mut taken = Vec::new();
         for (at, op, piece, page) in writes {
@@ -3255,6 +3330,21 @@ impl PageStore for RemoteStore {
         let grant = self.pool.as_ref().map_or(UNLIMITED, |p| p.grant_bytes);
         let per_page = (r.width() * self.book.unit()) as u128;
         (raw.min(grant) as u128 * self.book.codec.page_size() as u128 / per_page) as u64
+    }
+
+    fn write_mark(&self) -> u64 {
+        // Operation ids count up from here: every released write-back started before this
+        // has a smaller one.
+        self.book.next_op + 1
+    }
+
+    fn settled(&self, mark: u64) -> bool {
+        self.book.released_ops.first().is_none_or(|&op| op >= mark)
+            && self
+                .book
+                .short_writes
+                .first_key_value()
+                .is_none_or(|(&op, _)| op >= mark)
     }
 
     fn fetch(&mut self, page: PageIndex) -> Result<(), StoreError> {
@@ -3427,6 +3517,7 @@ impl PageStore for RemoteStore {
             }
         }
         self.hedge();
+        self.settle_short_writes();
         // Write-backs finished in `tick`, and those released just now (see
         // `release_held_writes`): nothing else may wake the pager for them before its next tick.
         for page in std::mem::take(&mut self.finished) {
@@ -3618,8 +3709,12 @@ impl PageStore for RemoteStore {
                 dead: self.book.dead.clone(),
                 draining: self.book.draining.clone(),
                 slow: vec![None; self.conns.len()],
+                hedged: vec![0; self.conns.len()],
+                slow_held: Default::default(),
                 short_since_catch_up: false,
                 released_bytes: 0,
+                released_ops: Default::default(),
+                short_writes: Default::default(),
                 released_max: RELEASED_MAX_BYTES,
                 bufs: Vec::new(),
                 scratch: Vec::new(),
@@ -3645,7 +3740,6 @@ impl PageStore for RemoteStore {
             // The parent's finished write-backs are the parent's: the child reinstalls those
             // pages from its copy of the staging slots (PageStates::after_fork).
             finished: Vec::new(),
-            release_held: true,
             // The pool is the parent's to follow: the child goes on with the servers its
             // snapshot is on (a drained server keeps the child's snapshot until it ends).
             pool: None,

@@ -209,6 +209,18 @@ pub trait PageStore: Send {
     }
     /// Requests in flight.
     fn in_flight(&self) -> usize;
+    /// A mark of the write-backs started so far, for [`PageStore::settled`].
+    fn write_mark(&self) -> u64 {
+        0
+    }
+    /// Whether every write-back started before `mark` ([`PageStore::write_mark`]) and told
+    /// stored is wholly stored: a store may tell a write-back stored while a piece of it still
+    /// waits on a slow server, once the page can be read from the others (the remote store's
+    /// released writes); one that never does is always settled.
+    fn settled(&self, mark: u64) -> bool {
+        let _ = mark;
+        true
+    }
     /// Take a snapshot of every page as the requests submitted so far leave it, for a fork()
     /// child: later stores and frees here do not reach it. Cheap (the servers copy nothing),
     /// since most forks exec at once.

@@ -1082,13 +1082,29 @@ impl Conn {
         self.out.held() as u64
     }
 
-    /// The reads waiting on this server, of whole pieces and of byte ranges in one (a 4 KiB
-    /// piece's cell), as (operation, piece).
-    pub(crate) fn pending_reads(&self) -> impl Iterator<Item = (u64, u8)> + '_ {
-        self.pending.iter().filter_map(|p| match p.kind {
-            Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => Some((op, piece)),
-            _ => None,
-        })
+    /// The tag of the newest request sent to this server (0: none yet), for
+    /// [`Conn::pending_reads`] and [`Conn::pending_writes`].
+    pub(crate) fn newest_tag(&self) -> u64 {
+        self.next_tag - 1
+    }
+
+    /// Where the unanswered requests newer than tag `after` start in `pending` (tags grow
+    /// from front to back): a look at only what is new costs nothing for what was seen.
+    fn pending_after(&self, after: u64) -> usize {
+        self.pending.partition_point(|p| p.tag <= after)
+    }
+
+    /// The reads waiting on this server sent after tag `after`, of whole pieces and of byte
+    /// ranges in one (a 4 KiB piece's cell), as (operation, piece).
+    pub(crate) fn pending_reads(&self, after: u64) -> impl Iterator<Item = (u64, u8)> + '_ {
+        self.pending
+            .range(self.pending_after(after)..)
+            .filter_map(|p| match p.kind {
+                Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => {
+                    Some((op, piece))
+                }
+                _ => None,
+            })
     }
 
     /// The operations of the reads (whole pieces and byte ranges) waiting on this server.
@@ -1099,12 +1115,14 @@ impl Conn {
         })
     }
 
-    /// The writes waiting on this server that are not redirected yet, as (position among
-    /// the unanswered requests, operation, piece, key), oldest first.
-    pub(crate) fn pending_writes(&self) -> Vec<(usize, u64, u8, u64)> {
+    /// The writes waiting on this server sent after tag `after` that are not redirected yet,
+    /// as (position among the unanswered requests, operation, piece, key), oldest first.
+    pub(crate) fn pending_writes(&self, after: u64) -> Vec<(usize, u64, u8, u64)> {
+        let from = self.pending_after(after);
         self.pending
-            .iter()
+            .range(from..)
             .enumerate()
+            .map(|(i, p)| (from + i, p))
             .filter_map(|(i, p)| match p.kind {
                 Kind::Write { op, piece, key } if op != REDIRECTED => Some((i, op, piece, key)),
                 _ => None,
