@@ -362,6 +362,17 @@ fn rmem_region_put_holds_a_file_that_get_reads_back() {
             .env_remove("RMEM_MANAGER");
         c
     };
+    // Before any registration (no registry directory yet, as on a fresh machine): no such
+    // region, not a permission error (EACCES once, from the missing directory).
+    let none = run_bounded(
+        &mut cli(&["region", "get", "none", "/dev/null"]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        !none.status.success() && none.stderr.contains("no region named \"none\""),
+        "{}",
+        none.stderr
+    );
     let get_to = |name: &str, out: &std::path::Path| {
         let o = run_bounded(
             &mut cli(&["region", "get", name, out.to_str().unwrap()]),

@@ -360,7 +360,14 @@ impl DirectRegion {
 
     /// The region another process of this user created under `name` and still holds.
     pub fn open(name: &str, timing: Timing) -> Result<DirectRegion, RegionError> {
-        let path = registry_dir(false)?.join(check_name(name)?);
+        let file = check_name(name)?;
+        let Some(dir) = existing_registry_dir()? else {
+            return Err(RegionError::NoSuchName {
+                name: name.into(),
+                why: "this user has registered no region here (no registry directory)".into(),
+            });
+        };
+        let path = dir.join(file);
         let text = fs::read_to_string(&path).map_err(|e| RegionError::NoSuchName {
             name: name.into(),
             why: format!("{}: {e}", path.display()),
@@ -1106,15 +1113,22 @@ pub struct Registered {
     pub pid: u32,
 }
 
-/// This user's named regions whose creators are alive, by name (none without a registry).
-pub fn registered() -> Result<Vec<Registered>, RegionError> {
-    let dir = match registry_dir(false) {
+/// The user's registry directory, if there is one yet (it is made by the first registration).
+fn existing_registry_dir() -> Result<Option<PathBuf>, RegionError> {
+    match registry_dir(false) {
         Err(RegionError::Registry { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
-            return Ok(Vec::new())
+            Ok(None)
         }
-        r => r?,
+        r => r.map(Some),
+    }
+}
+
+/// This user's named regions whose creators are alive, by name (none without a registry).
+pub fn registered() -> Result<Vec<Registered>, RegionError> {
+    let Some(dir) = existing_registry_dir()? else {
+        return Ok(Vec::new());
     };
     let entries = fs::read_dir(&dir).map_err(|source| RegionError::Registry {
         path: dir.display().to_string(),
