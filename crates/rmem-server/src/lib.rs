@@ -496,8 +496,9 @@ fn read_frame<'b, R: Read>(
         match r.read(&mut hdr[got..]) {
             Ok(0) if got == 0 => return Ok(None),
             Ok(0) => {
-                return Err(Close::Bad(format!(
-                    "truncated header ({got} of {HEADER_LEN} bytes)"
+                return Err(Close::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the link ended {got} bytes into a frame's header of {HEADER_LEN}"),
                 )))
             }
             Ok(n) => got += n,
@@ -515,18 +516,23 @@ fn read_frame<'b, R: Read>(
     let body = &mut body[..len];
     // Out of the reader's buffer with rmem_copy (a page's offset there is the stream's); once
     // that is empty, the rest of a large body straight from the socket (no copy through the
-    // buffer: pages are most of what a server reads).
-    let truncated = || {
-        Close::Bad(format!(
-            "truncated {:?} frame (body of {} bytes)",
-            h.op, h.len
+    // buffer: pages are most of what a server reads). The link ending inside a body is a
+    // hang-up, not a malformed frame: a client gives up a link that went silent (this server
+    // stopped, or its network) in the middle of a page it was sending, and says so itself.
+    let truncated = |got: usize| {
+        Close::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "the link ended {got} bytes into the body of a {:?} frame of {} bytes",
+                h.op, h.len
+            ),
         ))
     };
     let mut got = 0;
     while got < body.len() {
         if r.buffer().is_empty() && body.len() - got >= DIRECT_READ_MIN {
             match r.get_mut().read(&mut body[got..]) {
-                Ok(0) => return Err(truncated()),
+                Ok(0) => return Err(truncated(got)),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
@@ -534,7 +540,7 @@ fn read_frame<'b, R: Read>(
             continue;
         }
         let buffered = match r.fill_buf() {
-            Ok([]) => return Err(truncated()),
+            Ok([]) => return Err(truncated(got)),
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
