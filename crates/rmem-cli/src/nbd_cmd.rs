@@ -243,7 +243,7 @@ fn serve(
 ) -> i32 {
     let c = &checked.config;
     let (redundancy, encrypt) = c.layout();
-    let store = match RemoteStore::from_config(c) {
+    let mut store = match RemoteStore::from_config(c) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("rmem nbd: {}", rmem_client::error_chain(&e));
@@ -251,7 +251,10 @@ fn serve(
         }
     };
     // A FLUSH answered means every piece of what it covers is stored, however long a slow
-    // server takes to say so: the cache's barriers wait for the store to settle them.
+    // server takes to say so: the cache's barriers wait for the store to settle them. Past
+    // what may be released, write-backs wait for a slow server rather than be stored a piece
+    // short (see there why).
+    store.never_store_short();
     use rmem_client::store::PageStore;
     let capacity = store.capacity_bytes();
     if capacity < checked.size_bytes {

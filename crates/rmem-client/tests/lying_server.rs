@@ -573,7 +573,8 @@ fn writes_waiting_on_a_server_gone_silent_go_to_another() {
 /// served by the others meanwhile; the writes stay in flight on the silent link until it
 /// answers them, then finish without a second completion. Before, every write waited the 3 s.
 /// A front end that promises every piece stored (`rmem nbd`'s FLUSH) still waits for them:
-/// the store says they are not settled until the server answers.
+/// the store says they are not settled until the server answers. One that never stores short
+/// (`rmem nbd`) waits for the server once as much as may be released waits on it.
 #[test]
 fn writes_held_by_a_silent_server_without_a_spare_are_released() {
     for (layout, encrypt, others) in [("replicas:2", false, 1), ("ec:2+1", true, 2)] {
@@ -643,6 +644,19 @@ fn writes_held_by_a_silent_server_without_a_spare_are_released() {
         "settled after {:?}, while the server was silent",
         t.elapsed()
     );
+    // Never stored short (`rmem nbd`): past what may be released (here one round), write-backs
+    // wait for the server instead.
+    let (silent, _) = proxy(server(), Mode::StallWrites(Duration::from_secs(2)));
+    let mut s = store_on(&[silent, server()], "replicas:2", false);
+    s.never_store_short();
+    s.set_released_max_bytes(8 * s.unit_len() as u64);
+    let counters = s.counters().unwrap();
+    let took = store_rounds(&mut s, 8, 3, "never short");
+    assert!(
+        took >= Duration::from_millis(1900),
+        "stored after {took:?}, while the server was silent"
+    );
+    assert_eq!(counters.writes_degraded.load(Relaxed), 0, "stored short");
 }
 
 /// A proxy to `real` that passes everything until its switch is set, then closes every link

@@ -490,6 +490,10 @@ pub struct RemoteStore {
     finished: Vec<u64>,
     /// The pool this client is in, if any: where new servers come from, and its grant.
     pool: Option<Pool>,
+    /// Past [`RELEASED_MAX_BYTES`], write-backs may be stored a piece short of the layout
+    /// ([`RemoteStore::degrade`]); off where a front end would rather wait for a slow server
+    /// than have pages a piece short ([`RemoteStore::never_store_short`]).
+    store_short: bool,
 }
 
 /// A client's part of a pool, as the store follows it.
@@ -1255,6 +1259,7 @@ impl RemoteStore {
             child_codec: None,
             finished: Vec::new(),
             pool: None,
+            store_short: true,
         };
         let unit = store.book.unit();
         let mut unreachable = std::collections::HashSet::new();
@@ -1808,7 +1813,7 @@ impl RemoteStore {
         let b = &self.book;
         let slow = |s: u16| b.placeable(s) && b.slow(s);
         let short = members.iter().filter(|&&s| slow(s)).count() as u64;
-        if short == 0 {
+        if !self.store_short || short == 0 {
             return;
         }
         // What the slow links hold now, and this write's pieces there.
@@ -3235,6 +3240,18 @@ impl RemoteStore {
         );
     }
 
+    /// No write-back is stored a piece short because a server is slow: past
+    /// [`RELEASED_MAX_BYTES`] of released writes, new ones wait for the slow server (or its
+    /// burial) instead. `rmem nbd`'s choice: a page stored short is lost, and with it the
+    /// whole store, if another server dies before the slow one answers again and the page is
+    /// repaired, where a write-back that waits is still whole in the front end's cache; and a
+    /// block device's FLUSH waits for the slow server either way (see [`PageStore::settled`]).
+    /// The pager cannot wait (a program's memory access has no error to return), so it
+    /// stores short.
+    pub fn never_store_short(&mut self) {
+        self.store_short = false;
+    }
+
     /// At most `bytes` of pieces of released write-backs wait on slow links at a time
     /// ([`RELEASED_MAX_BYTES`] by default); past it, write-backs are stored a piece short
     /// ([`RemoteStore::degrade`]). For tests, which cannot afford to write the default's worth.
@@ -3743,6 +3760,7 @@ impl PageStore for RemoteStore {
             // The pool is the parent's to follow: the child goes on with the servers its
             // snapshot is on (a drained server keeps the child's snapshot until it ends).
             pool: None,
+            store_short: true,
         };
         // A page whose group lost a server is as degraded in the snapshot as here: the child
         // rebuilds its own copy (the parent's repairs reach only the parent's session).
