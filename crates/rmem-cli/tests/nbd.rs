@@ -646,25 +646,6 @@ fn nbd_over_servers(
     (nbd, servers)
 }
 
-/// fio's random 4 KiB writes, 16 in flight, to `nbd` with `args`, run in `dir`.
-fn random_writes(dir: &Path, nbd: &Nbd, args: &[&str]) -> Child {
-    Command::new("fio")
-        .args([
-            "--ioengine=nbd",
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-        ])
-        .arg(format!("--uri={}", nbd.uri))
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 /// fio with verification over 4 jobs while one of `n` memory servers is killed.
 fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
     if !have("fio", name) {
@@ -673,21 +654,29 @@ fn fio_survives_a_kill(redundancy: &str, n: usize, name: &str) {
     let _one = FIO.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch(name);
     let (nbd, servers) = nbd_over_servers(name, &dir, n, redundancy);
-    let fio = random_writes(
-        &dir,
-        &nbd,
-        &[
+    let fio = Command::new("fio")
+        .args([
             "--name=rmemnbd",
+            "--ioengine=nbd",
+            &format!("--uri={}", nbd.uri),
+            "--rw=randwrite",
+            "--bs=4k",
             "--size=32M",
             "--offset_increment=32M",
             "--numjobs=4",
+            "--iodepth=16",
             "--verify=crc32c",
             "--verify_fatal=1",
             "--loops=8",
             "--group_reporting",
             "--verify_state_save=0",
-        ],
-    );
+        ])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let mut victim = servers.into_iter();
     let mut killed = victim.next().unwrap();

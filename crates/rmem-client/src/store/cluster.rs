@@ -3081,8 +3081,12 @@ impl RemoteStore {
                 continue; // nothing sent there since the last look
             }
             self.book.hedged[s] = newest;
-            self.redirect_writes(s, after);
-            for (_, op, piece, _) in self.conns[s].pending_writes(after) {
+            let writes = self.conns[s].pending_writes(after);
+            let moved = self.redirect_writes(s, &writes);
+            for &(at, op, piece, _) in &writes {
+                if moved.binary_search(&at).is_ok() {
+                    continue;
+                }
                 if let Some(Op::Store(st)) = self.book.ops.get(&op) {
                     if !st.repair && !st.released {
                         *self.book.slow_held.entry(op).or_default() |= bit(piece as usize);
@@ -3266,20 +3270,20 @@ impl RemoteStore {
     /// when the new server says so. Writes of one page go in the order they were sent, all
     /// to the same server, so it ends with the newest. A page a newer write already took
     /// elsewhere is left alone: its old write is superseded (see [`RemoteStore::place`]).
-    /// Without a prompt server the writes wait for `s`, as before. Only the writes sent
-    /// after tag `after` are looked at (the others were, in an earlier call).
-    fn redirect_writes(&mut self, s: usize, after: u64) {
+    /// Without a prompt server the writes wait for `s`, as before. `writes` are those of
+    /// `s`'s waiting writes to look at ([`Conn::pending_writes`]: the hedge passes those sent
+    /// since its last look); returns the positions of those moved, ascending.
+    fn redirect_writes(&mut self, s: usize, writes: &[(usize, u64, u8, u64)]) -> Vec<usize> {
         let width = self.book.codec.redundancy().width();
         let prompt = (0..self.conns.len())
             .filter(|&x| self.book.prompt(x as u16))
             .count();
         if prompt < width {
-            return; // no page of this layout can leave `s` for a prompt server
+            return Vec::new(); // no page of this layout can leave `s` for a prompt server
         }
-        let writes = self.conns[s].pending_writes(after);
         let mut moved: HashMap<(u64, u8), u16> = HashMap::new();
         let mut taken = Vec::new();
-        for (at, op, piece, page) in writes {
+        for &(at, op, piece, page) in writes {
             if !matches!(self.book.ops.get(&op), Some(Op::Store(_))) {
                 continue;
             }
@@ -3315,10 +3319,10 @@ impl RemoteStore {
             };
             taken.push((at, op, piece, page, to));
         }
-        if taken.is_empty() {
-            return;
-        }
         let at: Vec<usize> = taken.iter().map(|t| t.0).collect();
+        if taken.is_empty() {
+            return at;
+        }
         let units = self.conns[s].redirect_writes(&at);
         self.book
             .counters
@@ -3327,6 +3331,7 @@ impl RemoteStore {
         for ((_, op, piece, page, to), unit) in taken.into_iter().zip(units) {
             self.send_piece(to, op, piece, page, &unit);
         }
+        at
     }
 
     /// Which pages a buried server's loss left to repair, and whether one is running (for
