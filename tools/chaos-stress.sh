@@ -5,14 +5,15 @@
 # at least 8 s apart. Prints the stress's verdict (mismatches), what the runtime said about
 # servers, and its counters. docs/benchmarks.md ("Write-backs stored a piece short").
 #
-# usage: tools/chaos-stress.sh SERVERS LAYOUT OPS [KILLS]   e.g. 6 ec:4+1 250000 2
+# usage: [PAGE=64K] [EXTRA="--encrypt on"] tools/chaos-stress.sh SERVERS LAYOUT OPS [KILLS]
+#        e.g. tools/chaos-stress.sh 6 ec:4+1 250000 2 (PAGE: --page-size, 4K unless given)
 # Run from the repository root after `cargo build --release --workspace`.
 set -u
-N=$1; L=$2; OPS=$3; K=${4:-0}
+N=$1; L=$2; OPS=$3; K=${4:-0}; PAGE=${PAGE:-4K}; EXTRA=${EXTRA:-}
 OUT=$(mktemp -d /tmp/rmem-chaos.XXXXXX)
 gcc -O2 -pthread -I include tests/c/stress.c -o "$OUT/stress" -L target/release -lrmem || exit 1
 ( LD_LIBRARY_PATH=target/release timeout 600 target/release/rmem run --api --servers "$N" \
-    --redundancy "$L" --page-size 4K --local 8M --stats-json "$OUT/stats.json" \
+    --redundancy "$L" --page-size "$PAGE" $EXTRA --local 8M --stats-json "$OUT/stats.json" \
     -- "$OUT/stress" 8 32 "$OPS" > "$OUT/out" 2> "$OUT/err"; echo "rc=$?" >> "$OUT/out" ) &
 RUN=$!
 sleep 1.5

@@ -54,9 +54,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub prefetch: String,
     /// Fetch a read fault's 4 KiB piece alone where no stream of faults reaches it (random
-    /// access), the rest of the page only when more of it is wanted: on or off. Works where
-    /// every page is one unsealed copy (`--redundancy none`, not encrypted); elsewhere
-    /// pages are always fetched whole.
+    /// access), the rest of the page only when more of it is wanted: on or off. Works under
+    /// every layout, sealed ones too where K of `ec:K+M` divides the page's 4 KiB pieces (a
+    /// sealed piece is read and checked alone); elsewhere pages are fetched whole.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub sub_page: String,
     /// Strict accounting: an allocation beyond the servers' capacity fails (malloc and

@@ -48,6 +48,9 @@ enum Mode {
     StallWrites(Duration),
     /// The same with the first answer to a byte-range read (a piece read alone).
     StallRanges(Duration),
+    /// Passes on every answer to a byte-range read after this delay: a server that answers,
+    /// but late.
+    SlowRanges(Duration),
 }
 
 /// A proxy to `real` that treats read answers as `mode` says. A slow honest one makes a
@@ -62,6 +65,10 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
         for client in l.incoming() {
             let Ok(mut client) = client else { return };
             let mut up = TcpStream::connect(&real).unwrap();
+            // As the real ends do: a small answer held back by Nagle's algorithm waits for
+            // the client's delayed ack (40 ms), and a read that late is hedged elsewhere.
+            client.set_nodelay(true).unwrap();
+            up.set_nodelay(true).unwrap();
             let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
             std::thread::spawn(move || {
                 let _ = std::io::copy(&mut c2, &mut u2);
@@ -86,7 +93,8 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
                     }
                     out.clear();
                     match (mode, h.op, Response::decode(h.op, &body)) {
-                        (Mode::Slow(delay), Op::ReadOk, Ok(Response::ReadOk { .. })) => {
+                        (Mode::Slow(delay), Op::ReadOk, Ok(Response::ReadOk { .. }))
+                        | (Mode::SlowRanges(delay), Op::ReadRangeOk, _) => {
                             std::thread::sleep(delay);
                             out.extend_from_slice(&hdr);
                             out.extend_from_slice(&body);
@@ -374,9 +382,46 @@ fn a_piece_read_alone_is_checked_and_a_lie_served_from_other_pieces() {
         assert!(told >= 10, "{redundancy}: only {told} lies told");
         assert!(
             caught >= 10 && caught <= told,
-            "{redundancy} encrypt={encrypt}: {told} lies told, {caught} caught"
+            "{redundancy} encrypt={encrypt}: {told} lies told, {caught} caught, {} hedged",
+            counters.reads_hedged.load(Relaxed)
         );
     }
+}
+
+/// A store of `redundancy` on three servers of 64 KiB pages, the first behind a proxy in
+/// `mode`, with 4 pages stored; then every 4 KiB piece read alone, one at a time, checked,
+/// each in under `each_under`. The store, the proxy's count, and how long the reads took.
+fn read_pieces_past(
+    mode: Mode,
+    redundancy: &str,
+    encrypt: bool,
+    each_under: Duration,
+) -> (RemoteStore, Arc<AtomicU64>, Duration) {
+    const BIG: usize = 65536;
+    let (odd, count) = proxy(server(), mode);
+    let mut s = store_sized(&[odd, server(), server()], redundancy, encrypt, BIG);
+    assert!(s.part_reads(), "{redundancy}: pieces read alone");
+    let pages = 4u64;
+    store_all_sized(&mut s, pages, 1, BIG);
+    let started = Instant::now();
+    for p in 0..pages {
+        let want = sized(p, 1, BIG);
+        for i in 0..16u32 {
+            let t = Instant::now();
+            let got = fetch_piece(&mut s, p, i).unwrap();
+            let at = i as usize * 4096;
+            assert!(
+                got == want[at..at + 4096],
+                "{redundancy}: page {p} piece {i}"
+            );
+            assert!(
+                t.elapsed() < each_under,
+                "{redundancy}: page {p} piece {i} took {:?}",
+                t.elapsed()
+            );
+        }
+    }
+    (s, count, started.elapsed())
 }
 
 /// A piece read alone waits on one server (its copy, or its data fragment). That server gone
@@ -387,41 +432,39 @@ fn a_piece_read_alone_is_checked_and_a_lie_served_from_other_pieces() {
 /// answered or was given up on, 5 s and more, with nothing said.)
 #[test]
 fn a_piece_read_alone_from_a_server_gone_silent_is_read_from_the_others() {
-    const BIG: usize = 65536;
     for (redundancy, encrypt) in [("ec:2+1", true), ("replicas:2", false)] {
         let stall = Duration::from_secs(3);
-        let (silent, stalls) = proxy(server(), Mode::StallRanges(stall));
-        let mut s = store_sized(&[silent, server(), server()], redundancy, encrypt, BIG);
-        assert!(s.part_reads(), "{redundancy}: pieces read alone");
-        let pages = 4u64;
-        store_all_sized(&mut s, pages, 1, BIG);
-        let started = Instant::now();
-        for p in 0..pages {
-            let want = sized(p, 1, BIG);
-            for i in 0..16u32 {
-                let t = Instant::now();
-                let got = fetch_piece(&mut s, p, i).unwrap();
-                let at = i as usize * 4096;
-                assert!(
-                    got == want[at..at + 4096],
-                    "{redundancy}: page {p} piece {i}"
-                );
-                assert!(
-                    t.elapsed() < Duration::from_millis(1500),
-                    "{redundancy}: page {p} piece {i} took {:?}",
-                    t.elapsed()
-                );
-            }
-        }
+        let (_, stalls, took) = read_pieces_past(
+            Mode::StallRanges(stall),
+            redundancy,
+            encrypt,
+            Duration::from_millis(1500),
+        );
         assert_eq!(
             stalls.load(Relaxed),
             1,
             "{redundancy}: no piece was asked of the silent server"
         );
+        assert!(took < stall, "{redundancy}: the reads took {took:?}");
+    }
+}
+
+/// A server that answers every piece read alone 80 ms late is never silent for
+/// `HEDGE_AFTER` (100 ms) when read one piece at a time, so it is never slow; yet it held
+/// every read of its pieces for those 80 ms (2.7 s for these 64 reads). A read that waits
+/// `READ_HEDGE_AFTER` (20 ms) there is asked of the page's other pieces too, and for
+/// `LAG_HOLD` (1 s) after, new reads ask that server last: every piece right, the reads
+/// hedged counted, and all of them done in well under what the late server's share takes.
+#[test]
+fn pieces_on_a_server_late_but_never_silent_are_read_from_the_others() {
+    for (redundancy, encrypt) in [("ec:2+1", true), ("replicas:2", false)] {
+        let late = Mode::SlowRanges(Duration::from_millis(80));
+        let (s, _, took) = read_pieces_past(late, redundancy, encrypt, Duration::from_secs(1));
+        let hedged = s.counters().unwrap().reads_hedged.load(Relaxed);
+        assert!(hedged >= 1, "{redundancy}: no read was hedged");
         assert!(
-            started.elapsed() < stall,
-            "{redundancy}: the reads took {:?}",
-            started.elapsed()
+            took < Duration::from_millis(900),
+            "{redundancy}: 64 pieces took {took:?} ({hedged} hedged)"
         );
     }
 }
@@ -678,6 +721,8 @@ fn mortal(real: String, hang: bool) -> (String, Arc<AtomicBool>) {
                 continue; // dropped: closed before a word, or held silent
             }
             let up = TcpStream::connect(&real).unwrap();
+            client.set_nodelay(true).unwrap();
+            up.set_nodelay(true).unwrap();
             let ends = [client.try_clone().unwrap(), up.try_clone().unwrap()];
             for (mut from, mut to) in [
                 (client.try_clone().unwrap(), up.try_clone().unwrap()),

@@ -323,6 +323,30 @@ struct PullBatch {
 /// more read.
 const HEDGE_AFTER: Duration = Duration::from_millis(100);
 
+/// A read that has waited this long on a server that is not slow (it answers, but late: a
+/// server stopped and continued in turn, starved of CPU, or behind a backlog on its link) is
+/// asked of the page's other pieces too, and for [`LAG_HOLD`] after new reads ask that
+/// server last: a server never silent for [`HEDGE_AFTER`] would otherwise hold every read of
+/// its pieces for as long as it lags (a program at a fifth of its speed: docs/benchmarks.md,
+/// "A server slow but never silent"). A thousand times a read's usual wait here, and five
+/// times this VM's worst p99 of a round trip; one asked needlessly costs one more read.
+const READ_HEDGE_AFTER: Duration = Duration::from_millis(20);
+
+/// How long new reads ask a server last after a read waited [`READ_HEDGE_AFTER`] there.
+const LAG_HOLD: Duration = Duration::from_secs(1);
+
+/// Per server: the reads that wait on it too long while it is not slow (see
+/// [`READ_HEDGE_AFTER`]).
+#[derive(Clone, Copy, Default)]
+struct Lag {
+    /// The tag of the newest request the late-read hedge has looked at there.
+    looked: u64,
+    /// When a read there was last asked elsewhere for waiting too long.
+    last: Option<Instant>,
+    /// Within [`LAG_HOLD`] of `last` (refreshed by each hedge): new reads ask it last.
+    lagging: bool,
+}
+
 /// Moves server to server, for drains (see [`PullMove`]).
 struct Pulls {
     /// Off (`RMEM_PULL=0`): every move goes through this client.
@@ -436,6 +460,8 @@ struct Book {
     /// operation (oldest first), with those pieces: the candidates for
     /// [`RemoteStore::release_held_writes`], filled as the hedge sees them.
     slow_held: std::collections::BTreeMap<u64, u32>,
+    /// Per server: reads that waited too long there while it answered ([`Lag`]).
+    lag: Vec<Lag>,
     /// A write-back was stored with a piece fewer since the last catch-up, because a member
     /// was slow and no prompt server could take its piece ([`RemoteStore::degrade`]): its page
     /// is repaired when a slow server answers again ([`RemoteStore::catch_up`]).
@@ -695,6 +721,11 @@ impl Book {
 
     fn slow(&self, s: u16) -> bool {
         self.slow[s as usize].is_some()
+    }
+
+    /// Whether new reads ask server `s` last: slow, or lagging ([`READ_HEDGE_AFTER`]).
+    fn read_last(&self, s: u16) -> bool {
+        self.slow(s) || self.lag[s as usize].lagging
     }
 
     fn op_id(&mut self) -> u64 {
@@ -1232,6 +1263,7 @@ impl RemoteStore {
                 slow: Vec::new(),
                 hedged: Vec::new(),
                 slow_held: Default::default(),
+                lag: Vec::new(),
                 short_since_catch_up: false,
                 counters: Arc::new(StoreCounters {
                     layout: format!(
@@ -1355,6 +1387,7 @@ impl RemoteStore {
         self.book.draining.push(false);
         self.book.slow.push(None);
         self.book.hedged.push(0);
+        self.book.lag.push(Lag::default());
         // Writes that could go nowhere else before may go to it.
         self.book.hedged.fill(0);
         self.reviving.push(None);
@@ -2070,13 +2103,14 @@ impl RemoteStore {
         };
         if let Some((i, asked, answered, gone)) = ec_part {
             // A piece is in one data fragment: its cell is asked there alone. Where that
-            // server failed it, is gone, or is slow (silent, or its link down: `hedge`), the
-            // page is read whole instead, from the others first, and the piece handed on.
+            // server failed it, is gone, or is slow or lagging (silent, its link down, or its
+            // reads late: `hedge`), the page is read whole instead, from the others first, and
+            // the piece handed on.
             let (slot, _) = self.book.codec.cell(i);
             let s = members[slot];
             let ask = asked & bit(slot) == 0
                 && self.book.alive(s)
-                && !self.book.slow(s)
+                && !self.book.read_last(s)
                 && gone & bit(slot) == 0;
             let in_flight = asked & !answered & bit(slot) != 0;
             let buf = (!ask && !in_flight).then(|| self.book.take_buf());
@@ -2112,11 +2146,11 @@ impl RemoteStore {
             _ => 0,
         };
         let mut asked = Vec::new();
-        // Servers in an outage (a link down, or not answered on since) or slow last.
+        // Servers in an outage (a link down, or not answered on since), slow or lagging last.
         let order = (0..members.len()).map(|i| (start + i) % members.len());
         let shaky = |i: &usize| {
             let s = members[*i];
-            s != NONE && (self.conns[s as usize].in_outage() || self.book.slow(s))
+            s != NONE && (self.conns[s as usize].in_outage() || self.book.read_last(s))
         };
         let (shaky, steady): (Vec<usize>, Vec<usize>) = order.partition(shaky);
         let steady_n = steady.len();
@@ -3087,36 +3121,78 @@ impl RemoteStore {
                 if moved.binary_search(&at).is_ok() {
                     continue;
                 }
-                if let Some(Op::Store(st)) = self.book.ops.get(&op) {
-                    if !st.repair && !st.released {
-                        *self.book.slow_held.entry(op).or_default() |= bit(piece as usize);
-                    }
-                }
+                self.held_on_slow(op, piece);
             }
             let reads: Vec<(u64, u8)> = self.conns[s].pending_reads(after).collect();
             for (op, piece) in reads {
-                let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
-                    continue;
-                };
-                if fe.answered & bit(piece as usize) != 0 {
-                    continue;
-                }
-                let members = &self.book.groups.members[fe.group as usize];
-                let other = members.iter().enumerate().any(|(i, &m)| {
-                    fe.asked & bit(i) == 0
-                        && self.book.alive(m)
-                        && !self.conns[m as usize].in_outage()
-                });
-                if !other {
-                    continue; // nothing else to ask: wait for this server
-                }
-                if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) {
-                    fe.answered |= bit(piece as usize);
-                }
-                self.todo.push(Todo::Ask(op));
+                self.ask_elsewhere(op, piece);
             }
         }
+        self.hedge_late_reads(now);
         self.release_held_writes();
+    }
+
+    /// Reads that waited [`READ_HEDGE_AFTER`] on a server that is not slow are asked of their
+    /// pages' other pieces too, and the server is lagging for [`LAG_HOLD`]. Each read is
+    /// looked at once (`Lag::looked`, requests being sent in the order of their tags). Its
+    /// writes wait for it: releasing those that waited as long too (as a slow server's are)
+    /// was measured and gained nothing (docs/benchmarks.md, "A server late but never silent").
+    fn hedge_late_reads(&mut self, now: Instant) {
+        let due = now.checked_sub(READ_HEDGE_AFTER);
+        for s in 0..self.conns.len() {
+            if self.book.dead[s].is_some() {
+                continue;
+            }
+            if let (Some(due), false) = (due, self.book.slow(s as u16)) {
+                // (A slow server's reads are all asked elsewhere by `hedge` already.)
+                let (late, looked) = self.conns[s].reads_sent_by(self.book.lag[s].looked, due);
+                self.book.lag[s].looked = looked;
+                for (op, piece) in late {
+                    if self.ask_elsewhere(op, piece) {
+                        self.book.lag[s].last = Some(now);
+                        self.book.counters.reads_hedged.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            let lag = &mut self.book.lag[s];
+            lag.lagging = lag
+                .last
+                .is_some_and(|t| now.saturating_duration_since(t) < LAG_HOLD);
+        }
+    }
+
+    /// Write `op`'s `piece` waits on a slow server: a candidate for release, if it is a
+    /// write-back (not a repair) not released yet.
+    fn held_on_slow(&mut self, op: u64, piece: u8) {
+        if let Some(Op::Store(st)) = self.book.ops.get(&op) {
+            if !st.repair && !st.released {
+                *self.book.slow_held.entry(op).or_default() |= bit(piece as usize);
+            }
+        }
+    }
+
+    /// Read `piece` of fetch `op` waits on a slow or lagging server: ask the page's other
+    /// pieces too, where there is another to ask (the answer that comes later is ignored, or
+    /// used if the page is still wanted). Whether it was asked elsewhere.
+    fn ask_elsewhere(&mut self, op: u64, piece: u8) -> bool {
+        let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
+            return false;
+        };
+        if fe.answered & bit(piece as usize) != 0 {
+            return false;
+        }
+        let members = &self.book.groups.members[fe.group as usize];
+        let other = members.iter().enumerate().any(|(i, &m)| {
+            fe.asked & bit(i) == 0 && self.book.alive(m) && !self.conns[m as usize].in_outage()
+        });
+        if !other {
+            return false; // nothing else to ask: wait for this server
+        }
+        if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) {
+            fe.answered |= bit(piece as usize);
+        }
+        self.todo.push(Todo::Ask(op));
+        true
     }
 
     /// Forget the write-backs stored a piece short ([`RemoteStore::degrade`]) whose pages are
@@ -3733,6 +3809,7 @@ impl PageStore for RemoteStore {
                 slow: vec![None; self.conns.len()],
                 hedged: vec![0; self.conns.len()],
                 slow_held: Default::default(),
+                lag: vec![Lag::default(); self.conns.len()],
                 short_since_catch_up: false,
                 released_bytes: 0,
                 released_ops: Default::default(),

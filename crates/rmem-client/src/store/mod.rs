@@ -118,6 +118,9 @@ pub struct StoreCounters {
     pub pieces_bad: AtomicU64,
     /// Reads asked of another server after a piece failed or its server was lost.
     pub failovers: AtomicU64,
+    /// Reads asked of their pages' other pieces too after waiting `READ_HEDGE_AFTER` (20 ms)
+    /// on a server that still answered (one late, not silent).
+    pub reads_hedged: AtomicU64,
     /// Writes taken off a server that went silent or lost its link, and sent to another.
     pub writes_redirected: AtomicU64,
     /// Write-backs told to the pager as stored while one of their pieces still waited on a

@@ -1107,6 +1107,22 @@ impl Conn {
             })
     }
 
+    /// The reads waiting on this server sent after tag `after` and by `by`, as in
+    /// [`Conn::pending_reads`], and the tag of the newest request sent by then (the `after`
+    /// for the next look: requests are sent in the order of their tags).
+    pub(crate) fn reads_sent_by(&self, after: u64, by: Instant) -> (Vec<(u64, u8)>, u64) {
+        let from = self.pending_after(after);
+        let to = self.pending.partition_point(|p| p.sent <= by);
+        if to <= from {
+            return (Vec::new(), after);
+        }
+        let reads = self.pending.range(from..to).filter_map(|p| match p.kind {
+            Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => Some((op, piece)),
+            _ => None,
+        });
+        (reads.collect(), self.pending[to - 1].tag)
+    }
+
     /// The operations of the reads (whole pieces and byte ranges) waiting on this server.
     pub(crate) fn pending_read_ops(&self) -> impl Iterator<Item = u64> + '_ {
         self.pending.iter().filter_map(|p| match p.kind {

@@ -34,6 +34,10 @@ impl Proxy {
                     Ok((client, _)) => {
                         client.set_nonblocking(false).unwrap();
                         let up = TcpStream::connect(&real).unwrap();
+                        // As the real ends do (Nagle's algorithm would hold small answers
+                        // for the client's delayed ack: a late read, hedged elsewhere).
+                        client.set_nodelay(true).unwrap();
+                        up.set_nodelay(true).unwrap();
                         let mut held = ls.lock().unwrap();
                         held.push(client.try_clone().unwrap());
                         held.push(up.try_clone().unwrap());
