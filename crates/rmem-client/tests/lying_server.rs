@@ -51,6 +51,8 @@ enum Mode {
     /// Passes on every answer to a byte-range read after this delay: a server that answers,
     /// but late.
     SlowRanges(Duration),
+    /// The same with every answer to a byte-range read or a write.
+    Late(Duration),
 }
 
 /// A proxy to `real` that treats read answers as `mode` says. A slow honest one makes a
@@ -94,7 +96,8 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
                     out.clear();
                     match (mode, h.op, Response::decode(h.op, &body)) {
                         (Mode::Slow(delay), Op::ReadOk, Ok(Response::ReadOk { .. }))
-                        | (Mode::SlowRanges(delay), Op::ReadRangeOk, _) => {
+                        | (Mode::SlowRanges(delay), Op::ReadRangeOk, _)
+                        | (Mode::Late(delay), Op::ReadRangeOk | Op::WriteOk, _) => {
                             std::thread::sleep(delay);
                             out.extend_from_slice(&hdr);
                             out.extend_from_slice(&body);
@@ -449,6 +452,35 @@ fn a_piece_read_alone_from_a_server_gone_silent_is_read_from_the_others() {
     }
 }
 
+/// A piece read alone from a page a piece short (its third server down since the start, so
+/// only K pieces are left) whose data fragment's server goes silent: past the hedge the read
+/// becomes one of the page whole, which needs that server's fragment, and the cell read out
+/// there cannot give it, so the fragment is asked there too. (The read waited for the cell's
+/// answer, dropped it as a cell, and was left with nothing out: "waits for nothing that can
+/// finish it", exit 69 in a chaos run with a server killed and restarted empty.)
+#[test]
+fn a_piece_hedged_on_a_page_a_piece_short_is_read_whole_from_what_is_left() {
+    const BIG: usize = 65536;
+    let (silent, stalls) = proxy(server(), Mode::StallRanges(Duration::from_millis(400)));
+    // Nothing listens there: down at the start, the layout goes on without it.
+    let down = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut s = store_sized(&[silent, server(), down.to_string()], "ec:2+1", true, BIG);
+    let pages = 2u64;
+    store_all_sized(&mut s, pages, 1, BIG);
+    for p in 0..pages {
+        let want = sized(p, 1, BIG);
+        for i in 0..16u32 {
+            let got = fetch_piece(&mut s, p, i).unwrap();
+            let at = i as usize * 4096;
+            assert!(got == want[at..at + 4096], "page {p} piece {i}");
+        }
+    }
+    assert_eq!(stalls.load(Relaxed), 1, "the server never went silent");
+}
+
 /// A server that answers every piece read alone 80 ms late is never silent for
 /// `HEDGE_AFTER` (100 ms) when read one piece at a time, so it is never slow; yet it held
 /// every read of its pieces for those 80 ms (2.7 s for these 64 reads). A read that waits
@@ -465,6 +497,36 @@ fn pieces_on_a_server_late_but_never_silent_are_read_from_the_others() {
         assert!(
             took < Duration::from_millis(900),
             "{redundancy}: 64 pieces took {took:?} ({hedged} hedged)"
+        );
+    }
+}
+
+/// A lagging server (a read waited `READ_HEDGE_AFTER` there) holds no write-back: one whose
+/// other pieces are stored is told stored (released) while its piece waits there, as on a
+/// slow server, where each of these 16 write-backs waited its turn behind the ones before
+/// (60 ms each: about 1 s; the server is never silent for `HEDGE_AFTER`). The late pieces
+/// still land (the writes settle), and every page reads back as written.
+#[test]
+fn write_backs_past_a_lagging_server_are_released() {
+    const BIG: usize = 65536;
+    let late = Mode::Late(Duration::from_millis(60));
+    let (mut s, _, _) = read_pieces_past(late, "ec:2+1", true, Duration::from_secs(1));
+    let counters = s.counters().unwrap();
+    assert!(counters.reads_hedged.load(Relaxed) >= 1, "no read was late");
+    let t = Instant::now();
+    store_all_sized(&mut s, 16, 2, BIG);
+    let took = t.elapsed();
+    let released = counters.writes_released.load(Relaxed);
+    assert!(
+        released >= 8 && took < Duration::from_millis(500),
+        "16 write-backs told stored in {took:?}, {released} of them released"
+    );
+    let mark = s.write_mark();
+    pump_until(&mut s, "the late server's pieces", |s| s.settled(mark));
+    for p in 0..16 {
+        assert!(
+            fetch_one(&mut s, p).unwrap() == sized(p, 2, BIG),
+            "page {p} read back"
         );
     }
 }

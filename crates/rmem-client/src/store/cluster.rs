@@ -326,10 +326,12 @@ const HEDGE_AFTER: Duration = Duration::from_millis(100);
 /// A read that has waited this long on a server that is not slow (it answers, but late: a
 /// server stopped and continued in turn, starved of CPU, or behind a backlog on its link) is
 /// asked of the page's other pieces too, and for [`LAG_HOLD`] after new reads ask that
-/// server last: a server never silent for [`HEDGE_AFTER`] would otherwise hold every read of
-/// its pieces for as long as it lags (a program at a fifth of its speed: docs/benchmarks.md,
-/// "A server slow but never silent"). A thousand times a read's usual wait here, and five
-/// times this VM's worst p99 of a round trip; one asked needlessly costs one more read.
+/// server last and its write-backs are released as a slow server's are (told stored once
+/// their other pieces are): a server never silent for [`HEDGE_AFTER`] would otherwise hold
+/// every read of its pieces, and every write-back's staging slot, for as long as it lags (a
+/// program at a fifth of its speed: docs/benchmarks.md, "A server late but never silent"). A
+/// thousand times a read's usual wait here, and five times this VM's worst p99 of a round
+/// trip; one asked needlessly costs one more read.
 const READ_HEDGE_AFTER: Duration = Duration::from_millis(20);
 
 /// How long new reads ask a server last after a read waited [`READ_HEDGE_AFTER`] there.
@@ -343,7 +345,8 @@ struct Lag {
     looked: u64,
     /// When a read there was last asked elsewhere for waiting too long.
     last: Option<Instant>,
-    /// Within [`LAG_HOLD`] of `last` (refreshed by each hedge): new reads ask it last.
+    /// Within [`LAG_HOLD`] of `last` (refreshed by each hedge): new reads ask it last, and
+    /// its write-backs are released.
     lagging: bool,
 }
 
@@ -451,13 +454,13 @@ struct Book {
     /// redundancy (a page of one copy cannot be read without its server anyway).
     slow: Vec<Option<Instant>>,
     /// Per server, the tag of the newest request the hedge has looked at while the server is
-    /// slow ([`Conn::newest_tag`]): each poll looks only at what was sent since, so a silent
-    /// link holding thousands of write-backs costs nothing per poll. 0 on turning slow, and
+    /// slow or lagging ([`Conn::newest_tag`]): each poll looks only at what was sent since, so
+    /// a silent link holding thousands of write-backs costs nothing per poll. 0 on turning slow, and
     /// for every slow server when one stops being slow or a server joins or comes back (all
     /// looked at again: what could be moved or released may have changed).
     hedged: Vec<u64>,
-    /// Write-backs (not repairs, not released) with pieces waiting on slow links, by
-    /// operation (oldest first), with those pieces: the candidates for
+    /// Write-backs (not repairs, not released) with pieces waiting on slow or lagging links,
+    /// by operation (oldest first), with those pieces: the candidates for
     /// [`RemoteStore::release_held_writes`], filled as the hedge sees them.
     slow_held: std::collections::BTreeMap<u64, u32>,
     /// Per server: reads that waited too long there while it answered ([`Lag`]).
@@ -747,6 +750,12 @@ impl Book {
                     return; // late: the page was read from other pieces
                 };
                 let p = piece as usize;
+                if fe.part.is_none() && data.len() != self.codec.unit_len() {
+                    // A cell read for this fetch before it was made a read of the whole page:
+                    // no answer to what it asks now (that server's whole fragment was asked
+                    // too, where the page needs it: see `ask`).
+                    return;
+                }
                 fe.answered |= bit(p);
                 if let Some((offset, len)) = fe.part.filter(|_| !self.codec.plain()) {
                     // A piece's cell, checked alone.
@@ -764,10 +773,6 @@ impl Book {
                         self.counters.pieces_bad.fetch_add(1, Relaxed);
                         todo.push(Todo::Ask(op));
                     }
-                    return;
-                }
-                if fe.part.is_none() && data.len() != self.codec.unit_len() {
-                    // A cell read for this fetch before it was made a read of the whole page.
                     return;
                 }
                 if self.codec.plain() && fe.repair {
@@ -2128,6 +2133,15 @@ impl RemoteStore {
             fe.part = None;
             fe.only = Some(i as u8);
             fe.buf = buf.expect("taken above");
+            if (fe.bad | fe.gone | fe.have) & bit(slot) == 0 {
+                // Its cell read went elsewhere (the server slow or lagging: `hedge`), and
+                // what is still out there is a cell, not the fragment a whole read needs: that
+                // server may be asked for its fragment, last, as any slow one. (Left asked, a
+                // page a piece short waited for the cell's answer, dropped it, and was left
+                // with nothing out.)
+                fe.asked &= !bit(slot);
+                fe.answered &= !bit(slot);
+            }
         }
         let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
             unreachable!()
@@ -3107,7 +3121,11 @@ impl RemoteStore {
             self.catch_up(&answers_again);
         }
         for s in 0..self.conns.len() {
-            if !self.book.slow(s as u16) {
+            // A lagging server's writes are released as a slow one's are, but not moved: it
+            // answers, only late (its late reads are `hedge_late_reads`'s).
+            let slow = self.book.slow(s as u16);
+            let lagging = self.book.lag[s].lagging && self.book.dead[s].is_none();
+            if !slow && !lagging {
                 continue;
             }
             let (after, newest) = (self.book.hedged[s], self.conns[s].newest_tag());
@@ -3116,16 +3134,22 @@ impl RemoteStore {
             }
             self.book.hedged[s] = newest;
             let writes = self.conns[s].pending_writes(after);
-            let moved = self.redirect_writes(s, &writes);
+            let moved = if slow {
+                self.redirect_writes(s, &writes)
+            } else {
+                Vec::new()
+            };
             for &(at, op, piece, _) in &writes {
                 if moved.binary_search(&at).is_ok() {
                     continue;
                 }
                 self.held_on_slow(op, piece);
             }
-            let reads: Vec<(u64, u8)> = self.conns[s].pending_reads(after).collect();
-            for (op, piece) in reads {
-                self.ask_elsewhere(op, piece);
+            if slow {
+                let reads: Vec<(u64, u8)> = self.conns[s].pending_reads(after).collect();
+                for (op, piece) in reads {
+                    self.ask_elsewhere(op, piece);
+                }
             }
         }
         self.hedge_late_reads(now);
@@ -3133,10 +3157,9 @@ impl RemoteStore {
     }
 
     /// Reads that waited [`READ_HEDGE_AFTER`] on a server that is not slow are asked of their
-    /// pages' other pieces too, and the server is lagging for [`LAG_HOLD`]. Each read is
-    /// looked at once (`Lag::looked`, requests being sent in the order of their tags). Its
-    /// writes wait for it: releasing those that waited as long too (as a slow server's are)
-    /// was measured and gained nothing (docs/benchmarks.md, "A server late but never silent").
+    /// pages' other pieces too, and the server is lagging for [`LAG_HOLD`] (`hedge` then
+    /// releases its write-backs as a slow server's). Each read is looked at once
+    /// (`Lag::looked`, requests being sent in the order of their tags).
     fn hedge_late_reads(&mut self, now: Instant) {
         let due = now.checked_sub(READ_HEDGE_AFTER);
         for s in 0..self.conns.len() {
@@ -3161,8 +3184,8 @@ impl RemoteStore {
         }
     }
 
-    /// Write `op`'s `piece` waits on a slow server: a candidate for release, if it is a
-    /// write-back (not a repair) not released yet.
+    /// Write `op`'s `piece` waits on a slow or lagging server: a candidate for release, if it
+    /// is a write-back (not a repair) not released yet.
     fn held_on_slow(&mut self, op: u64, piece: u8) {
         if let Some(Op::Store(st)) = self.book.ops.get(&op) {
             if !st.repair && !st.released {
