@@ -17,20 +17,13 @@ gcc -O2 -pthread -I include tests/c/stress.c -o "$OUT/stress" -L target/release 
     -- "$OUT/stress" 8 32 "$OPS" > "$OUT/out" 2> "$OUT/err"; echo "rc=$?" >> "$OUT/out" ) &
 RUN=$!
 sleep 1.5
-kills=0; last=$(date +%s)
-while kill -0 $RUN 2>/dev/null && pgrep -f "$OUT/stress" > /dev/null; do
-  # This run's servers: children of its `rmem run` helper, listening.
-  v=$(pgrep -f "rmem server --listen" | shuf -n1); [ -z "$v" ] && break
-  now=$(date +%s)
-  if [ "$kills" -lt "$K" ] && [ $((now - last)) -ge 8 ] && [ $((RANDOM % 3)) = 0 ]; then
-    kill -STOP "$v"; sleep 0.5; kill -KILL "$v"; kills=$((kills + 1)); last=$now
-    echo "killed server pid $v"; sleep 1; continue
-  fi
-  kill -STOP "$v"; sleep 0.$(shuf -i 2-9 -n1); [ $((RANDOM % 4)) = 0 ] && sleep 2
-  kill -CONT "$v"; sleep 0.$(shuf -i 1-5 -n1)
-done
+running() { kill -0 $RUN 2>/dev/null && pgrep -f "$OUT/stress" > /dev/null; }
+# This run's servers: children of its `rmem run` helper, listening.
+servers() { pgrep -f "rmem server --listen"; }
+source tools/stop-at-random.sh
+stop_at_random "$K"
 wait $RUN
 tail -2 "$OUT/out"
 grep -E "lost|is back|answers again" "$OUT/err" | cut -c1-160 | head -8
-python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:d[k] for k in ('writes_redirected','writes_released','writes_degraded','pages_repaired','failovers','servers_lost','pieces_bad','layout')})" "$OUT/stats.json"
+python3 -c "import json,sys;d=json.load(open(sys.argv[1]));print({k:d[k] for k in ('writes_redirected','writes_released','writes_degraded','reads_hedged','pages_repaired','failovers','servers_lost','pieces_bad','layout')})" "$OUT/stats.json"
 echo "(files in $OUT)"

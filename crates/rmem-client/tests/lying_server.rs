@@ -400,9 +400,20 @@ fn read_pieces_past(
     encrypt: bool,
     each_under: Duration,
 ) -> (RemoteStore, Arc<AtomicU64>, Duration) {
+    read_pieces_past_beside(mode, server(), redundancy, encrypt, each_under)
+}
+
+/// As [`read_pieces_past`], with `third` the third server.
+fn read_pieces_past_beside(
+    mode: Mode,
+    third: String,
+    redundancy: &str,
+    encrypt: bool,
+    each_under: Duration,
+) -> (RemoteStore, Arc<AtomicU64>, Duration) {
     const BIG: usize = 65536;
     let (odd, count) = proxy(server(), mode);
-    let mut s = store_sized(&[odd, server(), server()], redundancy, encrypt, BIG);
+    let mut s = store_sized(&[odd, server(), third], redundancy, encrypt, BIG);
     assert!(s.part_reads(), "{redundancy}: pieces read alone");
     let pages = 4u64;
     store_all_sized(&mut s, pages, 1, BIG);
@@ -460,24 +471,15 @@ fn a_piece_read_alone_from_a_server_gone_silent_is_read_from_the_others() {
 /// finish it", exit 69 in a chaos run with a server killed and restarted empty.)
 #[test]
 fn a_piece_hedged_on_a_page_a_piece_short_is_read_whole_from_what_is_left() {
-    const BIG: usize = 65536;
-    let (silent, stalls) = proxy(server(), Mode::StallRanges(Duration::from_millis(400)));
     // Nothing listens there: down at the start, the layout goes on without it.
     let down = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut s = store_sized(&[silent, server(), down.to_string()], "ec:2+1", true, BIG);
-    let pages = 2u64;
-    store_all_sized(&mut s, pages, 1, BIG);
-    for p in 0..pages {
-        let want = sized(p, 1, BIG);
-        for i in 0..16u32 {
-            let got = fetch_piece(&mut s, p, i).unwrap();
-            let at = i as usize * 4096;
-            assert!(got == want[at..at + 4096], "page {p} piece {i}");
-        }
-    }
+    let stall = Mode::StallRanges(Duration::from_millis(400));
+    let each_under = Duration::from_secs(2);
+    let (_, stalls, _) =
+        read_pieces_past_beside(stall, down.to_string(), "ec:2+1", true, each_under);
     assert_eq!(stalls.load(Relaxed), 1, "the server never went silent");
 }
 

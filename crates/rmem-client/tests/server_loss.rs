@@ -319,3 +319,48 @@ fn a_read_failed_over_to_a_server_that_dies_waits_for_the_stalled_copy() {
     }
     assert_eq!(s.counters().unwrap().servers_lost.load(Relaxed), 1);
 }
+
+/// A page a piece short since a server was lost (here: down at the start, so every page is
+/// stored on the two others) is lost with the next server, as the layout says; the error
+/// names that server and says the page had already lost a piece, so that a user who sees
+/// `ec:2+1` stop at what looks like its first loss learns why.
+#[test]
+fn a_second_loss_names_the_pieces_lost_before() {
+    let proxy = Proxy::start(server());
+    // Nothing listens there: down at the start, the layout goes on without it.
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let servers = vec![proxy.addr.clone(), server(), down];
+    let mut s = store_over(
+        &servers,
+        "ec:2+1",
+        Duration::from_millis(200),
+        Duration::from_millis(200),
+    );
+    write_round_0(&mut s, 8, "ec:2+1 a piece short");
+    proxy.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = 'lost: loop {
+        assert!(Instant::now() < deadline, "the pages were never lost");
+        for p in 0..8 {
+            if let Err(e) = s.fetch(PageIndex(p)) {
+                break 'lost e.to_string();
+            }
+        }
+        if let Err(e) = s.flush().and_then(|()| s.poll(&mut |_| {}).map(drop)) {
+            break 'lost e.to_string();
+        }
+        if let Err(e) = s.tick(Instant::now()) {
+            break 'lost e.to_string();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(err.contains(&proxy.addr), "the lost server unnamed: {err}");
+    assert!(
+        err.contains("1 of their pieces had been lost with a server before"),
+        "the earlier loss unsaid: {err}"
+    );
+}

@@ -2217,6 +2217,7 @@ impl RemoteStore {
                     bad.join(", ")
                 )
             };
+            let earlier = self.lost_before(&members);
             let dead = self.dead_list();
             // The fetch ends here: a late answer to it, or a call after this error, finds
             // nothing to work on (it would report this page again, for another's call).
@@ -2224,7 +2225,9 @@ impl RemoteStore {
             self.book.unbusy(page, op);
             return Err(StoreError::Lost {
                 servers: if dead.is_empty() { "none".into() } else { dead },
-                detail: format!("page {page}: too few of its pieces could be read back ({r}{bad})"),
+                detail: format!(
+                    "page {page}: too few of its pieces could be read back ({r}{bad}{earlier})"
+                ),
             });
         }
         if fe.asked != 0 && !asked.is_empty() {
@@ -2380,6 +2383,31 @@ impl RemoteStore {
         );
     }
 
+    /// For an error that loses pages of group `members`: the pieces they had lost with a
+    /// server before (their places name none), which is why one more loss was too many, as
+    /// when a second server dies while the first one's pieces are rebuilt. Empty if none.
+    fn lost_before(&self, members: &[u16]) -> String {
+        let r = self.book.codec.redundancy();
+        match (
+            members.iter().filter(|&&m| m == NONE).count(),
+            self.repair.started,
+        ) {
+            (0, _) => String::new(),
+            (n, Some(t)) => format!(
+                "; {n} of their pieces had been lost with a server before and were still to be \
+                 rebuilt (the repair had rebuilt {} pages in {:.1} s, {} to go): a loss before \
+                 the repair ends is more than {r} covers",
+                self.repair.pages,
+                t.elapsed().as_secs_f64(),
+                self.repair.queue.len() + self.repair.in_flight
+            ),
+            (n, None) => format!(
+                "; {n} of their pieces had been lost with a server before, with no server to \
+                 rebuild them on since"
+            ),
+        }
+    }
+
     /// Give server `s` up. Without redundancy that is the end (the error is returned);
     /// with it, its requests go to the others and its pages are queued for repair.
     fn bury(&mut self, s: usize, cause: StoreError) -> Result<(), StoreError> {
@@ -2402,9 +2430,11 @@ impl RemoteStore {
                 return Err(StoreError::Lost {
                     servers: self.dead_list(),
                     detail: format!(
-                        "{} pages had fewer than {needed} of their pieces left (--redundancy {})",
+                        "{} pages had fewer than {needed} of their pieces left (--redundancy \
+                         {}{})",
                         self.book.groups.pages[g],
-                        self.book.codec.redundancy()
+                        self.book.codec.redundancy(),
+                        self.lost_before(m)
                     ),
                 });
             }
