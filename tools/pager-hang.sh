@@ -39,7 +39,15 @@ def rate(a, b):
     return sum(v) / (0.5 * max(len(v), 1))
 # The program starts a moment before the stop's clock: each span keeps clear of the edges.
 before, during, after = rate(1, 4), rate(4.5, 4 + stop), rate(5 + stop, 7 + stop)
+# Every word checked: word i starts at i and each operation adds 1 to one word.
+words = (64 << 20) // 8
+_, total_sum, _, ops = next(l for l in open(sys.argv[1]) if l.startswith("sum")).split()
+right = int(total_sum) == int(ops) + words * (words - 1) // 2
 print(json.dumps({"stop_s": stop, "ops_before": round(before), "ops_during": round(during),
-                  "ops_after": round(after), "during_vs_before": round(during / before, 3)}))
+                  "ops_after": round(after), "during_vs_before": round(during / before, 3),
+                  "data_right": right}))
+sys.exit(0 if right else 1)
 PY
+rc=$?
 grep -h "answers again\|lost" "$OUT/err"
+exit $rc
