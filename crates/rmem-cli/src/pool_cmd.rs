@@ -57,12 +57,14 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
     ask(&a.common, &req)?;
     let until = std::time::Instant::now() + Duration::from_secs_f64(a.wait.max(0.0));
     loop {
-        let left = match ask(&a.common, &PoolRequest::Status)? {
-            PoolResponse::StatusOk(st) => st
-                .servers
-                .iter()
-                .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
-                .map(|s| s.used_bytes),
+        let (left, holders) = match ask(&a.common, &PoolRequest::Status)? {
+            PoolResponse::StatusOk(st) => (
+                st.servers
+                    .iter()
+                    .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
+                    .map(|s| s.used_bytes),
+                holders(&st, &a.server),
+            ),
             other => return Err(format!("unexpected answer {:?}", other.op())),
         };
         match left {
@@ -72,16 +74,36 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
             }
             Some(b) if std::time::Instant::now() >= until => {
                 return Err(format!(
-                    "{} still holds {} after {:.0} s: the other servers have no room for it \
-                     (or a client does not follow the pool); it keeps serving what it holds \
-                     and takes no new pages",
+                    "{} still holds {} after {:.0} s: the other servers have no room for it, \
+                     or a client keeps it (one whose layout needs every server left says so on \
+                     its stderr: \"cannot leave\"; or one that does not follow the pool){}; it \
+                     keeps serving what it holds and takes no new pages",
                     a.server,
                     format_size(b),
-                    a.wait
+                    a.wait,
+                    holders
                 ))
             }
             Some(_) => std::thread::sleep(Duration::from_millis(200)),
         }
+    }
+}
+
+/// The clients with pages on `server` as the manager last heard, for a drain that does not
+/// end: "; clients with pages there: NAME (SIZE), ..." (empty if none says so).
+fn holders(st: &PoolStatus, server: &str) -> String {
+    let named: Vec<String> = st
+        .clients
+        .iter()
+        .filter_map(|c| {
+            let u = c.uses.iter().find(|u| u.server == server && u.bytes > 0)?;
+            Some(format!("{} ({})", c.name, format_size(u.bytes)))
+        })
+        .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!("; clients with pages there: {}", named.join(", "))
     }
 }
 

@@ -207,6 +207,12 @@ fn a_drain_asked_before_the_manager_restarts_goes_on_after_it() {
     );
     assert!(!drain.status.success(), "nowhere to go: {}", shown(&drain));
     assert!(drain.stderr.contains("no room"), "{}", shown(&drain));
+    // The program holding pages there is named (the manager's view, a beat old).
+    assert!(
+        drain.stderr.contains("clients with pages there: ") && drain.stderr.contains("stress"),
+        "{}",
+        shown(&drain)
+    );
     let t = Instant::now();
     while !first[0].log().contains("asked to drain") && t.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
