@@ -57,16 +57,15 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
     ask(&a.common, &req)?;
     let until = std::time::Instant::now() + Duration::from_secs_f64(a.wait.max(0.0));
     loop {
-        let (left, holders) = match ask(&a.common, &PoolRequest::Status)? {
-            PoolResponse::StatusOk(st) => (
-                st.servers
-                    .iter()
-                    .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
-                    .map(|s| s.used_bytes),
-                holders(&st, &a.server),
-            ),
+        let st = match ask(&a.common, &PoolRequest::Status)? {
+            PoolResponse::StatusOk(st) => st,
             other => return Err(format!("unexpected answer {:?}", other.op())),
         };
+        let left = st
+            .servers
+            .iter()
+            .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
+            .map(|s| s.used_bytes);
         match left {
             None | Some(0) => {
                 println!("rmem pool: {} drained: no page left on it", a.server);
@@ -81,7 +80,7 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
                     a.server,
                     format_size(b),
                     a.wait,
-                    holders
+                    holders(&st, &a.server)
                 ))
             }
             Some(_) => std::thread::sleep(Duration::from_millis(200)),

@@ -461,9 +461,9 @@ struct Book {
     slow: Vec<Option<Instant>>,
     /// Per server, the tag of the newest request the hedge has looked at while the server is
     /// slow or lagging ([`Conn::newest_tag`]): each poll looks only at what was sent since, so
-    /// a silent link holding thousands of write-backs costs nothing per poll. 0 on turning slow, and
-    /// for every slow server when one stops being slow or a server joins or comes back (all
-    /// looked at again: what could be moved or released may have changed).
+    /// a silent link holding thousands of write-backs costs nothing per poll. 0 on turning
+    /// slow, and for every slow server when one stops being slow or a server joins or comes
+    /// back (all looked at again: what could be moved or released may have changed).
     hedged: Vec<u64>,
     /// Write-backs (not repairs, not released) with pieces waiting on slow or lagging links,
     /// by operation (oldest first), with those pieces: the candidates for
@@ -3049,6 +3049,9 @@ impl RemoteStore {
             self.conns[s] = c;
             self.book.dead[s] = None;
             self.book.draining[s] = false;
+            // A new link numbers its requests from 1 again: the late-read hedge's look (a tag
+            // of the old link) would skip them, and the old lag is not this server's now.
+            self.book.lag[s] = Lag::default();
             // Writes waiting on a slow server may go to it now.
             self.book.hedged.fill(0);
             self.queue_repairs(|b, m| m.iter().any(|&x| !b.placeable(x)));

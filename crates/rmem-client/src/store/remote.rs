@@ -151,6 +151,16 @@ pub(crate) struct Pending {
     len: usize,
 }
 
+impl Pending {
+    /// A read's (operation, piece), of a whole piece or a byte range in one; None for others.
+    fn read(&self) -> Option<(u64, u8)> {
+        match self.kind {
+            Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => Some((op, piece)),
+            _ => None,
+        }
+    }
+}
+
 /// An outage: since when, why, and when to try again. It lasts from the first lost link
 /// until the server answers a request, across any links re-established meanwhile.
 #[derive(Debug)]
@@ -1099,12 +1109,7 @@ impl Conn {
     pub(crate) fn pending_reads(&self, after: u64) -> impl Iterator<Item = (u64, u8)> + '_ {
         self.pending
             .range(self.pending_after(after)..)
-            .filter_map(|p| match p.kind {
-                Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => {
-                    Some((op, piece))
-                }
-                _ => None,
-            })
+            .filter_map(Pending::read)
     }
 
     /// The reads waiting on this server sent after tag `after` and by `by`, as in
@@ -1116,19 +1121,16 @@ impl Conn {
         if to <= from {
             return (Vec::new(), after);
         }
-        let reads = self.pending.range(from..to).filter_map(|p| match p.kind {
-            Kind::Read { op, piece, .. } | Kind::ReadRange { op, piece, .. } => Some((op, piece)),
-            _ => None,
-        });
+        let reads = self.pending.range(from..to).filter_map(Pending::read);
         (reads.collect(), self.pending[to - 1].tag)
     }
 
     /// The operations of the reads (whole pieces and byte ranges) waiting on this server.
     pub(crate) fn pending_read_ops(&self) -> impl Iterator<Item = u64> + '_ {
-        self.pending.iter().filter_map(|p| match p.kind {
-            Kind::Read { op, .. } | Kind::ReadRange { op, .. } => Some(op),
-            _ => None,
-        })
+        self.pending
+            .iter()
+            .filter_map(Pending::read)
+            .map(|(op, _)| op)
     }
 
     /// The writes waiting on this server sent after tag `after` that are not redirected yet,
