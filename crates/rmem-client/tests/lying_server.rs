@@ -210,6 +210,24 @@ fn store_sized(servers: &[String], redundancy: &str, encrypt: bool, ps: usize) -
     RemoteStore::connect_with(servers, TOKEN, ps, layout, timing).unwrap()
 }
 
+/// A store over `first` and two more servers (priority placement) that gives a lost server up
+/// after 300 ms of tries (its link's other timeouts 1 s and 5 s).
+fn store_burying(first: &str, redundancy: &str, encrypt: bool, ps: usize) -> RemoteStore {
+    let timing = Timing {
+        connect: Duration::from_secs(1),
+        request: Duration::from_secs(5),
+        heartbeat: Duration::from_secs(5),
+        reconnect: Duration::from_millis(300),
+    };
+    let layout = Layout {
+        placement: Placement::Priority,
+        redundancy: Redundancy::parse(redundancy).unwrap(),
+        encrypt,
+    };
+    let servers = [first.to_string(), server(), server()];
+    RemoteStore::connect_with(&servers, TOKEN, ps, layout, timing).unwrap()
+}
+
 /// Store pages `0..pages` as `round` writes them, and wait until every one is stored.
 fn store_all(s: &mut RemoteStore, pages: u64, round: u64) {
     store_all_sized(s, pages, round, PS)
@@ -217,7 +235,13 @@ fn store_all(s: &mut RemoteStore, pages: u64, round: u64) {
 
 /// As [`store_all`], with pages of `ps` bytes.
 fn store_all_sized(s: &mut RemoteStore, pages: u64, round: u64, ps: usize) {
-    for p in 0..pages {
+    store_all_sized_from(s, 0..pages, round, ps)
+}
+
+/// As [`store_all_sized`], pages `range`.
+fn store_all_sized_from(s: &mut RemoteStore, range: std::ops::Range<u64>, round: u64, ps: usize) {
+    let pages = range.end - range.start;
+    for p in range {
         s.store(PageIndex(p), &sized(p, round, ps)).unwrap();
     }
     s.flush().unwrap();
@@ -531,6 +555,81 @@ fn write_backs_past_a_lagging_server_are_released() {
             "page {p} read back"
         );
     }
+}
+
+/// A late server that is lost and comes back is looked at afresh: its new link numbers its
+/// requests from 1, and a late-read look kept from the old link (the tag of the newest read
+/// seen there) would pass over every read of the new one, which then waited for the slow
+/// server's hedge (100 ms; none hedged as late) instead of being asked of the other pieces
+/// after 20 ms.
+#[test]
+fn a_late_server_lost_and_back_has_its_late_reads_hedged_again() {
+    const BIG: usize = 65536;
+    let late = Duration::from_millis(150);
+    let (behind, _) = proxy(server(), Mode::SlowRanges(late));
+    let (doomed, kill) = mortal(behind, false);
+    let mut s = store_burying(&doomed, "ec:2+1", true, BIG);
+    let counters = s.counters().unwrap();
+    // Every piece of the pages read alone (the first half of each page is the late server's
+    // fragment); the slowest.
+    let read_pieces = |s: &mut RemoteStore, pages: std::ops::Range<u64>| {
+        let mut slowest = Duration::ZERO;
+        for p in pages {
+            let want = sized(p, 1, BIG);
+            for i in 0..16u32 {
+                let t = Instant::now();
+                let got = fetch_piece(s, p, i).unwrap();
+                slowest = slowest.max(t.elapsed());
+                let at = i as usize * 4096;
+                assert!(got == want[at..at + 4096], "page {p} piece {i}");
+            }
+        }
+        slowest
+    };
+    // Written twelve times over first: the late server's link numbers its requests past 100
+    // before the reads that are late there.
+    for round in [0; 11].into_iter().chain([1]) {
+        store_all_sized(&mut s, 8, round, BIG);
+    }
+    read_pieces(&mut s, 0..8);
+    let hedged = counters.reads_hedged.load(Relaxed);
+    assert!(hedged >= 1, "no read was hedged before the loss");
+    kill.store(true, Relaxed);
+    pump_until(&mut s, "the late server lost", |_| {
+        counters.servers_lost.load(Relaxed) > 0
+    });
+    // Back: pages written now are placed on it first (priority placement). Past `LAG_HOLD`
+    // since the last hedge, so that it is not still asked last for that.
+    kill.store(false, Relaxed);
+    std::thread::sleep(Duration::from_millis(1100));
+    let on_it = |s: &RemoteStore| {
+        s.used_per_server()
+            .into_iter()
+            .find(|(n, _)| *n == doomed)
+            .map_or(0, |(_, b)| b)
+    };
+    // (What it held before the loss is still counted until it is back.)
+    let before = on_it(&s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut first = 1000;
+    loop {
+        let now = on_it(&s);
+        if now > 0 && now != before {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server never came back");
+        first += 1;
+        s.tick(Instant::now()).unwrap();
+        store_all_sized_from(&mut s, first..first + 1, 1, BIG);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store_all_sized_from(&mut s, first..first + 2, 1, BIG);
+    let slowest = read_pieces(&mut s, first..first + 2);
+    let again = counters.reads_hedged.load(Relaxed) - hedged;
+    assert!(
+        again >= 1,
+        "after the server came back: no read hedged, the slowest piece {slowest:?}"
+    );
 }
 
 /// Write `pages` pages, read them back, write them again, read again: every read correct.
@@ -932,19 +1031,7 @@ fn answers_waiting_unread_do_not_make_a_server_slow() {
 #[test]
 fn a_buried_server_that_hangs_is_tried_again_without_holding_the_store() {
     let (doomed, kill) = mortal(server(), true);
-    let timing = Timing {
-        connect: Duration::from_secs(1),
-        request: Duration::from_secs(5),
-        heartbeat: Duration::from_secs(5),
-        reconnect: Duration::from_millis(300),
-    };
-    let layout = Layout {
-        placement: Placement::Priority,
-        redundancy: Redundancy::parse("replicas:2").unwrap(),
-        encrypt: false,
-    };
-    let servers = [doomed.clone(), server(), server()];
-    let mut s = RemoteStore::connect_with(&servers, TOKEN, PS, layout, timing).unwrap();
+    let mut s = store_burying(&doomed, "replicas:2", false, PS);
     let counters = s.counters().unwrap();
     store_all(&mut s, 16, 0);
     kill.store(true, Relaxed);
