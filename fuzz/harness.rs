@@ -614,6 +614,7 @@ fn pool_seeds() -> Vec<Vec<u8>> {
     let uses = vec![ServerUse {
         server: "127.0.0.1:7000".into(),
         bytes: 8192,
+        kept: "--redundancy ec:4+1 puts each page on 5 servers, and 4 others are left".into(),
     }];
     let sessions = vec![SessionUse {
         session: SessionId(0xF022),

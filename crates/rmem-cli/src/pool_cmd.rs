@@ -32,7 +32,8 @@ pub struct StatusArgs {
     pub common: Common,
     /// Print JSON: heartbeat_s, servers (addr, capacity_bytes, used_bytes, free_bytes, health,
     /// last_beat_s, sessions), clients (session, name, max_remote_bytes, grant_bytes,
-    /// used_bytes, last_beat_s, uses).
+    /// used_bytes, last_beat_s, uses: server, used_bytes, kept: why the client cannot let a
+    /// draining server go, empty when it can).
     #[arg(long)]
     pub json: bool,
 }
@@ -49,7 +50,8 @@ pub struct DrainArgs {
 }
 
 /// Ask for the drain, then watch the pool's status until the server holds nothing and has
-/// left, or `--wait` runs out (then say what is left: the pool had no room for it).
+/// left, or every client with pages there says it cannot let it go (their layouts need every
+/// server left), or `--wait` runs out (then say what is left: the pool had no room for it).
 fn drain(a: &DrainArgs) -> Result<(), String> {
     let req = PoolRequest::Drain {
         server: a.server.clone(),
@@ -66,10 +68,20 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
             .iter()
             .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
             .map(|s| s.used_bytes);
+        let kept = kept_by_all(&st, &a.server);
         match left {
             None | Some(0) => {
                 println!("rmem pool: {} drained: no page left on it", a.server);
                 return Ok(());
+            }
+            Some(b) if !kept.is_empty() => {
+                return Err(format!(
+                    "{} cannot be drained now: it holds {} that {}; it keeps serving what it \
+                     holds, takes no new pages, and empties once servers enough join the pool",
+                    a.server,
+                    format_size(b),
+                    kept
+                ))
             }
             Some(b) if std::time::Instant::now() >= until => {
                 return Err(format!(
@@ -86,6 +98,20 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
             Some(_) => std::thread::sleep(Duration::from_millis(200)),
         }
     }
+}
+
+/// When every client with pages on `server` (as the manager last heard) says why it cannot let
+/// it go: "NAME cannot let go: WHY; ..." (empty when one does not say, or none holds pages).
+fn kept_by_all(st: &PoolStatus, server: &str) -> String {
+    let mut why = Vec::new();
+    for c in &st.clients {
+        match c.uses.iter().find(|u| u.server == server && u.bytes > 0) {
+            Some(u) if u.kept.is_empty() => return String::new(),
+            Some(u) => why.push(format!("{} cannot let go: {}", c.name, u.kept)),
+            None => {}
+        }
+    }
+    why.join("; ")
 }
 
 /// The clients with pages on `server` as the manager last heard, for a drain that does not
@@ -188,7 +214,7 @@ fn to_json(st: &PoolStatus) -> serde_json::Value {
             "used_bytes": c.uses.iter().map(|u| u.bytes).sum::<u64>(),
             "last_beat_s": c.beat_age_ms as f64 / 1000.0,
             "uses": c.uses.iter().map(|u| serde_json::json!({
-                "server": u.server, "used_bytes": u.bytes,
+                "server": u.server, "used_bytes": u.bytes, "kept": u.kept,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
@@ -235,7 +261,11 @@ fn to_text(manager: &str, st: &PoolStatus) -> String {
             size(c.grant_bytes)
         );
         for u in c.uses.iter().filter(|u| u.bytes > 0) {
-            o += &format!("    {:<24} {:>10}\n", u.server, format_size(u.bytes));
+            o += &format!("    {:<24} {:>10}", u.server, format_size(u.bytes));
+            if !u.kept.is_empty() {
+                o += &format!("  (cannot let it go: {})", u.kept);
+            }
+            o += "\n";
         }
     }
     o

@@ -52,18 +52,18 @@ pub struct ManagerConn {
     sock: TcpStream,
     manager: String,
     next_tag: u64,
-    /// The protocol spoken: [`pool::VERSION`], or [`pool::VERSION_NODELESS`] with a manager
-    /// that knows no other (beats then go without the node).
+    /// The protocol spoken: [`pool::VERSION`], or an older one of [`pool::VERSIONS`] with a
+    /// manager that knows no newer (beats then go without what came later).
     version: u16,
 }
 
 impl ManagerConn {
-    /// Connect and authenticate, all within `timeout`. A manager that refuses
-    /// [`pool::VERSION`] as a version it does not speak is asked again in
-    /// [`pool::VERSION_NODELESS`], the first version (a manager older than nodes).
+    /// Connect and authenticate, all within `timeout`. A manager that refuses a version as
+    /// one it does not speak is asked again in the next older one of [`pool::VERSIONS`].
     pub fn connect(manager: &str, token: &[u8], timeout: Duration) -> Result<Self, StoreError> {
         let deadline = Instant::now() + timeout;
-        let mut version = pool::VERSION;
+        let mut older = pool::VERSIONS.iter().copied();
+        let mut version = older.next().expect("a version");
         loop {
             let mut sock = dial(manager, timeout).map_err(|e| as_manager(manager, e))?;
             match handshake_as(&mut sock, manager, token, version, 0, deadline) {
@@ -76,11 +76,10 @@ impl ManagerConn {
                     })
                 }
                 Err(StoreError::Refused { ref message, .. })
-                    if version == pool::VERSION
-                        && message
-                            .starts_with(&rmem_proto::ErrorCode::VersionMismatch.to_string()) =>
+                    if message.starts_with(&rmem_proto::ErrorCode::VersionMismatch.to_string())
+                        && older.len() > 0 =>
                 {
-                    version = pool::VERSION_NODELESS;
+                    version = older.next().expect("checked");
                 }
                 Err(e) => return Err(as_manager(manager, e)),
             }
@@ -127,7 +126,9 @@ impl ManagerConn {
         if h.tag != tag {
             return Err(bad(format!("an answer tagged {} to request {tag}", h.tag)));
         }
-        match PoolResponse::decode(h.op, &frame).map_err(|e| bad(e.to_string()))? {
+        match PoolResponse::decode_for(self.version, h.op, &frame)
+            .map_err(|e| bad(e.to_string()))?
+        {
             PoolResponse::Error { code, message } => Err(StoreError::Manager {
                 manager: m,
                 detail: format!("answered {code}: {message}"),

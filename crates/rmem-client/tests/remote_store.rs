@@ -398,3 +398,113 @@ fn heartbeats_keep_an_idle_session_within_a_short_lease() {
     assert_eq!(state.used_bytes(), 0, "a clean end keeps the pages");
     assert!(state.sessions().is_empty());
 }
+
+/// A pool manager of an older protocol version (here 0x0102: no reasons in the uses) refuses
+/// the newer `Hello` with a version mismatch; the client connects again in the next older
+/// version, and speaks it both ways: its beats leave out the reasons, and the manager's
+/// status, encoded for that version, decodes.
+#[test]
+fn a_pool_manager_of_an_older_version_is_spoken_to_in_it() {
+    use rmem_client::pool::ManagerConn;
+    use rmem_proto::pool::{self, PoolRequest, PoolResponse, PoolStatus};
+    let old = pool::VERSION_NODE;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let mut heard = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut transcript = None;
+            loop {
+                let mut hdr = [0u8; HEADER_LEN];
+                if s.read_exact(&mut hdr).is_err() {
+                    break;
+                }
+                let h = parse_header(&hdr, 1 << 20).unwrap().unwrap();
+                let mut body = vec![0u8; h.len as usize];
+                s.read_exact(&mut body).unwrap();
+                let mut out = Vec::new();
+                match Request::decode(h.op, &body) {
+                    Ok(Request::Hello { version, nonce, .. }) => {
+                        heard.push(version);
+                        if version != old {
+                            Response::Error {
+                                code: rmem_proto::ErrorCode::VersionMismatch,
+                                message: "not spoken here",
+                            }
+                            .encode(h.tag, &mut out);
+                            s.write_all(&out).unwrap();
+                            break;
+                        }
+                        let t = auth::Transcript {
+                            client_nonce: nonce,
+                            server_nonce: [4; auth::NONCE_LEN],
+                            version: old,
+                            page_size: 0,
+                        };
+                        transcript = Some(t);
+                        Response::Challenge {
+                            nonce: t.server_nonce,
+                        }
+                        .encode(h.tag, &mut out);
+                    }
+                    Ok(Request::Auth { .. }) => Response::Welcome {
+                        version: old,
+                        frame_len_max: rmem_proto::FRAME_LEN_MAX_DEFAULT,
+                        capacity_bytes: 0,
+                        used_bytes: 0,
+                        proof: transcript.unwrap().proof(TOKEN, auth::Role::Server),
+                    }
+                    .encode(h.tag, &mut out),
+                    // A pool request: decoded as the old version has it, answered in it.
+                    _ => {
+                        let req = PoolRequest::decode_for(old, h.op, &body).unwrap();
+                        let uses = match req {
+                            PoolRequest::ClientBeat(b) => b.uses,
+                            _ => Vec::new(),
+                        };
+                        let status = PoolStatus {
+                            heartbeat_ms: 100,
+                            servers: Vec::new(),
+                            clients: vec![pool::ClientRow {
+                                session: rmem_proto::SessionId(1),
+                                name: "x".into(),
+                                max_remote_bytes: pool::UNLIMITED,
+                                grant_bytes: pool::UNLIMITED,
+                                beat_age_ms: 0,
+                                uses,
+                            }],
+                        };
+                        PoolResponse::StatusOk(status).encode_for(old, h.tag, &mut out);
+                    }
+                }
+                s.write_all(&out).unwrap();
+            }
+        }
+        heard
+    });
+    let mut c = ManagerConn::connect(&addr, TOKEN, Duration::from_secs(5)).unwrap();
+    let beat = PoolRequest::ClientBeat(pool::ClientBeat {
+        session: rmem_proto::SessionId(1),
+        name: "x".into(),
+        max_remote_bytes: pool::UNLIMITED,
+        uses: vec![pool::ServerUse {
+            server: "a:1".into(),
+            bytes: 4096,
+            kept: "a reason the old version has no room for".into(),
+        }],
+        node: "n".into(),
+    });
+    let answer = c.ask(&beat, Duration::from_secs(5)).unwrap();
+    let PoolResponse::StatusOk(st) = answer else {
+        panic!("{answer:?}")
+    };
+    let u = &st.clients[0].uses[0];
+    assert_eq!(
+        (u.server.as_str(), u.bytes, u.kept.as_str()),
+        ("a:1", 4096, "")
+    );
+    drop(c);
+    assert_eq!(fake.join().unwrap(), vec![pool::VERSION, old]);
+}

@@ -18,12 +18,16 @@
 //!               ── Drain { server } ─► ◄─ DrainOk   (a later version acts on it)
 //! ```
 //!
-//! Versions: [`VERSION`] (0x0102) ends both beats with the sender's node ([`node_id`]'s
-//! form); [`VERSION_NODELESS`] (0x0101, the first) has no node. A manager accepts both and
-//! decodes each connection's beats by the version of its `Hello` ([`PoolRequest::decode_for`]);
-//! a peer refused by a manager that knows only 0x0101 connects again as 0x0101 and sends no
-//! node (rmem-client's `ManagerConn`). A peer without a node is on no node: it neither
-//! borrows nor lends in the manager's accounting of debt.
+//! Versions ([`VERSIONS`]): [`VERSION`] (0x0103) adds to each of a client's uses why it keeps
+//! that server although the server drains (`ServerUse::kept`, in beats and in the status);
+//! [`VERSION_NODE`] (0x0102) ends both beats with the sender's node ([`node_id`]'s form);
+//! [`VERSION_NODELESS`] (0x0101, the first) has no node. A manager accepts all three and
+//! decodes each connection's requests, and encodes its answers, by the version of its `Hello`
+//! ([`PoolRequest::decode_for`], [`PoolResponse::encode_for`]); a peer refused by a manager
+//! that does not know its version connects again with the next older one (rmem-client's
+//! `ManagerConn`). A peer without a node is on no node: it neither borrows nor lends in the
+//! manager's accounting of debt. A use without a reason (from an older peer) says nothing of
+//! why it stays: `rmem pool drain` then waits it out.
 //!
 //! Every beat carries the sender's whole state, never a change: a manager that restarts
 //! rebuilds its picture from the next beat of each server and client (docs/pool.md). Decoding
@@ -34,11 +38,15 @@
 use crate::{Cursor, ErrorCode, Op, ProtoError, Response, SessionId};
 
 /// The manager protocol's version, sent in `Hello`. Numbered from 256 so that it never equals a
-/// memory server's protocol version. This one ends both beats with the sender's node.
-pub const VERSION: u16 = 0x0102;
+/// memory server's protocol version. This one says why a client keeps a draining server.
+pub const VERSION: u16 = 0x0103;
+/// Beats end with the sender's node; uses say nothing of why a server is kept.
+pub const VERSION_NODE: u16 = 0x0102;
 /// The first version: beats without the node. Still accepted, and spoken to a manager that
 /// knows no other.
 pub const VERSION_NODELESS: u16 = 0x0101;
+/// Every version spoken, newest first: the order a peer tries them in.
+pub const VERSIONS: [u16; 3] = [VERSION, VERSION_NODE, VERSION_NODELESS];
 /// Longest server address (`host:port`) or client name carried.
 pub const NAME_LEN_MAX: usize = 256;
 /// Most servers one answer lists.
@@ -86,6 +94,10 @@ pub struct SessionUse {
 pub struct ServerUse {
     pub server: String,
     pub bytes: u64,
+    /// Why the client keeps this server although it drains or reclaims (its layout needs
+    /// every server left, say); empty when it does not, or from a peer older than
+    /// [`VERSION`].
+    pub kept: String,
 }
 
 /// A memory server's heartbeat: everything the manager keeps about it.
@@ -271,13 +283,18 @@ impl Cursor<'_> {
             .collect()
     }
 
-    fn server_uses(&mut self) -> Result<Vec<ServerUse>, ProtoError> {
+    fn server_uses(&mut self, version: u16) -> Result<Vec<ServerUse>, ProtoError> {
         let n = self.count(USES_MAX, 10)?;
         (0..n)
             .map(|_| {
                 Ok(ServerUse {
                     server: self.string()?,
                     bytes: self.u64()?,
+                    kept: if version >= VERSION {
+                        self.string()?
+                    } else {
+                        String::new()
+                    },
                 })
             })
             .collect()
@@ -292,11 +309,14 @@ fn put_session_uses(out: &mut Vec<u8>, uses: &[SessionUse]) {
     }
 }
 
-fn put_server_uses(out: &mut Vec<u8>, uses: &[ServerUse]) {
+fn put_server_uses(out: &mut Vec<u8>, uses: &[ServerUse], version: u16) {
     let n = put_count(out, uses.len(), USES_MAX);
     for u in &uses[..n] {
         put_str(out, &u.server);
         out.extend_from_slice(&u.bytes.to_le_bytes());
+        if version >= VERSION {
+            put_str(out, &u.kept);
+        }
     }
 }
 
@@ -322,9 +342,9 @@ impl PoolRequest {
     }
 
     /// Append the whole frame to `out`, as protocol `version` has it (a beat's node is left
-    /// out for [`VERSION_NODELESS`]).
+    /// out for [`VERSION_NODELESS`], the reasons servers are kept before [`VERSION`]).
     pub fn encode_for(&self, version: u16, tag: u64, out: &mut Vec<u8>) {
-        let with_node = version >= VERSION;
+        let with_node = version >= VERSION_NODE;
         let start = begin(out, self.op(), tag);
         match self {
             PoolRequest::ServerBeat(b) => {
@@ -341,7 +361,7 @@ impl PoolRequest {
                 out.extend_from_slice(&b.session.0.to_le_bytes());
                 put_str(out, &b.name);
                 out.extend_from_slice(&b.max_remote_bytes.to_le_bytes());
-                put_server_uses(out, &b.uses);
+                put_server_uses(out, &b.uses, version);
                 if with_node {
                     put_str(out, &b.node);
                 }
@@ -357,11 +377,12 @@ impl PoolRequest {
         Self::decode_for(VERSION, op, body)
     }
 
-    /// Decode a frame of protocol `version` (a [`VERSION_NODELESS`] beat has no node: empty).
+    /// Decode a frame of protocol `version` (a [`VERSION_NODELESS`] beat has no node: empty;
+    /// before [`VERSION`] no use says why it is kept: empty).
     pub fn decode_for(version: u16, op: Op, body: &[u8]) -> Result<PoolRequest, ProtoError> {
         let mut c = Cursor::new(op, body);
         let node = |c: &mut Cursor<'_>| {
-            if version >= VERSION {
+            if version >= VERSION_NODE {
                 c.string()
             } else {
                 Ok(String::new())
@@ -380,7 +401,7 @@ impl PoolRequest {
                 session: SessionId(u128::from_le_bytes(c.array()?)),
                 name: c.string()?,
                 max_remote_bytes: c.u64()?,
-                uses: c.server_uses()?,
+                uses: c.server_uses(version)?,
                 node: node(&mut c)?,
             }),
             Op::PoolStatus => PoolRequest::Status,
@@ -405,8 +426,14 @@ impl PoolResponse {
         }
     }
 
-    /// Append the whole frame to `out`.
+    /// Append the whole frame to `out`, as [`VERSION`] has it.
     pub fn encode(&self, tag: u64, out: &mut Vec<u8>) {
+        self.encode_for(VERSION, tag, out)
+    }
+
+    /// Append the whole frame to `out`, as protocol `version` has it (the status's uses say
+    /// why a server is kept from [`VERSION`] on).
+    pub fn encode_for(&self, version: u16, tag: u64, out: &mut Vec<u8>) {
         if let PoolResponse::Error { code, message } = self {
             // The memory servers' error frame, shared.
             return Response::Error {
@@ -457,7 +484,7 @@ impl PoolResponse {
                     out.extend_from_slice(&c.max_remote_bytes.to_le_bytes());
                     out.extend_from_slice(&c.grant_bytes.to_le_bytes());
                     out.extend_from_slice(&c.beat_age_ms.to_le_bytes());
-                    put_server_uses(out, &c.uses);
+                    put_server_uses(out, &c.uses, version);
                 }
             }
             PoolResponse::DrainOk => {}
@@ -466,7 +493,13 @@ impl PoolResponse {
         crate::patch_len(out, start);
     }
 
+    /// Decode a [`VERSION`] frame.
     pub fn decode(op: Op, body: &[u8]) -> Result<PoolResponse, ProtoError> {
+        Self::decode_for(VERSION, op, body)
+    }
+
+    /// Decode a frame of protocol `version`.
+    pub fn decode_for(version: u16, op: Op, body: &[u8]) -> Result<PoolResponse, ProtoError> {
         if op == Op::Error {
             let Response::Error { code, message } = Response::decode(op, body)? else {
                 unreachable!("an error frame decodes to an error")
@@ -526,7 +559,7 @@ impl PoolResponse {
                             max_remote_bytes: c.u64()?,
                             grant_bytes: c.u64()?,
                             beat_age_ms: c.u64()?,
-                            uses: c.server_uses()?,
+                            uses: c.server_uses(version)?,
                         })
                     })
                     .collect::<Result<_, ProtoError>>()?;
@@ -563,6 +596,35 @@ mod tests {
         }
     }
 
+    fn uses() -> Vec<ServerUse> {
+        vec![
+            ServerUse {
+                server: "10.0.0.7:7000".into(),
+                bytes: 1 << 20,
+                kept: "--redundancy ec:4+1 puts each page on 5 servers, and 4 others are left"
+                    .into(),
+            },
+            ServerUse {
+                server: "10.0.0.8:7000".into(),
+                bytes: 1 << 21,
+                kept: String::new(),
+            },
+        ]
+    }
+
+    /// `uses` as a peer of `version` sends them.
+    fn uses_as_of(version: u16, uses: Vec<ServerUse>) -> Vec<ServerUse> {
+        let kept = |u: ServerUse| ServerUse {
+            kept: if version >= VERSION {
+                u.kept
+            } else {
+                String::new()
+            },
+            ..u
+        };
+        uses.into_iter().map(kept).collect()
+    }
+
     fn requests() -> Vec<PoolRequest> {
         vec![
             PoolRequest::ServerBeat(beat()),
@@ -570,10 +632,7 @@ mod tests {
                 session: SessionId(u128::MAX),
                 name: "stress (pid 7) on node1".into(),
                 max_remote_bytes: UNLIMITED,
-                uses: vec![ServerUse {
-                    server: "10.0.0.7:7000".into(),
-                    bytes: 1 << 20,
-                }],
+                uses: uses(),
                 node: "node1/net:4026531840".into(),
             }),
             PoolRequest::Status,
@@ -615,7 +674,7 @@ mod tests {
                     max_remote_bytes: 5,
                     grant_bytes: 5,
                     beat_age_ms: 1,
-                    uses: vec![],
+                    uses: uses(),
                 }],
             }),
             PoolResponse::DrainOk,
@@ -643,35 +702,61 @@ mod tests {
         }
     }
 
-    /// A beat of the first version has no node, and a manager decodes it as such; the two
-    /// forms differ by exactly the node, so neither is misread as the other.
+    /// A beat of an older version lacks what came after it (the first has no node; none
+    /// before [`VERSION`] says why a server is kept), and a manager decodes it as such, and
+    /// answers a status in the same form; the forms differ by exactly that, so none is
+    /// misread as another.
     #[test]
-    fn nodeless_beats_roundtrip_without_their_node() {
-        for r in requests() {
-            let mut old = Vec::new();
-            r.encode_for(VERSION_NODELESS, 5, &mut old);
-            let h = parse_header(&old, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
-            let body = &old[HEADER_LEN..];
-            let back = PoolRequest::decode_for(VERSION_NODELESS, h.op, body).unwrap();
-            let nodeless = match r.clone() {
-                PoolRequest::ServerBeat(b) => PoolRequest::ServerBeat(ServerBeat {
-                    node: String::new(),
-                    ..b
-                }),
-                PoolRequest::ClientBeat(b) => PoolRequest::ClientBeat(ClientBeat {
-                    node: String::new(),
-                    ..b
-                }),
-                other => other,
+    fn older_versions_roundtrip_without_what_came_later() {
+        for version in [VERSION_NODE, VERSION_NODELESS] {
+            let node = |n: String| {
+                if version >= VERSION_NODE {
+                    n
+                } else {
+                    String::new()
+                }
             };
-            assert_eq!(back, nodeless);
-            let mut new = Vec::new();
-            r.encode(5, &mut new);
-            if new.len() != old.len() {
-                assert!(PoolRequest::decode(h.op, body).is_err(), "{r:?}");
-                assert!(
-                    PoolRequest::decode_for(VERSION_NODELESS, h.op, &new[HEADER_LEN..]).is_err()
-                );
+            for r in requests() {
+                let mut old = Vec::new();
+                r.encode_for(version, 5, &mut old);
+                let h = parse_header(&old, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
+                let body = &old[HEADER_LEN..];
+                let back = PoolRequest::decode_for(version, h.op, body).unwrap();
+                let older = match r.clone() {
+                    PoolRequest::ServerBeat(b) => PoolRequest::ServerBeat(ServerBeat {
+                        node: node(b.node.clone()),
+                        ..b
+                    }),
+                    PoolRequest::ClientBeat(b) => PoolRequest::ClientBeat(ClientBeat {
+                        node: node(b.node.clone()),
+                        uses: uses_as_of(version, b.uses.clone()),
+                        ..b
+                    }),
+                    other => other,
+                };
+                assert_eq!(back, older, "{version:#x}");
+                let mut new = Vec::new();
+                r.encode(5, &mut new);
+                if new.len() != old.len() {
+                    assert!(PoolRequest::decode(h.op, body).is_err(), "{r:?}");
+                    assert!(PoolRequest::decode_for(version, h.op, &new[HEADER_LEN..]).is_err());
+                }
+            }
+            for r in responses() {
+                let mut old = Vec::new();
+                r.encode_for(version, 5, &mut old);
+                let h = parse_header(&old, FRAME_LEN_MAX_DEFAULT).unwrap().unwrap();
+                let back = PoolResponse::decode_for(version, h.op, &old[HEADER_LEN..]).unwrap();
+                let older = match r.clone() {
+                    PoolResponse::StatusOk(mut st) => {
+                        for c in &mut st.clients {
+                            c.uses = uses_as_of(version, c.uses.clone());
+                        }
+                        PoolResponse::StatusOk(st)
+                    }
+                    other => other,
+                };
+                assert_eq!(back, older, "{version:#x}");
             }
         }
         let id = node_id();

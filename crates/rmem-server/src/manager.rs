@@ -257,10 +257,11 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
     };
     let mut reader = BufReader::with_capacity(IO_BUFFER, deadlined);
     let mut writer = BufWriter::with_capacity(IO_BUFFER, sock.try_clone()?);
-    // The version of the peer's Hello: how its beats are decoded, and what the welcome says.
+    // The version of the peer's Hello: how its requests are decoded and its answers encoded,
+    // and what the welcome says.
     let spoken = std::cell::Cell::new(pool::VERSION);
     let hello = |version, unit: u32| {
-        if version != pool::VERSION && version != pool::VERSION_NODELESS {
+        if !pool::VERSIONS.contains(&version) {
             let msg = format!(
                 "this is an rmem pool manager (protocol {}), not a memory server: protocol \
                  {version} is not spoken here",
@@ -310,7 +311,7 @@ fn serve(config: &ManagerConfig, pool: &Mutex<Pool>, sock: TcpStream) -> Result<
         };
         let req = PoolRequest::decode_for(spoken.get(), h.op, frame)?;
         out.clear();
-        answer(config, pool, req).encode(h.tag, &mut out);
+        answer(config, pool, req).encode_for(spoken.get(), h.tag, &mut out);
         writer.write_all(&out)?;
         writer.flush()?;
     }
@@ -468,6 +469,7 @@ mod tests {
                 .map(|&(s, bytes)| pool::ServerUse {
                     server: s.into(),
                     bytes,
+                    kept: String::new(),
                 })
                 .collect(),
             node: node.into(),

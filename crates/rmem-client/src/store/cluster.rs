@@ -547,8 +547,9 @@ struct Pool {
     /// taken on a later call (a connect on the pager's thread held every fault for up to
     /// [`JOIN_TIMEOUT`] every [`REVIVE_EVERY`] while an offered server's host hung).
     joining: HashMap<String, mpsc::Receiver<Result<Conn, StoreError>>>,
-    /// Draining servers this client cannot let go (too few others for its layout): said once.
-    stuck: std::collections::HashSet<String>,
+    /// Draining servers this client cannot let go (too few others for its layout), and why:
+    /// said once on stderr, and in every beat (`ServerUse::kept`) for `rmem pool drain`.
+    stuck: HashMap<String, String>,
     /// Offered servers this client could not reach: said once, until it joins.
     unreachable: std::collections::HashSet<String>,
 }
@@ -1423,6 +1424,7 @@ impl RemoteStore {
             .map(|(c, _)| ServerUse {
                 server: c.name.clone(),
                 bytes: c.used_bytes,
+                kept: pool.stuck.get(&c.name).cloned().unwrap_or_default(),
             })
             .collect();
         pool.link.report(uses);
@@ -1475,21 +1477,26 @@ impl RemoteStore {
                     if others < width {
                         // Pages could not be placed at all without it: it stays (the drain
                         // never completes; rmem pool drain says so).
-                        if pool.stuck.insert(offer.addr.clone()) {
+                        if !pool.stuck.contains_key(&offer.addr) {
                             let what = if reclaiming {
                                 "shed its pages"
                             } else {
                                 "leave"
                             };
-                            crate::tell!(
-                                "rmem: memory server {} cannot {what}: --redundancy {} puts each \
-                             page on {width} servers, and {others} others are left",
-                                offer.addr,
-                                self.book.codec.redundancy()
+                            let why = format!(
+                                "--redundancy {} puts each page on {width} server{}, and \
+                                 {others} other{} left",
+                                self.book.codec.redundancy(),
+                                if width == 1 { "" } else { "s" },
+                                if others == 1 { " is" } else { "s are" }
                             );
+                            crate::tell!("rmem: memory server {} cannot {what}: {why}", offer.addr);
+                            pool.stuck.insert(offer.addr.clone(), why);
                         }
                         continue;
                     }
+                    // (Servers joined since it could not: it leaves now.)
+                    pool.stuck.remove(&offer.addr);
                     let queued = self.drain(s);
                     let why = if offer.flags & SERVER_NODE_BORROWS != 0 {
                         "lends nothing while its node borrows (reclaiming)"
