@@ -49,54 +49,71 @@ pub struct DrainArgs {
     pub wait: f64,
 }
 
-/// Ask for the drain, then watch the pool's status until the server holds nothing and has
-/// left, or every client with pages there says it cannot let it go (their layouts need every
-/// server left), or `--wait` runs out (then say what is left: the pool had no room for it).
+/// Ask for the drain, then watch the pool's status until the server's last beat says it holds
+/// nothing (it then leaves), or every client with pages there says it cannot let it go (their
+/// layouts need every server left), or `--wait` runs out (then say what is left: the pool had
+/// no room for it, or the server went silent holding pages). A server the manager no longer
+/// hears from is not drained by that: what it held when last heard from is what it holds.
 fn drain(a: &DrainArgs) -> Result<(), String> {
     let req = PoolRequest::Drain {
         server: a.server.clone(),
     };
     ask(&a.common, &req)?;
     let until = std::time::Instant::now() + Duration::from_secs_f64(a.wait.max(0.0));
+    // Its row as last seen: a server silent for long is forgotten by the manager.
+    let mut last: Option<(pool::ServerRow, std::time::Instant)> = None;
     loop {
         let st = match ask(&a.common, &PoolRequest::Status)? {
             PoolResponse::StatusOk(st) => st,
             other => return Err(format!("unexpected answer {:?}", other.op())),
         };
-        let left = st
-            .servers
-            .iter()
-            .find(|s| s.addr == a.server && s.flags & pool::ROW_LOST == 0)
-            .map(|s| s.used_bytes);
-        let kept = kept_by_all(&st, &a.server);
-        match left {
-            None | Some(0) => {
-                println!("rmem pool: {} drained: no page left on it", a.server);
-                return Ok(());
-            }
-            Some(b) if !kept.is_empty() => {
-                return Err(format!(
-                    "{} cannot be drained now: it holds {} that {}; it keeps serving what it \
-                     holds, takes no new pages, and empties once servers enough join the pool",
-                    a.server,
-                    format_size(b),
-                    kept
-                ))
-            }
-            Some(b) if std::time::Instant::now() >= until => {
-                return Err(format!(
-                    "{} still holds {} after {:.0} s: the other servers have no room for it, \
-                     or a client keeps it (one whose layout needs every server left says so on \
-                     its stderr: \"cannot leave\"; or one that does not follow the pool){}; it \
-                     keeps serving what it holds and takes no new pages",
-                    a.server,
-                    format_size(b),
-                    a.wait,
-                    holders(&st, &a.server)
-                ))
-            }
-            Some(_) => std::thread::sleep(Duration::from_millis(200)),
+        if let Some(row) = st.servers.iter().find(|s| s.addr == a.server) {
+            last = Some((row.clone(), std::time::Instant::now()));
         }
+        let Some((row, seen)) = &last else {
+            return Err(format!("the pool's manager does not know {}", a.server));
+        };
+        let silent =
+            row.flags & pool::ROW_LOST != 0 || !st.servers.iter().any(|s| s.addr == a.server);
+        let kept = kept_by_all(&st, &a.server);
+        let b = row.used_bytes;
+        if b == 0 {
+            println!("rmem pool: {} drained: no page left on it", a.server);
+            return Ok(());
+        }
+        if !kept.is_empty() {
+            return Err(format!(
+                "{} cannot be drained now: it holds {} that {}; it keeps serving what it \
+                 holds, takes no new pages, and empties once servers enough join the pool",
+                a.server,
+                format_size(b),
+                kept
+            ));
+        }
+        if std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        if silent {
+            return Err(format!(
+                "{} went silent {:.1} s ago holding {}: not drained (stopped, cut off or \
+                 dead; should it come back it drains on, and if it does not, the clients \
+                 that used it rebuild what their layouts allow from their other pieces){}",
+                a.server,
+                row.beat_age_ms as f64 / 1000.0 + seen.elapsed().as_secs_f64(),
+                format_size(b),
+                holders(&st, &a.server)
+            ));
+        }
+        return Err(format!(
+            "{} still holds {} after {:.0} s: the other servers have no room for it, or a \
+             client keeps it (one that does not follow the pool, or older than the reasons \
+             in beats){}; it keeps serving what it holds and takes no new pages",
+            a.server,
+            format_size(b),
+            a.wait,
+            holders(&st, &a.server)
+        ));
     }
 }
 

@@ -239,19 +239,17 @@ pub fn server_row<'a>(st: &'a serde_json::Value, addr: &str) -> &'a serde_json::
 /// `rmem pool drain SERVER --manager M --wait 60`, from this side (as an operator would from
 /// any machine that reaches the manager), bounded.
 pub fn pool_drain(manager: &str, server: &str) -> Output {
+    pool_drain_waiting(manager, server, 60)
+}
+
+/// `rmem pool drain SERVER --wait WAIT`, bounded at WAIT + 30 s.
+pub fn pool_drain_waiting(manager: &str, server: &str, wait: u64) -> Output {
     run_bounded(
         Command::new(rmem())
-            .args([
-                "pool",
-                "drain",
-                server,
-                "--manager",
-                manager,
-                "--wait",
-                "60",
-            ])
+            .args(["pool", "drain", server, "--manager", manager])
+            .args(["--wait", &wait.to_string()])
             .env("RMEM_TOKEN", TOKEN),
-        Duration::from_secs(90),
+        Duration::from_secs(wait + 30),
     )
 }
 

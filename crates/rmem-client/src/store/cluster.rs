@@ -1443,6 +1443,17 @@ impl RemoteStore {
         // A server no longer offered is not tried again (a later offer dials at once).
         pool.retry
             .retain(|addr, _| view.servers.iter().any(|o| o.addr == *addr));
+        // Offered servers that take pages and this client has not joined yet (and could
+        // reach): a drain they could take waits for them rather than being told it cannot go.
+        let joinable = view
+            .servers
+            .iter()
+            .filter(|o| {
+                o.takes_pages()
+                    && !pool.unreachable.contains(&o.addr)
+                    && !self.conns.iter().any(|c| c.name == o.addr)
+            })
+            .count();
         for offer in view.servers {
             if let Some(s) = self.conns.iter().position(|c| c.name == offer.addr) {
                 // What the server has free now, and what of it this client holds.
@@ -1474,6 +1485,10 @@ impl RemoteStore {
                 }
                 if draining && !self.book.draining[s] && self.book.dead[s].is_none() {
                     let pool = self.pool.as_mut().expect("checked");
+                    if others < width && others + joinable >= width {
+                        // Not yet: it goes once they are joined (a later view).
+                        continue;
+                    }
                     if others < width {
                         // Pages could not be placed at all without it: it stays (the drain
                         // never completes; rmem pool drain says so).
