@@ -2,13 +2,15 @@
 # The 8-thread verifying stress (tests/c/stress.c) under `rmem run --manager --api` (64 KiB
 # pages, 8 MiB local, LAYOUT) in a pool of SERVERS servers, one server at a time stopped
 # (SIGSTOP) 0.2-3 s at random for the whole run, and `rmem pool drain` of one of them from
-# 5 s in. Prints the stress's verdict, the drain's, what the runtime said about servers, and
-# its counters. docs/benchmarks.md ("A pool under chaos").
+# 5 s in; up to KILLS servers (the drained one among those chosen from) are killed outright
+# instead (tools/stop-at-random.sh; nothing starts them again). Prints the stress's verdict,
+# the drain's, what the runtime said about servers, and its counters. docs/benchmarks.md ("A
+# pool under chaos").
 #
-# usage: tools/pool-chaos.sh SERVERS LAYOUT OPS   e.g. tools/pool-chaos.sh 5 ec:2+1 200000
+# usage: tools/pool-chaos.sh SERVERS LAYOUT OPS [KILLS]   e.g. tools/pool-chaos.sh 5 ec:2+1 200000
 # Run from the repository root after `cargo build --release --workspace`.
 set -u
-N=$1; L=$2; OPS=$3
+N=$1; L=$2; OPS=$3; K=${4:-0}
 OUT=$(mktemp -d /tmp/rmem-pool-chaos.XXXXXX)
 export RMEM_TOKEN=pool-chaos-token
 B=target/release/rmem
@@ -31,7 +33,7 @@ gcc -O2 -pthread -I include tests/c/stress.c -o "$OUT/stress" -L target/release 
     --page-size 64K --local 8M --stats-json "$OUT/stats.json" \
     -- "$OUT/stress" 8 32 "$OPS" > "$OUT/out" 2> "$OUT/err"; echo "rc=$?" >> "$OUT/out" ) &
 RUN=$!
-( sleep 5; timeout 120 $B pool drain --manager "$M" "${ADDRS[0]}" > "$OUT/drain.log" 2>&1
+( sleep 5; timeout 120 $B pool drain --manager "$M" "${ADDRS[0]}" --wait 100 > "$OUT/drain.log" 2>&1
   echo "drain rc=$?" >> "$OUT/drain.log" ) &
 DRAIN=$!
 sleep 1.5
@@ -39,7 +41,7 @@ running() { kill -0 $RUN 2>/dev/null && pgrep -f "$OUT/stress" > /dev/null; }
 # Only servers still running (the drained one exits once empty).
 servers() { for p in "${SERVER_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && echo "$p"; done; }
 source tools/stop-at-random.sh
-stop_at_random 0
+stop_at_random "$K"
 for p in "${SERVER_PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; done
 wait $RUN; wait $DRAIN
 tail -2 "$OUT/out"
