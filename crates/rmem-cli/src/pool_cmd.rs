@@ -67,20 +67,19 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
             PoolResponse::StatusOk(st) => st,
             other => return Err(format!("unexpected answer {:?}", other.op())),
         };
-        if let Some(row) = st.servers.iter().find(|s| s.addr == a.server) {
+        let listed = st.servers.iter().find(|s| s.addr == a.server);
+        if let Some(row) = listed {
             last = Some((row.clone(), std::time::Instant::now()));
         }
         let Some((row, seen)) = &last else {
             return Err(format!("the pool's manager does not know {}", a.server));
         };
-        let silent =
-            row.flags & pool::ROW_LOST != 0 || !st.servers.iter().any(|s| s.addr == a.server);
-        let kept = kept_by_all(&st, &a.server);
         let b = row.used_bytes;
         if b == 0 {
             println!("rmem pool: {} drained: no page left on it", a.server);
             return Ok(());
         }
+        let kept = kept_by_all(&st, &a.server);
         if !kept.is_empty() {
             return Err(format!(
                 "{} cannot be drained now: it holds {} that {}; it keeps serving what it \
@@ -94,7 +93,7 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
-        if silent {
+        if listed.is_none_or(|r| r.flags & pool::ROW_LOST != 0) {
             return Err(format!(
                 "{} went silent {:.1} s ago holding {}: not drained (stopped, cut off or \
                  dead; should it come back it drains on, and if it does not, the clients \
@@ -121,26 +120,31 @@ fn drain(a: &DrainArgs) -> Result<(), String> {
 /// it go: "NAME cannot let go: WHY; ..." (empty when one does not say, or none holds pages).
 fn kept_by_all(st: &PoolStatus, server: &str) -> String {
     let mut why = Vec::new();
-    for c in &st.clients {
-        match c.uses.iter().find(|u| u.server == server && u.bytes > 0) {
-            Some(u) if u.kept.is_empty() => return String::new(),
-            Some(u) => why.push(format!("{} cannot let go: {}", c.name, u.kept)),
-            None => {}
+    for (name, u) in holding(st, server) {
+        if u.kept.is_empty() {
+            return String::new();
         }
+        why.push(format!("{name} cannot let go: {}", u.kept));
     }
     why.join("; ")
+}
+
+/// Each client with pages on `server` as the manager last heard, with that use.
+fn holding<'a>(
+    st: &'a PoolStatus,
+    server: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a pool::ServerUse)> {
+    st.clients.iter().filter_map(move |c| {
+        let u = c.uses.iter().find(|u| u.server == server && u.bytes > 0)?;
+        Some((c.name.as_str(), u))
+    })
 }
 
 /// The clients with pages on `server` as the manager last heard, for a drain that does not
 /// end: "; clients with pages there: NAME (SIZE), ..." (empty if none says so).
 fn holders(st: &PoolStatus, server: &str) -> String {
-    let named: Vec<String> = st
-        .clients
-        .iter()
-        .filter_map(|c| {
-            let u = c.uses.iter().find(|u| u.server == server && u.bytes > 0)?;
-            Some(format!("{} ({})", c.name, format_size(u.bytes)))
-        })
+    let named: Vec<String> = holding(st, server)
+        .map(|(name, u)| format!("{name} ({})", format_size(u.bytes)))
         .collect();
     if named.is_empty() {
         String::new()

@@ -1485,14 +1485,14 @@ impl RemoteStore {
                 }
                 if draining && !self.book.draining[s] && self.book.dead[s].is_none() {
                     let pool = self.pool.as_mut().expect("checked");
-                    if others < width && others + joinable >= width {
-                        // Not yet: it goes once they are joined (a later view).
-                        continue;
-                    }
                     if others < width {
                         // Pages could not be placed at all without it: it stays (the drain
-                        // never completes; rmem pool drain says so).
-                        if !pool.stuck.contains_key(&offer.addr) {
+                        // never completes; rmem pool drain says so), unless offered servers
+                        // not joined yet make room: then it goes once they are (a later
+                        // view), and no beat says it cannot meanwhile.
+                        if others + joinable >= width {
+                            pool.stuck.remove(&offer.addr);
+                        } else if !pool.stuck.contains_key(&offer.addr) {
                             let what = if reclaiming {
                                 "shed its pages"
                             } else {
