@@ -6,12 +6,14 @@
 # for byte (by SHA-256). Prints rmem run's exit status, whether the output was the same, the
 # times, and what rmem said about servers; exits 1 if the output differed or rmem run failed.
 # The program must print the same thing on every run (a sort, a compressor to stdout, a
-# script that prints checksums). docs/benchmarks.md ("Real programs under chaos").
+# script that prints checksums). It stops and kills every `rmem server --listen` on this
+# machine, not only its own: run nothing else of rmem meanwhile. docs/benchmarks.md ("Real
+# programs under chaos").
 #
 # usage: [EXTRA=...] [LOCAL=32M] tools/program-chaos.sh SERVERS KILLS PROGRAM [ARGS...]
 #   e.g. EXTRA="--redundancy ec:2+1" tools/program-chaos.sh 3 2 sort -S 400M /tmp/big.txt
 # Run from the repository root after `cargo build --release --workspace`.
-set -u
+set -u -o pipefail
 N=$1; K=$2; shift 2
 EXTRA=${EXTRA:-}; LOCAL=${LOCAL:-32M}
 OUT=$(mktemp -d /tmp/rmem-program-chaos.XXXXXX)
