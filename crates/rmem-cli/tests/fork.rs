@@ -51,12 +51,14 @@ fn eight_children_read_a_256_mib_snapshot_while_the_parent_writes() {
 /// verified workload of its own; the parent's verification is unaffected. On 4 KiB pages, and
 /// on the default 64 KiB with sub-page pieces, where random writes leave pages holding written
 /// pieces at the fork (written back and waited for before the child's snapshot).
-fn fork_during_the_verifying_stress(page: &str) {
+fn fork_during_the_verifying_stress(page: &str, extra: &[&str]) {
     let prog = build_c("tests/c/stress.c");
-    let dir = scratch(&format!("fork-stress-{page}"));
+    let dir = scratch(&format!("fork-stress-{page}-{}", extra.len()));
     let stats = dir.join("stats.json");
+    let mut opts = vec!["--api", "--local", "8M", "--page-size", page];
+    opts.extend_from_slice(extra);
     let mut cmd = rmem_run(
-        &["--api", "--local", "8M", "--page-size", page],
+        &opts,
         &stats,
         &[prog.to_str().unwrap(), "8", "32", "60000"],
         false,
@@ -79,12 +81,23 @@ fn fork_during_the_verifying_stress(page: &str) {
 
 #[test]
 fn fork_during_the_verifying_stress_on_4k_pages() {
-    fork_during_the_verifying_stress("4K");
+    fork_during_the_verifying_stress("4K", &[]);
 }
 
 #[test]
 fn fork_during_the_verifying_stress_with_written_pieces() {
-    fork_during_the_verifying_stress("64K");
+    fork_during_the_verifying_stress("64K", &[]);
+}
+
+/// The same where written pieces go back alone under a seal (encrypted replicas: each piece
+/// sealed with the page's next version, a version kept per piece), the children reading their
+/// snapshots' pages under their parent's key and writing under their own.
+#[test]
+fn fork_during_the_verifying_stress_with_pieces_sealed_alone_over_encrypted_replicas() {
+    fork_during_the_verifying_stress(
+        "64K",
+        &["--servers", "3", "--redundancy", "replicas:2", "--encrypt"],
+    );
 }
 
 /// bash under `--min-alloc 0` on 4 KiB pages with 256 KiB local: every variable lives in

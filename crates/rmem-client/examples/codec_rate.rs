@@ -28,7 +28,7 @@ fn main() {
             let t = Instant::now();
             for _ in 0..iterations {
                 buf.copy_from_slice(&units);
-                c.decode(3, stamp, &mut buf, have).expect("decodes");
+                c.decode(3, &stamp.into(), &mut buf, have).expect("decodes");
             }
             let decode = t.elapsed().as_secs_f64() * 1e6 / f64::from(iterations);
             assert!(buf[..page_size] == data[..]);

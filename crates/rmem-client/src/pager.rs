@@ -329,11 +329,6 @@ struct Core {
     /// A read fault on a remote page away from any fault stream fetches only its 4 KiB
     /// piece (`--sub-page`, where the store has part reads).
     sub_page: bool,
-    /// The store writes a partial page's written pieces alone ([`PageStore::part_writes`]).
-    /// Where it cannot (pages sealed by the piece), a partial victim with written pieces
-    /// fetches the rest of its page as it leaves and is written back whole
-    /// ([`Core::merge`]): the program's faults fetch only pieces all the same.
-    part_writes: bool,
     /// Merged pages to write back from their slots once the store's poll is over.
     merged: Vec<(PageIndex, u32)>,
     /// Per [`DENSITY_PAGES`] pages of the region, what was learnt of the program's use of
@@ -471,7 +466,6 @@ impl Pager {
         let slots = s.staging.available() as u64;
         let pieces = s.page_size / PIECE;
         let sub_page = s.sub_page && s.store.part_reads() && (2..=64).contains(&pieces);
-        let part_writes = s.store.part_writes();
         let mut pages = PageStates::new(s.policy, locked_max(s.budget_pages - slots));
         if sub_page {
             pages.set_pieces(pieces);
@@ -500,7 +494,6 @@ impl Pager {
                 prefetcher: (s.prefetch_window_max > 0)
                     .then(|| Prefetcher::new(s.prefetch_window_max)),
                 sub_page,
-                part_writes,
                 merged: Vec::new(),
                 learnt: vec![
                     Learnt::default();
@@ -1653,9 +1646,24 @@ impl Core {
     ) -> Result<(), PagerError> {
         // SAFETY: the slot was just filled and is held until the write completes.
         let data = unsafe { self.staging.bytes(slot) };
+        // A partial page's written pieces go alone where the store takes them
+        // ([`PageStore::piece_writes`]); where it cannot (under erasure coding, or a copy's
+        // server lost or slow) the rest of the page is fetched as it leaves and it is written
+        // back whole ([`Core::merge`]): the program's faults fetch only pieces all the same.
+        let alone = pieces != 0 && store.piece_writes(v);
+        if alone {
+            Stats::add(&self.stats.sub_page_write_backs, 1);
+            Stats::add(
+                &self.stats.bytes_written_back,
+                u64::from(pieces.count_ones()) * PIECE,
+            );
+        } else if pieces != 0 {
+            Stats::add(&self.stats.swap_outs, 1);
+            Stats::add(&self.stats.bytes_written_back, self.ps());
+        }
         match pieces {
             0 => store.store(v, data)?,
-            _ if self.part_writes => store.store_parts(v, data, pieces)?,
+            _ if alone => store.store_parts(v, data, pieces)?,
             _ => {
                 // The rest of the page first: see `Core::merge`.
                 self.pages.begin_merge(v);
@@ -1794,17 +1802,11 @@ impl Core {
         }
         let pieces = self.pages.begin_leave(v, slot);
         Stats::add(&self.stats.evictions, 1);
-        // Written pieces the store cannot take alone leave with their page, whole.
-        if pieces == 0 || !self.part_writes {
+        if pieces == 0 {
             Stats::add(&self.stats.swap_outs, 1);
             Stats::add(&self.stats.bytes_written_back, ps);
-        } else {
-            Stats::add(&self.stats.sub_page_write_backs, 1);
-            Stats::add(
-                &self.stats.bytes_written_back,
-                u64::from(pieces.count_ones()) * PIECE,
-            );
         }
+        // (A partial page's written pieces are counted as they go: [`Core::write_back`].)
         Ok(Out::Staged { slot, pieces })
     }
 

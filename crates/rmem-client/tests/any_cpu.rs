@@ -33,7 +33,7 @@ fn ec_pages_come_back_from_any_k_fragments() {
                             unit.fill(0x5A);
                         }
                     }
-                    c.decode(11, stamp, &mut buf, have).unwrap();
+                    c.decode(11, &stamp.into(), &mut buf, have).unwrap();
                     assert!(
                         buf[..page_size] == data[..],
                         "{layout} {page_size} encrypt={encrypt}: wrong page from {have:#b}"

@@ -12,12 +12,13 @@ use rmem_client::store::codec::Redundancy;
 use rmem_client::store::remote::{RemoteStore, Timing};
 use rmem_client::store::{Completion, PageStore};
 use rmem_client::PageIndex;
-use rmem_proto::{parse_header, Op, Response, HEADER_LEN};
-use std::collections::HashMap;
+use rmem_proto::{parse_header, Op, PageKey, Request, Response, HEADER_LEN};
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const PS: usize = 4096;
@@ -53,6 +54,10 @@ enum Mode {
     SlowRanges(Duration),
     /// The same with every answer to a byte-range read or a write.
     Late(Duration),
+    /// Answers every byte-range write as done without writing it (each is passed on as a
+    /// read of that range, whose answer comes back as the write's): a server whose copy
+    /// misses the pieces written alone over it, in order with everything else.
+    SkipRanges,
 }
 
 /// A proxy to `real` that treats read answers as `mode` says. A slow honest one makes a
@@ -72,8 +77,14 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
             client.set_nodelay(true).unwrap();
             up.set_nodelay(true).unwrap();
             let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+            let skipped: Arc<Mutex<HashSet<u64>>> = Arc::default();
+            let skipping = skipped.clone();
             std::thread::spawn(move || {
-                let _ = std::io::copy(&mut c2, &mut u2);
+                if matches!(mode, Mode::SkipRanges) {
+                    skip_ranges(&mut c2, &mut u2, &skipping);
+                } else {
+                    let _ = std::io::copy(&mut c2, &mut u2);
+                }
                 let _ = u2.shutdown(std::net::Shutdown::Both);
             });
             let told = told.clone();
@@ -111,6 +122,15 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
                             std::thread::sleep(stall);
                             out.extend_from_slice(&hdr);
                             out.extend_from_slice(&body);
+                        }
+                        (
+                            Mode::SkipRanges,
+                            Op::ReadRangeOk,
+                            Ok(Response::ReadRangeOk { key, offset, data }),
+                        ) if skipped.lock().unwrap().remove(&h.tag) => {
+                            told.fetch_add(1, Relaxed);
+                            let len = data.len() as u32;
+                            Response::WriteRangeOk { key, offset, len }.encode(h.tag, &mut out);
                         }
                         (Mode::WrongTagOnce, Op::ReadOk, Ok(r @ Response::ReadOk { .. })) => {
                             n += 1;
@@ -152,6 +172,43 @@ fn proxy(real: String, mode: Mode) -> (String, Arc<AtomicU64>) {
         }
     });
     (addr, lies)
+}
+
+/// Pass the client's requests from `client` to `up`, each byte-range write as a read of that
+/// range (its tag put in `skipped`, for the answer to be told as the write's).
+fn skip_ranges(client: &mut TcpStream, up: &mut TcpStream, skipped: &Mutex<HashSet<u64>>) {
+    let mut hdr = [0u8; HEADER_LEN];
+    let (mut body, mut out) = (Vec::new(), Vec::new());
+    loop {
+        if client.read_exact(&mut hdr).is_err() {
+            return;
+        }
+        let h = parse_header(&hdr, u32::MAX).unwrap().unwrap();
+        body.resize(h.len as usize, 0);
+        if client.read_exact(&mut body).is_err() {
+            return;
+        }
+        out.clear();
+        match (h.op, Request::decode(h.op, &body)) {
+            (Op::WriteRange, Ok(Request::WriteRange { key, offset, data })) => {
+                skipped.lock().unwrap().insert(h.tag);
+                let len = data.len() as u32;
+                Request::ReadRange {
+                    key: PageKey(key.0),
+                    offset,
+                    len,
+                }
+                .encode(h.tag, &mut out);
+            }
+            _ => {
+                out.extend_from_slice(&hdr);
+                out.extend_from_slice(&body);
+            }
+        }
+        if up.write_all(&out).is_err() {
+            return;
+        }
+    }
 }
 
 /// The `n`th lie a liar tells about `data`, key `key`'s: in turn the first copy it saw of
@@ -413,6 +470,140 @@ fn a_piece_read_alone_is_checked_and_a_lie_served_from_other_pieces() {
             counters.reads_hedged.load(Relaxed)
         );
     }
+}
+
+/// Store `pieces` of `data` over page `p`'s copies, alone, and wait until it is stored.
+fn store_pieces(s: &mut RemoteStore, p: u64, data: &[u8], pieces: u64) {
+    assert!(
+        s.piece_writes(PageIndex(p)),
+        "page {p}: pieces not written alone"
+    );
+    s.store_parts(PageIndex(p), data, pieces).unwrap();
+    s.flush().unwrap();
+    let (mut stored, deadline) = (false, Instant::now() + Duration::from_secs(10));
+    while !stored {
+        assert!(
+            Instant::now() < deadline,
+            "page {p}'s pieces {pieces:#x} never stored"
+        );
+        s.poll(&mut |c| stored |= matches!(c, Completion::Stored { page } if page.0 == p))
+            .unwrap();
+        s.tick(Instant::now()).unwrap();
+    }
+}
+
+/// Pages sealed by the piece and kept whole on each server (`none` encrypted, `replicas:N`)
+/// take their written pieces alone, each sealed with the page's next version, the other cells
+/// keeping theirs. One server answers those writes as done without making them (its copy keeps
+/// the old cells): every read, whole or by the piece, is the newest, the stale cells failing
+/// their seals and served from another copy, and counted. A whole write afterwards stands for
+/// every cell again.
+#[test]
+fn pieces_written_alone_read_back_newest_and_a_copy_that_missed_them_is_caught() {
+    const BIG: usize = 65536;
+    for (redundancy, encrypt) in [
+        ("none", true),
+        ("replicas:2", false),
+        ("replicas:2", true),
+        ("replicas:3", true),
+    ] {
+        eprintln!("{redundancy} encrypt={encrypt}");
+        let (skipping, skipped) = proxy(server(), Mode::SkipRanges);
+        let servers = if redundancy == "none" {
+            vec![server()]
+        } else {
+            vec![skipping, server(), server()]
+        };
+        let mut s = store_sized(&servers, redundancy, encrypt, BIG);
+        assert!(!s.part_writes(), "{redundancy}: byte ranges written alone");
+        let counters = s.counters().unwrap();
+        let pages = 6u64;
+        store_all_sized(&mut s, pages, 1, BIG);
+        let mut want: Vec<Vec<u8>> = (0..pages).map(|p| sized(p, 1, BIG)).collect();
+        // Two rounds of pieces, overlapping: cells of three versions in one page.
+        for (round, base) in [(2u64, 0b0000_0110_0010_0001u64), (3, 0b1000_0000_0110_0000)] {
+            for (p, want) in want.iter_mut().enumerate() {
+                let pieces = base.rotate_left(p as u32) & 0xffff;
+                let data = sized(p as u64, round, BIG);
+                store_pieces(&mut s, p as u64, &data, pieces);
+                for i in (0..16).filter(|i| pieces & (1 << i) != 0) {
+                    want[i * 4096..(i + 1) * 4096].copy_from_slice(&data[i * 4096..(i + 1) * 4096]);
+                }
+            }
+        }
+        for (p, want) in want.iter().enumerate() {
+            let p = p as u64;
+            for i in 0..16u32 {
+                let got = fetch_piece(&mut s, p, i).unwrap();
+                let at = i as usize * 4096;
+                assert!(
+                    got == want[at..at + 4096],
+                    "{redundancy} encrypt={encrypt}: page {p} piece {i} wrong"
+                );
+            }
+            assert!(
+                fetch_one(&mut s, p).unwrap() == *want,
+                "{redundancy} encrypt={encrypt}: page {p} read whole wrong"
+            );
+        }
+        let (told, caught) = (skipped.load(Relaxed), counters.pieces_bad.load(Relaxed));
+        if redundancy == "none" {
+            assert_eq!(caught, 0, "one honest copy");
+        } else {
+            // With priority placement the skipping server holds every page's first copy,
+            // asked first.
+            assert!(
+                told >= 2 * pages,
+                "{redundancy}: only {told} runs of pieces skipped"
+            );
+            assert!(
+                caught >= pages,
+                "{redundancy} encrypt={encrypt}: {told} writes skipped, {caught} stale reads caught"
+            );
+        }
+        store_all_sized(&mut s, pages, 4, BIG);
+        for p in 0..pages {
+            assert!(
+                fetch_one(&mut s, p).unwrap() == sized(p, 4, BIG),
+                "{redundancy} encrypt={encrypt}: page {p} written whole again"
+            );
+        }
+    }
+}
+
+/// A server refuses pieces written alone over its copy when the page must be copied first
+/// (shared with a fork child's snapshot) and it has no room: under `replicas:2` that copy is
+/// given up and rebuilt elsewhere from the other, the write finishing on the other copy; the
+/// page reads back newest, and no error reaches the program.
+#[test]
+fn pieces_refused_by_a_full_server_under_a_snapshot_leave_its_copy_to_be_rebuilt() {
+    const BIG: usize = 65536;
+    let pages = 4u64;
+    // Room for the pages' copies and no more (a unit of 64 KiB cells is 65792 bytes).
+    let full = common::server(TOKEN, pages * 65792);
+    let mut s = store_sized(&[full, server(), server()], "replicas:2", false, BIG);
+    let counters = s.counters().unwrap();
+    store_all_sized(&mut s, pages, 1, BIG);
+    let snap = s.snapshot().unwrap();
+    let data = sized(0, 2, BIG);
+    let pieces = 0b1001u64;
+    store_pieces(&mut s, 0, &data, pieces);
+    let mut want = sized(0, 1, BIG);
+    for i in [0usize, 3] {
+        want[i * 4096..(i + 1) * 4096].copy_from_slice(&data[i * 4096..(i + 1) * 4096]);
+    }
+    pump_until(&mut s, "the refused copy rebuilt", |_| {
+        counters.pages_repaired.load(Relaxed) >= 1
+    });
+    assert!(fetch_one(&mut s, 0).unwrap() == want, "page 0 read whole");
+    for i in 0..16u32 {
+        let got = fetch_piece(&mut s, 0, i).unwrap();
+        assert!(
+            got == want[i as usize * 4096..(i as usize + 1) * 4096],
+            "piece {i}"
+        );
+    }
+    s.end_snapshot(snap).unwrap();
 }
 
 /// A store of `redundancy` on three servers of 64 KiB pages, the first behind a proxy in

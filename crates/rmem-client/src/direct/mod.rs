@@ -863,6 +863,7 @@ impl Backend for Ranges {
                 },
                 Kind::WriteRange {
                     op,
+                    piece: 0,
                     key: p.page,
                     offset: p.offset,
                 },

@@ -35,7 +35,7 @@
 //! [`codec`]: super::codec
 //! [`remote::Conn`]: super::remote::Conn
 
-use super::codec::{self, Codec, Redundancy, Stamp, CELL, PIECE};
+use super::codec::{self, Codec, Redundancy, Stamp, Stamps, CELL, PIECE};
 use super::remote::{self, Answer, Conn, Kind, Orphan, Timing};
 use super::{Completion, PageStore, Snapshot, StoreCounters, StoreError};
 use crate::config::{Config, Placement};
@@ -119,7 +119,12 @@ const NONE: u16 = u16::MAX;
 struct Meta {
     /// Group index + 1; 0: nothing stored.
     groups: Vec<Option<Box<[u16]>>>,
+    /// Each page's latest stamp (its last write's, whole or of pieces).
     stamps: Vec<Option<Box<[Stamp]>>>,
+    /// The cells' own stamps of pages whose pieces were written alone since they were last
+    /// written whole ([`PageStore::store_parts`] over pages sealed by the piece): a page in
+    /// few places, so kept apart from the chunks.
+    cells: HashMap<u64, Arc<[Stamp]>>,
 }
 
 impl Meta {
@@ -149,7 +154,48 @@ impl Meta {
         }
     }
 
+    /// What sealed each of `page`'s cells.
+    fn stamps(&self, page: u64) -> Stamps {
+        Stamps {
+            latest: self.stamp(page),
+            cells: self.cells.get(&page).cloned(),
+        }
+    }
+
+    /// `page` was written whole as `v`.
     fn set_stamp(&mut self, page: u64, v: Stamp) {
+        if !self.cells.is_empty() {
+            self.cells.remove(&page);
+        }
+        self.set_latest(page, v);
+    }
+
+    /// `page`'s pieces in `pieces` (of `n`) were written alone as `v`; its other cells keep
+    /// theirs.
+    fn set_pieces(&mut self, page: u64, v: Stamp, pieces: u64, n: usize) {
+        let before = self.stamps(page);
+        let each: Arc<[Stamp]> = (0..n)
+            .map(|i| {
+                if pieces & (1 << i) != 0 {
+                    v
+                } else {
+                    before.of(i)
+                }
+            })
+            .collect();
+        self.cells.insert(page, each);
+        self.set_latest(page, v);
+    }
+
+    /// `page` is no longer stored: its cells' stamps go (its latest stays, so that its next
+    /// write takes a version none of its cells had).
+    fn forget_cells(&mut self, page: u64) {
+        if !self.cells.is_empty() {
+            self.cells.remove(&page);
+        }
+    }
+
+    fn set_latest(&mut self, page: u64, v: Stamp) {
         let c = page as usize / CHUNK;
         if c >= self.stamps.len() {
             self.stamps.resize_with(c + 1, || None);
@@ -198,7 +244,9 @@ impl Groups {
 /// A fetch: pieces asked, answered, found bad, and those in.
 struct Fetch {
     page: u64,
-    stamp: Stamp,
+    /// What sealed the page's cells when the fetch began (writes sent after it are on the
+    /// same links, behind its reads).
+    stamps: Stamps,
     group: u16,
     /// The pieces in, each in its slot (`Codec::decode`); empty for unsealed pages, which
     /// are handed on as they come.
@@ -256,8 +304,9 @@ struct Store {
     /// Told to the pager as stored while pieces still waited on slow servers
     /// ([`RemoteStore::release_held_writes`]): their answers finish it without a second word.
     released: bool,
-    /// A partial page's written pieces ([`PageStore::store_parts`]): byte ranges of its one
-    /// copy, one `WriteRange` each, not answered yet (0: pieces of the layout).
+    /// A partial page's written pieces ([`PageStore::store_parts`]): byte ranges over its
+    /// copies, one `WriteRange` per run of pieces and member, not answered yet (0: pieces of
+    /// the layout).
     ranges: u32,
 }
 
@@ -287,6 +336,11 @@ enum Todo {
     },
     /// A repair's writes are all acknowledged.
     Repaired,
+    /// A write of pieces alone over a replica (`piece`: the member) whose server was lost.
+    LostRange {
+        op: u64,
+        piece: u8,
+    },
     /// A server answered a pull: the first `stored` keys of `batch` are stored there.
     Pulled {
         batch: u64,
@@ -770,7 +824,11 @@ impl Book {
                 if let Some((offset, len)) = fe.part.filter(|_| !self.codec.plain()) {
                     // A piece's cell, checked alone.
                     let i = offset as usize / PIECE;
-                    if self.codec.open_piece(fe.page, fe.stamp, i, data).is_ok() {
+                    if self
+                        .codec
+                        .open_piece(fe.page, fe.stamps.of(i), i, data)
+                        .is_ok()
+                    {
                         let page = fe.page;
                         self.ops.remove(&op);
                         self.unbusy(page, op);
@@ -787,7 +845,7 @@ impl Book {
                 }
                 if self.codec.plain() && fe.repair {
                     // A move off a draining server: write it where it goes.
-                    let (page, stamp) = (fe.page, fe.stamp);
+                    let (page, stamp) = (fe.page, fe.stamps.latest);
                     self.ops.remove(&op);
                     let mut units = self.take_buf();
                     rmem_copy::copy(&mut units, data);
@@ -855,9 +913,14 @@ impl Book {
         let Some(Op::Store(st)) = self.ops.get_mut(&op) else {
             return;
         };
-        if st.ranges > 1 {
+        if st.ranges > 0 {
+            // Pieces written alone, to every member: done with the last range's answer (such
+            // a write is never released).
             st.ranges -= 1;
-            return;
+            if st.ranges > 0 {
+                return;
+            }
+            st.waiting = 0;
         }
         if st.released && st.waiting & bit(piece) != 0 {
             self.released_bytes -= self.codec.unit_len() as u64;
@@ -935,7 +998,7 @@ impl Book {
                 };
                 todo.push(Todo::RepairWrite {
                     page: fe.page,
-                    stamp: fe.stamp,
+                    stamp: fe.stamps.latest,
                     units: fe.buf,
                     have: fe.have,
                     read: op,
@@ -965,7 +1028,7 @@ impl Book {
             unreachable!()
         };
         let codec = &self.codec;
-        let (page, stamp) = (fe.page, fe.stamp);
+        let (page, stamps) = (fe.page, fe.stamps.clone());
         let pieces = match came.as_deref_mut() {
             Some(came) => came,
             None => &mut fe.buf[..],
@@ -975,9 +1038,9 @@ impl Book {
             // fetch decrypts them, so under encryption a bad seal leaves the data fragments
             // to be asked again.
             let r = if fe.repair {
-                codec.rebuild(page, stamp, pieces, fe.have, &mut self.scratch)
+                codec.rebuild(page, &stamps, pieces, fe.have, &mut self.scratch)
             } else {
-                codec.decode(page, stamp, pieces, fe.have)
+                codec.decode(page, &stamps, pieces, fe.have)
             };
             if r.is_err() && !fe.repair && codec.encrypted() && needed > 1 {
                 let data = (1u32 << needed) - 1;
@@ -1006,9 +1069,9 @@ impl Book {
                 copy.clear();
                 rmem_copy::extend(&mut copy, &fe.buf);
                 let r = if fe.repair {
-                    codec.rebuild(page, stamp, &mut copy, have, &mut spare)
+                    codec.rebuild(page, &stamps, &mut copy, have, &mut spare)
                 } else {
-                    codec.decode(page, stamp, &mut copy, have)
+                    codec.decode(page, &stamps, &mut copy, have)
                 };
                 if r.is_ok() {
                     std::mem::swap(&mut fe.buf, &mut copy);
@@ -1031,7 +1094,7 @@ impl Book {
             if fe.repair {
                 todo.push(Todo::RepairWrite {
                     page,
-                    stamp,
+                    stamp: stamps.latest,
                     units: fe.buf,
                     have: (1u32 << self.codec.redundancy().width()) - 1,
                     read: op,
@@ -1787,6 +1850,9 @@ impl RemoteStore {
             self.book.groups.pages[g as usize] += 1;
         }
         self.book.meta.set_group(page, new);
+        if new.is_none() {
+            self.book.meta.forget_cells(page);
+        }
     }
 
     /// The group to write `page` to: its own while every member lives; else its live members
@@ -1958,15 +2024,7 @@ impl RemoteStore {
         let stamp = if self.book.codec.plain() {
             Stamp::default()
         } else {
-            let v = self
-                .book
-                .codec
-                .next_stamp(self.book.meta.stamp(page))
-                .ok_or_else(|| {
-                    StoreError::Layout(format!(
-                        "page {page} was written back 2^32 times; its seal's nonce would repeat"
-                    ))
-                })?;
+            let v = self.next_stamp(page)?;
             self.book.meta.set_stamp(page, v);
             v
         };
@@ -1985,6 +2043,18 @@ impl RemoteStore {
         let op = self.send_store(page, g, stamp, all, Outgoing::Units(&units), false);
         self.units = units;
         Ok(op)
+    }
+
+    /// The stamp `page`'s next write (whole or of pieces) seals with.
+    fn next_stamp(&self, page: u64) -> Result<Stamp, StoreError> {
+        self.book
+            .codec
+            .next_stamp(self.book.meta.stamp(page))
+            .ok_or_else(|| {
+                StoreError::Layout(format!(
+                    "page {page} was written back 2^32 times; its seal's nonce would repeat"
+                ))
+            })
     }
 
     /// Write the pieces of `page` that moved (a repair, or a move off a draining server):
@@ -2074,7 +2144,7 @@ impl RemoteStore {
             op,
             Op::Fetch(Fetch {
                 page,
-                stamp: self.book.meta.stamp(page),
+                stamps: self.book.meta.stamps(page),
                 group: g,
                 buf,
                 have: 0,
@@ -2337,7 +2407,29 @@ impl RemoteStore {
         if st.ranges > 0 {
             // Written pieces go over the page where it is; its server refuses them only
             // where the page must be copied first (shared with a fork child's snapshot) and
-            // it has no room for the copy.
+            // it has no room for the copy. One copy of several: that server's copy is given up
+            // (it misses the pieces) and rebuilt from the others elsewhere, as a lost one.
+            if let (Some(g), Some(r)) = (self.book.meta.group(page), refused) {
+                let mut members = self.book.groups.members[g as usize].to_vec();
+                let others = (0..members.len())
+                    .filter(|&i| i != piece as usize && self.book.alive(members[i]))
+                    .count();
+                if members[piece as usize] == r as u16 && others > 0 {
+                    members[piece as usize] = NONE;
+                    let ng = self.book.groups.intern(&members);
+                    self.relocate(page, Some(g), Some(ng));
+                    self.repair.queue.push_back(page);
+                    self.repair.started.get_or_insert_with(Instant::now);
+                    self.repair.quiet = false;
+                }
+                if members[piece as usize] == NONE {
+                    // (Its other ranges refused too find it given up already.)
+                    let mut todo = std::mem::take(&mut self.todo);
+                    self.book.written(op, piece as usize, f, &mut todo);
+                    self.todo.append(&mut todo);
+                    return Ok(());
+                }
+            }
             let server = refused.map_or_else(|| "(none)".into(), |s| self.conns[s].name.clone());
             return Err(StoreError::AllFull {
                 page,
@@ -2501,9 +2593,11 @@ impl RemoteStore {
                 Kind::Free | Kind::Ping | Kind::Snapshot | Kind::EndSnapshot => {}
                 // A sub-page fetch's.
                 Kind::ReadRange { op, piece, .. } => self.lost_read(op, piece),
-                Kind::WriteRange { .. } => {
-                    unreachable!("byte ranges are written only to pages of one copy")
-                }
+                // Pieces written alone over a replica (one copy alone has no redundancy, so
+                // never here): they are lost with the rest of it, and the page, which names
+                // this server, was queued for repair above; the survivors' answers finish
+                // the write.
+                Kind::WriteRange { op, piece, .. } => self.todo.push(Todo::LostRange { op, piece }),
             }
         }
         self.revive_wait = REVIVE_FIRST;
@@ -2597,6 +2691,11 @@ impl RemoteStore {
                         self.repair.in_flight -= 1;
                         self.repair.queue.push_back(page);
                     }
+                }
+                Todo::LostRange { op, piece } => {
+                    let mut todo = std::mem::take(&mut self.todo);
+                    self.book.written(op, piece as usize, f, &mut todo);
+                    self.todo.append(&mut todo);
                 }
                 Todo::Repaired => {
                     self.repair.in_flight -= 1;
@@ -3549,9 +3648,30 @@ impl PageStore for RemoteStore {
     }
 
     /// Only one unsealed copy is written a range at a time: a seal covers a whole piece's
-    /// cell, and parity a whole fragment.
+    /// cell, and parity a whole fragment. (Pieces sealed alone go over copies: see
+    /// [`PageStore::piece_writes`].)
     fn part_writes(&self) -> bool {
         self.book.codec.plain()
+    }
+
+    /// A page sealed by the piece and kept whole on each server (`none` encrypted,
+    /// `replicas:N`) takes its written pieces alone, each sealed with the page's next version
+    /// (its cells keep their own: [`Meta::set_pieces`]), while every member of its group is
+    /// prompt (where a write-back of the whole page would go too). A member lost, leaving or
+    /// slow has the page written whole instead, which places it anew; and under `ec:K+M` a
+    /// fragment's parity covers its whole stripe.
+    fn piece_writes(&self, page: PageIndex) -> bool {
+        let codec = &self.book.codec;
+        if codec.plain() {
+            return true;
+        }
+        if !codec.by_piece() || codec.redundancy().needed() != 1 {
+            return false;
+        }
+        self.book.meta.group(page.0).is_some_and(|g| {
+            let m = &self.book.groups.members[g as usize];
+            m.iter().all(|&s| self.book.prompt(s))
+        })
     }
 
     fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
@@ -3568,7 +3688,7 @@ impl PageStore for RemoteStore {
             op,
             Op::Fetch(Fetch {
                 page: page.0,
-                stamp: self.book.meta.stamp(page.0),
+                stamps: self.book.meta.stamps(page.0),
                 group: g,
                 buf: Vec::new(),
                 have: 0,
@@ -3604,50 +3724,82 @@ impl PageStore for RemoteStore {
         self.book.codec.redundancy().needed() == 1
     }
 
-    /// Each run of written pieces is one `WriteRange` to the page's one server, where the
-    /// page stays. A move of the page under way is not its latest then: a pull is superseded
-    /// here, and a move through this client finds the page busy when its read comes back
-    /// (`Todo::RepairWrite`), so it moves later, from a read sent after these writes on the
-    /// same link.
+    /// Each run of written pieces is one `WriteRange` to each of the page's servers, where
+    /// the page stays: the bytes as they are (one plain copy), or the pieces' cells sealed
+    /// with the page's next version (see [`PageStore::piece_writes`]). A move of the page
+    /// under way is not its latest then: a pull is superseded here, and a move through this
+    /// client finds the page busy when its read comes back (`Todo::RepairWrite`), so it moves
+    /// later, from a read sent after these writes on the same link.
     fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {
-        assert!(self.book.codec.plain(), "part writes of sealed pages");
+        assert!(
+            self.piece_writes(page),
+            "page {}: pieces written alone where they cannot be",
+            page.0
+        );
         debug_assert_eq!(data.len(), self.book.codec.page_size());
         let g = self.group_of(page.0, "write pieces of")?;
-        let s = self.book.groups.members[g as usize][0];
-        if !self.book.alive(s) {
+        let members = self.book.groups.members[g as usize].clone();
+        let plain = self.book.codec.plain();
+        if plain && !self.book.alive(members[0]) {
             return Err(StoreError::Lost {
                 servers: self.dead_list(),
                 detail: format!("page {} was on it", page.0),
             });
         }
+        let stamp = if plain {
+            Stamp::default()
+        } else {
+            let v = self.next_stamp(page.0)?;
+            let n = self.book.codec.page_size() / PIECE;
+            self.book
+                .codec
+                .seal_pieces(page.0, v, data, pieces, &mut self.units);
+            self.book.meta.set_pieces(page.0, v, pieces, n);
+            v
+        };
         self.supersede(page.0);
         let op = self.book.op_id();
         if self.repair.started.is_some() {
             self.book.parted.insert(page.0, op);
         }
-        let mut ranges = 0;
-        for (at, len) in super::piece_runs(pieces) {
-            self.conns[s as usize].submit(
-                Request::WriteRange {
-                    key: PageKey(page.0),
-                    offset: at as u32,
-                    data: &data[at..at + len],
-                },
-                Kind::WriteRange {
-                    op,
-                    key: page.0,
-                    offset: at as u32,
-                },
-            );
-            ranges += 1;
+        let (mut ranges, mut waiting) = (0, 0);
+        for (i, &s) in members.iter().enumerate() {
+            if !self.book.alive(s) {
+                continue; // a piece not stored: the page is degraded, and repaired as such
+            }
+            let mut sealed = 0;
+            for (at, len) in super::piece_runs(pieces) {
+                let (offset, bytes) = if plain {
+                    (at, &data[at..at + len])
+                } else {
+                    let n = len / PIECE * CELL;
+                    sealed += n;
+                    (at / PIECE * CELL, &self.units[sealed - n..sealed])
+                };
+                self.conns[s as usize].submit(
+                    Request::WriteRange {
+                        key: PageKey(page.0),
+                        offset: offset as u32,
+                        data: bytes,
+                    },
+                    Kind::WriteRange {
+                        op,
+                        piece: i as u8,
+                        key: page.0,
+                        offset: offset as u32,
+                    },
+                );
+                ranges += 1;
+            }
+            waiting |= bit(i);
         }
         assert!(ranges > 0, "page {}: no written piece to store", page.0);
         self.book.ops.insert(
             op,
             Op::Store(Store {
                 page: page.0,
-                stamp: Stamp::default(),
-                waiting: bit(0),
+                stamp,
+                waiting,
                 repair: false,
                 released: false,
                 ranges,

@@ -541,7 +541,7 @@ fn a_fetch_that_nothing_can_finish_is_an_error_not_a_hang() {
         op,
         super::Op::Fetch(Fetch {
             page: 3,
-            stamp: s.book.meta.stamp(3),
+            stamps: s.book.meta.stamps(3),
             group,
             buf: Vec::new(),
             have: 0,

@@ -42,6 +42,33 @@ pub struct Stamp {
     pub key: u8,
 }
 
+/// What sealed each cell of one stored page: the stamp of its last write (whole, or of some
+/// pieces alone: [`Codec::seal_pieces`]), and where pieces were written alone since the page
+/// was last written whole, each cell's own. Every write takes the next version, so `latest`
+/// tells one stored state of the page from any other.
+#[derive(Clone, Debug, Default)]
+pub struct Stamps {
+    pub latest: Stamp,
+    /// One per piece, or `None`: every cell has `latest`.
+    pub cells: Option<Arc<[Stamp]>>,
+}
+
+impl Stamps {
+    /// The stamp cell `i` was sealed with.
+    pub fn of(&self, i: usize) -> Stamp {
+        self.cells.as_ref().map_or(self.latest, |c| c[i])
+    }
+}
+
+impl From<Stamp> for Stamps {
+    fn from(latest: Stamp) -> Stamps {
+        Stamps {
+            latest,
+            cells: None,
+        }
+    }
+}
+
 /// Most keys a codec holds: fork() generations of one encrypted program, nested.
 pub const KEYS_MAX: usize = 256;
 
@@ -465,13 +492,13 @@ impl Codec {
     pub fn decode(
         &self,
         page: u64,
-        stamp: Stamp,
+        stamps: &Stamps,
         buf: &mut [u8],
         have: u32,
     ) -> Result<(), Unsealed> {
         self.reconstruct(buf, have, false)?;
         let n = self.sealed_len();
-        self.open(page, stamp, &mut buf[..n])?;
+        self.open(page, stamps, &mut buf[..n])?;
         // Sealed by the piece: gather the pieces out of their cells, first piece first (each
         // moves down, over what was read already).
         for i in 1..self.cells {
@@ -487,7 +514,7 @@ impl Codec {
     pub fn rebuild(
         &self,
         page: u64,
-        stamp: Stamp,
+        stamps: &Stamps,
         buf: &mut [u8],
         have: u32,
         scratch: &mut Vec<u8>,
@@ -498,27 +525,61 @@ impl Codec {
             // Opening decrypts in place.
             scratch.clear();
             rmem_copy::extend(scratch, sealed);
-            self.open(page, stamp, scratch)
+            self.open(page, stamps, scratch)
         } else {
             // Checking a checksum leaves the page as it is.
-            self.open(page, stamp, sealed)
+            self.open(page, stamps, sealed)
         }
     }
 
-    /// Check (and decrypt, in place) one sealed page: sealed by the piece, every cell (the
-    /// pieces stay in their cells).
-    pub fn open(&self, page: u64, stamp: Stamp, sealed: &mut [u8]) -> Result<(), Unsealed> {
+    /// Check (and decrypt, in place) one sealed page: sealed by the piece, every cell with
+    /// its own stamp (the pieces stay in their cells).
+    pub fn open(&self, page: u64, stamps: &Stamps, sealed: &mut [u8]) -> Result<(), Unsealed> {
         if self.cells == 0 {
+            debug_assert!(
+                stamps.cells.is_none(),
+                "page {page}: cells of a page sealed whole"
+            );
             let (data, tag) = sealed.split_at_mut(self.page_size);
-            return self.open_in(page, stamp, 0, data, tag);
+            return self.open_in(page, stamps.latest, 0, data, tag);
+        }
+        if stamps.cells.as_ref().is_some_and(|c| c.len() != self.cells) {
+            return Err(Unsealed);
         }
         for (i, cell) in sealed[..self.cells * CELL]
             .chunks_exact_mut(CELL)
             .enumerate()
         {
-            self.open_piece(page, stamp, i, cell)?;
+            self.open_piece(page, stamps.of(i), i, cell)?;
         }
         Ok(())
+    }
+
+    /// The pieces of `data` (a whole page) in `pieces` (bit i: piece i), each sealed into its
+    /// cell as `stamp`, the cells one after the other in `out` (replaced): what
+    /// [`Codec::cell`]'s places take, run by run of consecutive pieces, to write those
+    /// pieces over a stored copy alone. Only a page sealed by the piece kept whole on each
+    /// server (one copy, or replicas) can: a fragment's parity covers its whole stripe.
+    pub fn seal_pieces(
+        &self,
+        page: u64,
+        stamp: Stamp,
+        data: &[u8],
+        pieces: u64,
+        out: &mut Vec<u8>,
+    ) {
+        assert!(
+            self.cells > 0 && self.rs.is_none(),
+            "page {page}: pieces sealed alone where cells are whole copies"
+        );
+        assert_eq!(data.len(), self.page_size);
+        out.clear();
+        for i in (0..self.cells).filter(|&i| pieces & (1 << i) != 0) {
+            let at = out.len();
+            rmem_copy::extend(out, &data[i * PIECE..(i + 1) * PIECE]);
+            out.resize(at + CELL, 0);
+            self.seal_cell(page, stamp, i, &mut out[at..]);
+        }
     }
 }
 
@@ -574,7 +635,7 @@ mod tests {
     /// Decode a page from every piece of `units` (as `encode` wrote them), and return it.
     fn decoded(c: &Codec, page: u64, stamp: Stamp, units: &[u8]) -> Result<Vec<u8>, Unsealed> {
         let mut buf = units.to_vec();
-        c.decode(page, stamp, &mut buf, (1 << c.slots()) - 1)?;
+        c.decode(page, &stamp.into(), &mut buf, (1 << c.slots()) - 1)?;
         Ok(buf[..c.page_size()].to_vec())
     }
 
@@ -598,7 +659,7 @@ mod tests {
         assert_eq!(keys(&c), [true]);
         let child = c.forked(&[5; 32]).unwrap();
         assert_eq!(keys(&child), [true, false]);
-        c.open(9, v(1), &mut sealed).unwrap();
+        c.open(9, &v(1).into(), &mut sealed).unwrap();
         assert_eq!(&sealed[..4096], &page(3)[..]);
     }
 
@@ -655,10 +716,10 @@ mod tests {
                         buf[s * c.unit_len()..(s + 1) * c.unit_len()].fill(0xA5);
                     }
                     let mut rebuilt = buf.clone();
-                    c.rebuild(9, v(3), &mut rebuilt, have, &mut Vec::new())
+                    c.rebuild(9, &v(3).into(), &mut rebuilt, have, &mut Vec::new())
                         .unwrap();
                     assert_eq!(rebuilt, units, "{r} encrypt={encrypt} rebuilt from {first}");
-                    c.decode(9, v(3), &mut buf, have).unwrap();
+                    c.decode(9, &v(3).into(), &mut buf, have).unwrap();
                     assert_eq!(
                         &buf[..ps],
                         &data[..],
@@ -711,12 +772,12 @@ mod tests {
             let mut buf = bad.clone();
             let mut scratch = Vec::new();
             assert_eq!(
-                c.rebuild(9, v(3), &mut buf, all, &mut scratch),
+                c.rebuild(9, &v(3).into(), &mut buf, all, &mut scratch),
                 Err(Unsealed)
             );
             assert_eq!(buf, bad, "{r}");
             assert_eq!(
-                c.rebuild(10, v(3), &mut buf, all, &mut scratch),
+                c.rebuild(10, &v(3).into(), &mut buf, all, &mut scratch),
                 Err(Unsealed)
             );
         }
@@ -780,6 +841,68 @@ mod tests {
                 swapped[a..a + CELL].copy_from_slice(&units[b..b + CELL]);
                 swapped[b..b + CELL].copy_from_slice(&units[a..a + CELL]);
                 assert_eq!(decoded(&c, 9, v(3), &swapped), Err(Unsealed), "{r}");
+            }
+        }
+    }
+
+    /// Pieces sealed alone at a newer version, written over a stored copy, open with each
+    /// cell's own stamp; the page as written before them, or the copy without them (a server
+    /// that missed those writes), does not.
+    #[test]
+    fn pieces_written_alone_open_with_their_own_stamps_and_a_stale_copy_fails() {
+        for r in ["none", "replicas:2"] {
+            for encrypt in [false, true] {
+                if r == "none" && !encrypt {
+                    continue;
+                }
+                let c = Codec::new(65536, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+                let old = sized(65536, 4);
+                let mut unit = Vec::new();
+                c.encode(9, v(3), &old, &mut unit);
+                let stale = unit.clone();
+                let mut new = sized(65536, 5);
+                let pieces: u64 = 0b110_0100; // 2, 5, 6
+                let mut cells = Vec::new();
+                c.seal_pieces(9, v(4), &new, pieces, &mut cells);
+                assert_eq!(cells.len(), 3 * CELL);
+                let mut at = 0;
+                for (run, len) in crate::store::piece_runs(pieces) {
+                    let (slot, off) = c.cell(run / PIECE);
+                    assert_eq!(slot, 0);
+                    let n = len / PIECE * CELL;
+                    unit[off as usize..off as usize + n].copy_from_slice(&cells[at..at + n]);
+                    at += n;
+                }
+                let each: Vec<Stamp> = (0..16)
+                    .map(|i| if pieces & (1 << i) != 0 { v(4) } else { v(3) })
+                    .collect();
+                let stamps = Stamps {
+                    latest: v(4),
+                    cells: Some(each.into()),
+                };
+                for i in (0..16).filter(|i| pieces & (1 << i) == 0) {
+                    new[i * PIECE..(i + 1) * PIECE]
+                        .copy_from_slice(&old[i * PIECE..(i + 1) * PIECE]);
+                }
+                let mut buf = unit.clone();
+                c.decode(9, &stamps, &mut buf, 1).unwrap();
+                assert!(buf[..65536] == new[..], "{r} encrypt={encrypt}");
+                let (_, off) = c.cell(5);
+                let mut cell = unit[off as usize..off as usize + CELL].to_vec();
+                c.open_piece(9, stamps.of(5), 5, &mut cell).unwrap();
+                assert!(cell[..PIECE] == new[5 * PIECE..6 * PIECE]);
+                for (what, stamps, bytes) in [
+                    ("the copy without the pieces", stamps.clone(), &stale),
+                    ("every cell as the old version", v(3).into(), &unit),
+                    ("every cell as the new version", v(4).into(), &unit),
+                ] {
+                    let mut buf = bytes.clone();
+                    assert_eq!(
+                        c.decode(9, &stamps, &mut buf, 1),
+                        Err(Unsealed),
+                        "{r} encrypt={encrypt}: {what}"
+                    );
+                }
             }
         }
     }

@@ -166,6 +166,14 @@ pub trait PageStore: Send {
     fn part_writes(&self) -> bool {
         false
     }
+    /// Whether `page`'s written 4 KiB pieces go alone now ([`PageStore::store_parts`]):
+    /// always where [`PageStore::part_writes`]; a store whose pages are sealed by the piece
+    /// may take them page by page. Otherwise a partial page's written pieces leave with the
+    /// rest of their page, fetched first.
+    fn piece_writes(&self, page: PageIndex) -> bool {
+        let _ = page;
+        self.part_writes()
+    }
     /// Start fetching `len` bytes of `page` from `offset` (where [`PageStore::part_reads`]);
     /// completes with [`Completion::Fetched`] carrying those bytes alone.
     fn fetch_part(&mut self, page: PageIndex, offset: u32, len: u32) -> Result<(), StoreError> {
@@ -175,8 +183,8 @@ pub trait PageStore: Send {
     /// Start storing `data` as `page`'s contents; completes with [`Completion::Stored`].
     fn store(&mut self, page: PageIndex, data: &[u8]) -> Result<(), StoreError>;
     /// Start storing the 4 KiB pieces of `data` in `pieces` (bit `i`: bytes `i * 4096` on)
-    /// over `page`'s stored copy, the rest of which stays as it is (where
-    /// [`PageStore::part_reads`]: a partial page's written pieces); completes with
+    /// over `page`'s stored copies, the rest of which stay as they are (where
+    /// [`PageStore::piece_writes`]: a partial page's written pieces); completes with
     /// [`Completion::Stored`]. `data` is the whole page as the client has it; its other
     /// pieces are not the page's.
     fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {

@@ -87,6 +87,8 @@ pub(crate) enum Kind {
     },
     WriteRange {
         op: u64,
+        /// The member of the page's group written (its copy: `none`, or one of `replicas:N`).
+        piece: u8,
         key: u64,
         offset: u32,
     },
@@ -1300,13 +1302,18 @@ impl Conn {
                         f(Answer::Read { op, piece, data })
                     }
                     (
-                        Kind::WriteRange { op, key, offset },
+                        Kind::WriteRange {
+                            op,
+                            piece,
+                            key,
+                            offset,
+                        },
                         Response::WriteRangeOk {
                             key: k, offset: o, ..
                         },
-                    ) if k.0 == key && o == offset => f(Answer::Written { op, piece: 0 }),
+                    ) if k.0 == key && o == offset => f(Answer::Written { op, piece }),
                     (
-                        Kind::WriteRange { op, .. },
+                        Kind::WriteRange { op, piece, .. },
                         Response::Error {
                             code: rmem_proto::ErrorCode::Full,
                             message,
@@ -1318,7 +1325,7 @@ impl Conn {
                         self.refused_why = message.to_string();
                         f(Answer::Full {
                             op,
-                            piece: 0,
+                            piece,
                             unit: Vec::new(),
                         });
                     }
