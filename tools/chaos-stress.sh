@@ -5,7 +5,7 @@
 # at least 8 s apart. Prints the stress's verdict (mismatches), what the runtime said about
 # servers, and its counters. docs/benchmarks.md ("Write-backs stored a piece short").
 #
-# usage: [PAGE=64K] [EXTRA="--encrypt on"] tools/chaos-stress.sh SERVERS LAYOUT OPS [KILLS]
+# usage: [PAGE=64K] [EXTRA="--encrypt"] tools/chaos-stress.sh SERVERS LAYOUT OPS [KILLS]
 #        e.g. tools/chaos-stress.sh 6 ec:4+1 250000 2 (PAGE: --page-size, 4K unless given)
 # Run from the repository root after `cargo build --release --workspace`.
 set -u
