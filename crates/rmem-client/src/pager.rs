@@ -1650,7 +1650,7 @@ impl Core {
         // ([`PageStore::piece_writes`]); where it cannot (under erasure coding, or a copy's
         // server lost or slow) the rest of the page is fetched as it leaves and it is written
         // back whole ([`Core::merge`]): the program's faults fetch only pieces all the same.
-        let alone = pieces != 0 && store.piece_writes(v);
+        let alone = pieces != 0 && store.piece_writes(v, pieces);
         if alone {
             Stats::add(&self.stats.sub_page_write_backs, 1);
             Stats::add(

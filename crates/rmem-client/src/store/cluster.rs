@@ -273,6 +273,33 @@ struct Fetch {
     /// one data fragment, whose server failed it): the page is read whole, and only this
     /// piece handed on.
     only: Option<u8>,
+    /// A patch that could not be made ([`Patch`]): once read, the page takes these written
+    /// pieces (a mask, and each piece in order) and is written back whole, not handed on.
+    then_store: Option<Box<(u64, Vec<u8>)>>,
+}
+
+/// Written pieces of a page under `ec:K+M` going alone ([`PageStore::store_parts`]): each
+/// member's bytes over the cells the pieces change are read (the data fragments' cells of
+/// those pieces; the parity fragments' at the same offsets), then written back changed: the
+/// pieces' new cells, and the parity XOR the code of the cells' differences
+/// ([`Codec::parity_delta`]). One read and one write per member, of a few cells where the
+/// page whole would be K fragments read and K+M written. A member that cannot be read (lost,
+/// missing the page, an old cell that fails its seal) turns it into a whole write-back: the
+/// page read whole from any K, the pieces put in, written as any page.
+struct Patch {
+    page: u64,
+    group: u16,
+    /// What sealed the page's cells before: the old cells read are checked with it.
+    old: Stamps,
+    pieces: u64,
+    /// The written pieces, in order, [`PIECE`] bytes each.
+    data: Vec<u8>,
+    /// Per member, the cells read and rewritten: (first, count) in its unit; `None`: none.
+    spans: Vec<Option<(usize, usize)>>,
+    /// Per member, those cells once they came.
+    got: Vec<Vec<u8>>,
+    /// Members whose cells are still to come.
+    waiting: u32,
 }
 
 /// What a fetch is for.
@@ -313,6 +340,7 @@ struct Store {
 enum Op {
     Fetch(Fetch),
     Store(Store),
+    Patch(Patch),
 }
 
 /// Work an answer leaves for the links.
@@ -340,6 +368,15 @@ enum Todo {
     LostRange {
         op: u64,
         piece: u8,
+    },
+    /// A patch's cells are all in: write them changed.
+    PatchWrite(u64),
+    /// A patch cannot be made: write the page whole.
+    PatchFailed(u64),
+    /// A page read whole for a patch that could not be made, its pieces put in: store it.
+    StoreWhole {
+        page: u64,
+        data: Vec<u8>,
     },
     /// A server answered a pull: the first `stored` keys of `batch` are stored there.
     Pulled {
@@ -611,6 +648,14 @@ struct Pool {
 /// Whether a fetched piece is decoded in the link's input buffer, where it came, rather than
 /// copied into the fetch's buffer first: a copy (one slot) the pager asked for (`for_pager`);
 /// a repair keeps what came as it came, and fragments are gathered to be decoded together.
+/// The cells a mask of them spans: (first, count), or `None` for none.
+fn cells_of(mask: u64) -> Option<(usize, usize)> {
+    (mask != 0).then(|| {
+        let first = mask.trailing_zeros() as usize;
+        (first, 64 - mask.leading_zeros() as usize - first)
+    })
+}
+
 fn opened_where_it_comes(codec: &Codec, for_pager: bool) -> bool {
     codec.slots() == 1 && for_pager
 }
@@ -810,6 +855,20 @@ impl Book {
     ) {
         match a {
             Answer::Read { op, piece, data } => {
+                if let Some(Op::Patch(pa)) = self.ops.get_mut(&op) {
+                    let m = piece as usize;
+                    match pa.spans[m] {
+                        Some((_, n)) if pa.waiting & bit(m) != 0 && data.len() == n * CELL => {
+                            rmem_copy::extend(&mut pa.got[m], data);
+                            pa.waiting &= !bit(m);
+                            if pa.waiting == 0 {
+                                todo.push(Todo::PatchWrite(op));
+                            }
+                        }
+                        _ => todo.push(Todo::PatchFailed(op)),
+                    }
+                    return;
+                }
                 let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) else {
                     return; // late: the page was read from other pieces
                 };
@@ -881,6 +940,9 @@ impl Book {
                 self.try_decode(op, None, f, todo);
             }
             Answer::Missing { op, piece } => {
+                if let Some(Op::Patch(_)) = self.ops.get(&op) {
+                    todo.push(Todo::PatchFailed(op));
+                }
                 if let Some(Op::Fetch(fe)) = self.ops.get_mut(&op) {
                     fe.answered |= bit(piece as usize);
                     fe.bad |= bit(piece as usize);
@@ -1099,6 +1161,18 @@ impl Book {
                     have: (1u32 << self.codec.redundancy().width()) - 1,
                     read: op,
                 });
+            } else if let Some(then) = fe.then_store {
+                // A patch that could not be made: the page with its written pieces, whole.
+                let pieces = came.as_deref().unwrap_or(&fe.buf);
+                let ps = self.codec.page_size();
+                let mut data = pieces[..ps].to_vec();
+                let (mask, written) = *then;
+                for (n, i) in (0..64).filter(|i| mask & (1 << i) != 0).enumerate() {
+                    data[i * PIECE..(i + 1) * PIECE]
+                        .copy_from_slice(&written[n * PIECE..(n + 1) * PIECE]);
+                }
+                todo.push(Todo::StoreWhole { page, data });
+                self.give_buf(fe.buf);
             } else {
                 self.unbusy(page, op);
                 let pieces = came.as_deref().unwrap_or(&fe.buf);
@@ -2045,6 +2119,185 @@ impl RemoteStore {
         Ok(op)
     }
 
+    /// Start a [`Patch`] of `page` (in group `g`) for its written `pieces` of `data`: read
+    /// each member's cells that they change.
+    fn start_patch(&mut self, page: u64, data: &[u8], pieces: u64, g: u16) {
+        let codec = &self.book.codec;
+        let (k, w, per) = (
+            codec.redundancy().needed(),
+            codec.slots(),
+            codec.cells_per_unit(),
+        );
+        let written: Vec<usize> = (0..64).filter(|i| pieces & (1 << i) != 0).collect();
+        let mut spans = vec![None; w];
+        let mut offsets = 0u64;
+        for (j, span) in spans.iter_mut().enumerate().take(k) {
+            let at: u64 = written
+                .iter()
+                .filter(|&&i| i / per == j)
+                .fold(0, |m, &i| m | 1 << (i % per));
+            *span = cells_of(at);
+            offsets |= at;
+        }
+        for span in spans.iter_mut().skip(k) {
+            *span = cells_of(offsets);
+        }
+        let mut kept = Vec::with_capacity(written.len() * PIECE);
+        for &i in &written {
+            rmem_copy::extend(&mut kept, &data[i * PIECE..(i + 1) * PIECE]);
+        }
+        self.supersede(page);
+        let op = self.book.op_id();
+        if self.repair.started.is_some() {
+            self.book.parted.insert(page, op);
+        }
+        let members = self.book.groups.members[g as usize].clone();
+        let mut waiting = 0;
+        for (m, span) in spans.iter().enumerate() {
+            let Some((first, n)) = *span else { continue };
+            let (offset, len) = ((first * CELL) as u32, (n * CELL) as u32);
+            self.read_range(members[m], op, m, page, offset, len);
+            waiting |= bit(m);
+        }
+        let old = self.book.meta.stamps(page);
+        self.book.ops.insert(
+            op,
+            Op::Patch(Patch {
+                page,
+                group: g,
+                old,
+                pieces,
+                data: kept,
+                spans,
+                got: vec![Vec::new(); w],
+                waiting,
+            }),
+        );
+        self.book.busy.insert(page, op);
+    }
+
+    /// Patch `op`'s cells are in: check the old cells of its pieces, seal the new ones with
+    /// the page's next version, patch the parity by the code of their differences, and write
+    /// each member's cells back over it (`op` becomes the store of them).
+    fn patch_write(&mut self, op: u64) -> Result<(), StoreError> {
+        let Some(Op::Patch(mut pa)) = self.book.ops.remove(&op) else {
+            return Ok(());
+        };
+        let page = pa.page;
+        let members = self.book.groups.members[pa.group as usize].clone();
+        let placed = self.book.meta.group(page) == Some(pa.group)
+            && members.iter().all(|&s| self.book.alive(s));
+        if !placed {
+            return self.whole_after_patch(op, pa);
+        }
+        let stamp = self.next_stamp(page)?;
+        let mut old = std::mem::take(&mut self.book.scratch);
+        let codec = &self.book.codec;
+        let (k, w, per) = (
+            codec.redundancy().needed(),
+            codec.slots(),
+            codec.cells_per_unit(),
+        );
+        let written: Vec<usize> = (0..64).filter(|i| pa.pieces & (1 << i) != 0).collect();
+        let mut diffs = vec![0u8; written.len() * CELL];
+        let mut bad = false;
+        for (n, &i) in written.iter().enumerate() {
+            let (j, o) = (i / per, i % per);
+            let first = pa.spans[j].expect("a span over each written piece").0;
+            let at = (o - first) * CELL;
+            let cell = &mut pa.got[j][at..at + CELL];
+            old.clear();
+            rmem_copy::extend(&mut old, cell);
+            if codec.open_piece(page, pa.old.of(i), i, &mut old).is_err() {
+                bad = true;
+                break;
+            }
+            let diff = &mut diffs[n * CELL..(n + 1) * CELL];
+            diff.copy_from_slice(cell);
+            codec.seal_piece(page, stamp, i, &pa.data[n * PIECE..(n + 1) * PIECE], cell);
+            for (d, c) in diff.iter_mut().zip(cell.iter()) {
+                *d ^= c;
+            }
+        }
+        self.book.scratch = old;
+        if bad {
+            // A lying or damaged data fragment: its change cannot be worked out from it.
+            self.book.counters.pieces_bad.fetch_add(1, Relaxed);
+            return self.whole_after_patch(op, pa);
+        }
+        let mut shards = vec![0u8; w * CELL];
+        let offsets = written.iter().fold(0u64, |m, &i| m | 1 << (i % per));
+        for o in (0..per).filter(|o| offsets & (1 << o) != 0) {
+            shards.fill(0);
+            for (n, &i) in written.iter().enumerate().filter(|(_, &i)| i % per == o) {
+                let j = i / per;
+                shards[j * CELL..(j + 1) * CELL].copy_from_slice(&diffs[n * CELL..(n + 1) * CELL]);
+            }
+            codec.parity_delta(&mut shards, CELL);
+            for p in k..w {
+                let first = pa.spans[p].expect("a span over each parity fragment").0;
+                let at = (o - first) * CELL;
+                let from = &shards[p * CELL..(p + 1) * CELL];
+                for (g, d) in pa.got[p][at..at + CELL].iter_mut().zip(from) {
+                    *g ^= d;
+                }
+            }
+        }
+        let (mut ranges, mut waiting) = (0, 0);
+        for (m, span) in pa.spans.iter().enumerate() {
+            let Some((first, _)) = *span else { continue };
+            let offset = (first * CELL) as u32;
+            self.conns[members[m] as usize].submit(
+                Request::WriteRange {
+                    key: PageKey(page),
+                    offset,
+                    data: &pa.got[m],
+                },
+                Kind::WriteRange {
+                    op,
+                    piece: m as u8,
+                    key: page,
+                    offset,
+                },
+            );
+            ranges += 1;
+            waiting |= bit(m);
+        }
+        let cells = self.book.codec.page_size() / PIECE;
+        self.book.meta.set_pieces(page, stamp, pa.pieces, cells);
+        self.book.ops.insert(
+            op,
+            Op::Store(Store {
+                page,
+                stamp,
+                waiting,
+                repair: false,
+                released: false,
+                ranges,
+            }),
+        );
+        let wr = self.book.writing.entry(page).or_default();
+        wr.in_flight += 1;
+        wr.newest = op;
+        Ok(())
+    }
+
+    /// Patch `op` (`pa`) cannot be made: read the page whole, put its pieces in, and write it
+    /// back whole (`Fetch::then_store`). A page freed meanwhile needs nothing.
+    fn whole_after_patch(&mut self, op: u64, pa: Patch) -> Result<(), StoreError> {
+        if self.book.meta.group(pa.page).is_none() {
+            self.book.unbusy(pa.page, op);
+            self.finished.push(pa.page);
+            return Ok(());
+        }
+        let read = self.start_fetch(pa.page, Purpose::Page)?;
+        if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&read) {
+            fe.then_store = Some(Box::new((pa.pieces, pa.data)));
+        }
+        self.book.busy.insert(pa.page, read);
+        Ok(())
+    }
+
     /// The stamp `page`'s next write (whole or of pieces) seals with.
     fn next_stamp(&self, page: u64) -> Result<Stamp, StoreError> {
         self.book
@@ -2160,6 +2413,7 @@ impl RemoteStore {
                 },
                 part: None,
                 only: None,
+                then_store: None,
             }),
         );
         self.ask(op)?;
@@ -2347,6 +2601,24 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// Ask server `s` for `len` bytes at `offset` of its piece `piece` of `page`, for `op`.
+    fn read_range(&mut self, s: u16, op: u64, piece: usize, page: u64, offset: u32, len: u32) {
+        self.conns[s as usize].submit(
+            Request::ReadPart {
+                key: PageKey(page),
+                offset,
+                len,
+            },
+            Kind::ReadRange {
+                op,
+                piece: piece as u8,
+                key: page,
+                offset,
+                len,
+            },
+        );
+    }
+
     /// Ask server `s` for piece `piece` of `page`, for fetch `op`.
     fn read_piece(&mut self, s: u16, op: u64, piece: usize, page: u64) {
         if let Some(Op::Fetch(Fetch {
@@ -2360,20 +2632,7 @@ impl RemoteStore {
             } else {
                 (codec.cell(*offset as usize / PIECE).1, CELL as u32)
             };
-            self.conns[s as usize].submit(
-                Request::ReadPart {
-                    key: PageKey(page),
-                    offset,
-                    len,
-                },
-                Kind::ReadRange {
-                    op,
-                    piece: piece as u8,
-                    key: page,
-                    offset,
-                    len,
-                },
-            );
+            self.read_range(s, op, piece, page, offset, len);
             return;
         }
         self.conns[s as usize].submit(
@@ -2407,14 +2666,16 @@ impl RemoteStore {
         if st.ranges > 0 {
             // Written pieces go over the page where it is; its server refuses them only
             // where the page must be copied first (shared with a fork child's snapshot) and
-            // it has no room for the copy. One copy of several: that server's copy is given up
-            // (it misses the pieces) and rebuilt from the others elsewhere, as a lost one.
+            // it has no room for the copy. With enough pieces on the others, that server's
+            // piece is given up (it misses the change) and rebuilt from them elsewhere, as a
+            // lost one.
             if let (Some(g), Some(r)) = (self.book.meta.group(page), refused) {
                 let mut members = self.book.groups.members[g as usize].to_vec();
                 let others = (0..members.len())
                     .filter(|&i| i != piece as usize && self.book.alive(members[i]))
                     .count();
-                if members[piece as usize] == r as u16 && others > 0 {
+                let needed = self.book.codec.redundancy().needed();
+                if members[piece as usize] == r as u16 && others >= needed {
                     members[piece as usize] = NONE;
                     let ng = self.book.groups.intern(&members);
                     self.relocate(page, Some(g), Some(ng));
@@ -2621,6 +2882,9 @@ impl RemoteStore {
     }
 
     fn lost_read(&mut self, op: u64, piece: u8) {
+        if let Some(Op::Patch(_)) = self.book.ops.get(&op) {
+            self.todo.push(Todo::PatchFailed(op));
+        }
         if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&op) {
             fe.answered |= bit(piece as usize);
             self.todo.push(Todo::Ask(op));
@@ -2691,6 +2955,16 @@ impl RemoteStore {
                         self.repair.in_flight -= 1;
                         self.repair.queue.push_back(page);
                     }
+                }
+                Todo::PatchWrite(op) => self.patch_write(op)?,
+                Todo::PatchFailed(op) => {
+                    if let Some(Op::Patch(pa)) = self.book.ops.remove(&op) {
+                        self.whole_after_patch(op, pa)?;
+                    }
+                }
+                Todo::StoreWhole { page, data } => {
+                    let op = self.start_store(page, &data)?;
+                    self.book.busy.insert(page, op);
                 }
                 Todo::LostRange { op, piece } => {
                     let mut todo = std::mem::take(&mut self.todo);
@@ -3654,18 +3928,23 @@ impl PageStore for RemoteStore {
         self.book.codec.plain()
     }
 
-    /// A page sealed by the piece and kept whole on each server (`none` encrypted,
-    /// `replicas:N`) takes its written pieces alone, each sealed with the page's next version
-    /// (its cells keep their own: [`Meta::set_pieces`]), while every member of its group is
-    /// prompt (where a write-back of the whole page would go too). A member lost, leaving or
-    /// slow has the page written whole instead, which places it anew; and under `ec:K+M` a
-    /// fragment's parity covers its whole stripe.
-    fn piece_writes(&self, page: PageIndex) -> bool {
+    /// A page sealed by the piece takes its written pieces alone, each sealed with the
+    /// page's next version (its cells keep their own: [`Meta::set_pieces`]), while every
+    /// member of its group is prompt (where a write-back of the whole page would go too): over
+    /// each copy (`none` encrypted, `replicas:N`), or under `ec:K+M` as a [`Patch`] of the
+    /// cells they change, where they are at most half the page's (more, and the patch reads
+    /// more than the page: its parity's cells too). A member lost, leaving or slow has the page
+    /// written whole instead, which places it anew.
+    fn piece_writes(&self, page: PageIndex, pieces: u64) -> bool {
         let codec = &self.book.codec;
         if codec.plain() {
             return true;
         }
-        if !codec.by_piece() || codec.redundancy().needed() != 1 {
+        if !codec.by_piece() {
+            return false;
+        }
+        let cells = codec.page_size() / PIECE;
+        if codec.redundancy().needed() > 1 && pieces.count_ones() as usize * 2 > cells {
             return false;
         }
         self.book.meta.group(page.0).is_some_and(|g| {
@@ -3701,6 +3980,7 @@ impl PageStore for RemoteStore {
                 moving: 0,
                 part: Some((offset, len)),
                 only: None,
+                then_store: None,
             }),
         );
         self.ask(op)?;
@@ -3732,12 +4012,16 @@ impl PageStore for RemoteStore {
     /// later, from a read sent after these writes on the same link.
     fn store_parts(&mut self, page: PageIndex, data: &[u8], pieces: u64) -> Result<(), StoreError> {
         assert!(
-            self.piece_writes(page),
+            self.piece_writes(page, pieces),
             "page {}: pieces written alone where they cannot be",
             page.0
         );
         debug_assert_eq!(data.len(), self.book.codec.page_size());
         let g = self.group_of(page.0, "write pieces of")?;
+        if self.book.codec.redundancy().needed() > 1 {
+            self.start_patch(page.0, data, pieces, g);
+            return Ok(());
+        }
         let members = self.book.groups.members[g as usize].clone();
         let plain = self.book.codec.plain();
         if plain && !self.book.alive(members[0]) {
@@ -3950,6 +4234,15 @@ impl PageStore for RemoteStore {
                     stores += 1;
                     if some.len() < 4 {
                         some.push(format!("{} (pieces {:#b} unanswered)", st.page, st.waiting));
+                    }
+                }
+                Op::Patch(pa) => {
+                    stores += 1;
+                    if some.len() < 4 {
+                        some.push(format!(
+                            "{} (a patch, cells {:#b} to come)",
+                            pa.page, pa.waiting
+                        ));
                     }
                 }
             }

@@ -554,6 +554,7 @@ fn a_fetch_that_nothing_can_finish_is_an_error_not_a_hang() {
             moving: 0,
             part: None,
             only: None,
+            then_store: None,
         }),
     );
     // The clock goes on from the looks above (each look sets the next one's time).

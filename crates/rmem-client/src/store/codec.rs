@@ -328,6 +328,32 @@ impl Codec {
         (self.slot_of(i / per), ((i % per) * CELL) as u32)
     }
 
+    /// Seal `piece` (its [`PIECE`] bytes) as piece `i` of `page` at `stamp` into `cell`
+    /// ([`CELL`] bytes): the cell as the servers store it.
+    pub fn seal_piece(&self, page: u64, stamp: Stamp, i: usize, piece: &[u8], cell: &mut [u8]) {
+        assert!(i < self.cells, "piece {i} of {} cells", self.cells);
+        cell[..PIECE].copy_from_slice(piece);
+        self.seal_cell(page, stamp, i, cell);
+    }
+
+    /// Cells in one stored unit (a copy, or a fragment of `ec:K+M`), for a page sealed by
+    /// the piece.
+    pub fn cells_per_unit(&self) -> usize {
+        self.unit_len / CELL
+    }
+
+    /// What the parity fragments' bytes change by when the data fragments' change by
+    /// `shards`: K+M runs of `len` bytes each, the first K the data fragments' differences
+    /// (XOR: zero where a fragment is unchanged), the last M filled in with the parity's. The
+    /// code is linear, so the new parity is the old XOR these, and written pieces can go over
+    /// fragments without the rest of their stripe.
+    pub fn parity_delta(&self, shards: &mut [u8], len: usize) {
+        let rs = self.rs.as_ref().expect("parity under ec:K+M");
+        let mut runs: Vec<&mut [u8]> = shards.chunks_mut(len).collect();
+        assert_eq!(runs.len(), self.slots());
+        rs.encode(&mut runs).expect("equal runs");
+    }
+
     /// Seal `data` (the first [`PIECE`] bytes of `cell`, its seal's room after them) as
     /// piece `i` of `page`, where it lies.
     fn seal_cell(&self, page: u64, stamp: Stamp, i: usize, cell: &mut [u8]) {
@@ -632,6 +658,17 @@ mod tests {
         Stamp { version, key: 0 }
     }
 
+    /// The stamps of a page written whole at version 3, then its `pieces` alone at 4.
+    fn written_at_4(pieces: u64) -> Stamps {
+        let each: Vec<Stamp> = (0..16)
+            .map(|i| if pieces & (1 << i) != 0 { v(4) } else { v(3) })
+            .collect();
+        Stamps {
+            latest: v(4),
+            cells: Some(each.into()),
+        }
+    }
+
     /// Decode a page from every piece of `units` (as `encode` wrote them), and return it.
     fn decoded(c: &Codec, page: u64, stamp: Stamp, units: &[u8]) -> Result<Vec<u8>, Unsealed> {
         let mut buf = units.to_vec();
@@ -873,13 +910,7 @@ mod tests {
                     unit[off as usize..off as usize + n].copy_from_slice(&cells[at..at + n]);
                     at += n;
                 }
-                let each: Vec<Stamp> = (0..16)
-                    .map(|i| if pieces & (1 << i) != 0 { v(4) } else { v(3) })
-                    .collect();
-                let stamps = Stamps {
-                    latest: v(4),
-                    cells: Some(each.into()),
-                };
+                let stamps = written_at_4(pieces);
                 for i in (0..16).filter(|i| pieces & (1 << i) == 0) {
                     new[i * PIECE..(i + 1) * PIECE]
                         .copy_from_slice(&old[i * PIECE..(i + 1) * PIECE]);
@@ -903,6 +934,74 @@ mod tests {
                         "{r} encrypt={encrypt}: {what}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Under `ec:K+M`, pieces sealed alone into their data fragments' cells and the parity
+    /// patched by the code of the cells' differences make the stripe the page with those
+    /// pieces: decoded from any K fragments (a data fragment left out rebuilt from the
+    /// patched parity), each cell opening with its own stamp.
+    #[test]
+    fn a_stripe_patched_by_the_pieces_differences_decodes_from_any_k() {
+        for (r, encrypt) in [
+            ("ec:2+1", false),
+            ("ec:4+1", true),
+            ("ec:4+2", false),
+            ("ec:8+2", true),
+        ] {
+            let c = Codec::new(65536, Redundancy::parse(r).unwrap(), encrypt).unwrap();
+            let (k, w, per, unit) = (
+                c.redundancy().needed(),
+                c.slots(),
+                c.cells_per_unit(),
+                c.unit_len(),
+            );
+            let old = sized(65536, 4);
+            let mut units = Vec::new();
+            c.encode(9, v(3), &old, &mut units);
+            let new = sized(65536, 5);
+            let pieces: u64 = 0b0100_0000_0010_0011; // 0, 1, 5, 14
+            let mut want = old.clone();
+            let mut diffs = vec![0u8; w * CELL * per];
+            for i in (0..16).filter(|i| pieces & (1 << i) != 0) {
+                want[i * PIECE..(i + 1) * PIECE].copy_from_slice(&new[i * PIECE..(i + 1) * PIECE]);
+                let (slot, off) = c.cell(i);
+                let at = slot * unit + off as usize;
+                let mut cell = vec![0u8; CELL];
+                c.seal_piece(9, v(4), i, &new[i * PIECE..(i + 1) * PIECE], &mut cell);
+                // The difference, at its offset's row of shards.
+                let row = (i % per) * w * CELL;
+                for (n, d) in diffs[row + slot * CELL..row + (slot + 1) * CELL]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *d = units[at + n] ^ cell[n];
+                }
+                units[at..at + CELL].copy_from_slice(&cell);
+            }
+            for o in 0..per {
+                let row = &mut diffs[o * w * CELL..(o + 1) * w * CELL];
+                c.parity_delta(row, CELL);
+                for p in k..w {
+                    let at = p * unit + o * CELL;
+                    for (n, d) in row[p * CELL..(p + 1) * CELL].iter().enumerate() {
+                        units[at + n] ^= d;
+                    }
+                }
+            }
+            let stamps = written_at_4(pieces);
+            let all = (1u32 << w) - 1;
+            for left_out in 0..w {
+                let mut buf = units.clone();
+                // What a fetch has of the piece left out: nothing it may use.
+                buf[left_out * unit..(left_out + 1) * unit].fill(0);
+                c.decode(9, &stamps, &mut buf, all & !(1 << left_out))
+                    .unwrap_or_else(|_| panic!("{r}: fragment {left_out} left out"));
+                assert!(
+                    buf[..65536] == want[..],
+                    "{r} encrypt={encrypt}: fragment {left_out} left out"
+                );
             }
         }
     }

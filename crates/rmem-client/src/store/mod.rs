@@ -166,12 +166,12 @@ pub trait PageStore: Send {
     fn part_writes(&self) -> bool {
         false
     }
-    /// Whether `page`'s written 4 KiB pieces go alone now ([`PageStore::store_parts`]):
+    /// Whether `page`'s written 4 KiB `pieces` go alone now ([`PageStore::store_parts`]):
     /// always where [`PageStore::part_writes`]; a store whose pages are sealed by the piece
     /// may take them page by page. Otherwise a partial page's written pieces leave with the
     /// rest of their page, fetched first.
-    fn piece_writes(&self, page: PageIndex) -> bool {
-        let _ = page;
+    fn piece_writes(&self, page: PageIndex, pieces: u64) -> bool {
+        let _ = (page, pieces);
         self.part_writes()
     }
     /// Start fetching `len` bytes of `page` from `offset` (where [`PageStore::part_reads`]);
