@@ -586,6 +586,33 @@ fn pieces_written_alone_read_back_newest_and_a_copy_that_missed_them_is_caught()
     }
 }
 
+/// Under `ec:2+1` a patch reads every member's cells; one server answers byte-range reads a
+/// second late (and everything else at once): each patch waiting on it becomes a whole
+/// write-back (the page read from any two), told stored long before that second, and every
+/// page reads back newest.
+#[test]
+fn a_patch_waiting_on_a_late_server_becomes_a_whole_write_back() {
+    const BIG: usize = 65536;
+    let late = Duration::from_secs(1);
+    let (behind, _) = proxy(server(), Mode::SlowRanges(late));
+    let mut s = store_sized(&[behind, server(), server()], "ec:2+1", false, BIG);
+    let pages = 4u64;
+    store_all_sized(&mut s, pages, 1, BIG);
+    for p in 0..pages {
+        let data = sized(p, 2, BIG);
+        // Pieces 1 and 9: a cell of each data fragment, and the parity's at that offset.
+        let t = Instant::now();
+        store_pieces(&mut s, p, &data, 0b10_0000_0010);
+        let took = t.elapsed();
+        assert!(took < late / 2, "page {p}'s pieces took {took:?}");
+        let mut want = sized(p, 1, BIG);
+        for i in [1usize, 9] {
+            want[i * 4096..(i + 1) * 4096].copy_from_slice(&data[i * 4096..(i + 1) * 4096]);
+        }
+        assert!(fetch_one(&mut s, p).unwrap() == want, "page {p}");
+    }
+}
+
 /// A server refuses pieces written alone over its copy when the page must be copied first
 /// (shared with a fork child's snapshot) and it has no room: under `replicas:2` that copy is
 /// given up and rebuilt elsewhere from the other, the write finishing on the other copy; the

@@ -3638,6 +3638,15 @@ impl RemoteStore {
     /// pieces too, where there is another to ask (the answer that comes later is ignored, or
     /// used if the page is still wanted). Whether it was asked elsewhere.
     fn ask_elsewhere(&mut self, op: u64, piece: u8) -> bool {
+        if let Some(Op::Patch(pa)) = self.book.ops.get(&op) {
+            // A patch needs every member's cells: late, it becomes a whole write-back, whose
+            // read is of any K.
+            if pa.waiting & bit(piece as usize) == 0 {
+                return false;
+            }
+            self.todo.push(Todo::PatchFailed(op));
+            return true;
+        }
         let Some(Op::Fetch(fe)) = self.book.ops.get(&op) else {
             return false;
         };
