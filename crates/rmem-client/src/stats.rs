@@ -158,6 +158,8 @@ impl Stats {
             pieces_pulled: store(|c| &c.pieces_pulled),
             repair_s: store(|c| &c.repair_us) as f64 / 1e6,
             pieces_bad: store(|c| &c.pieces_bad),
+            patches: store(|c| &c.patches),
+            patches_whole: store(|c| &c.patches_whole),
             failovers: store(|c| &c.failovers),
             reads_hedged: store(|c| &c.reads_hedged),
             writes_redirected: store(|c| &c.writes_redirected),
@@ -245,6 +247,10 @@ pub struct StatsSnapshot {
     pub pieces_pulled: u64,
     pub repair_s: f64,
     pub pieces_bad: u64,
+    /// Pages whose written pieces were patched over their fragments (`ec:K+M`), and of the
+    /// patches those that became whole write-backs.
+    pub patches: u64,
+    pub patches_whole: u64,
     pub failovers: u64,
     pub reads_hedged: u64,
     pub writes_redirected: u64,
@@ -292,6 +298,8 @@ impl StatsSnapshot {
             ("pieces_moved", self.pieces_moved),
             ("pieces_pulled", self.pieces_pulled),
             ("pieces_bad", self.pieces_bad),
+            ("patches", self.patches),
+            ("patches_whole", self.patches_whole),
             ("failovers", self.failovers),
             ("reads_hedged", self.reads_hedged),
             ("writes_redirected", self.writes_redirected),

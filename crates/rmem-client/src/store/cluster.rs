@@ -2279,6 +2279,7 @@ impl RemoteStore {
         let wr = self.book.writing.entry(page).or_default();
         wr.in_flight += 1;
         wr.newest = op;
+        self.book.counters.patches.fetch_add(1, Relaxed);
         Ok(())
     }
 
@@ -2290,6 +2291,7 @@ impl RemoteStore {
             self.finished.push(pa.page);
             return Ok(());
         }
+        self.book.counters.patches_whole.fetch_add(1, Relaxed);
         let read = self.start_fetch(pa.page, Purpose::Page)?;
         if let Some(Op::Fetch(fe)) = self.book.ops.get_mut(&read) {
             fe.then_store = Some(Box::new((pa.pieces, pa.data)));

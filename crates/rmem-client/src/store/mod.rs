@@ -114,6 +114,12 @@ pub struct StoreCounters {
     pub pieces_pulled: AtomicU64,
     /// Time spent with a repair running, in microseconds.
     pub repair_us: AtomicU64,
+    /// Pages whose written pieces went over their `ec:K+M` fragments as a patch (the cells
+    /// they change and the parity's, read and written back).
+    pub patches: AtomicU64,
+    /// Patches that became whole write-backs (a member lost, late, missing the page, or an
+    /// old cell failing its seal).
+    pub patches_whole: AtomicU64,
     /// Pieces that came back altered, stale, another page's, or not at all.
     pub pieces_bad: AtomicU64,
     /// Reads asked of another server after a piece failed or its server was lost.
