@@ -19,7 +19,7 @@ RUN=$!
 sleep 1.5
 running() { kill -0 $RUN 2>/dev/null && pgrep -f "$OUT/stress" > /dev/null; }
 # This run's servers: children of its `rmem run` helper, listening.
-servers() { pgrep -f "rmem server --listen"; }
+servers() { servers_under $RUN; }
 source tools/stop-at-random.sh
 stop_at_random "$K"
 wait $RUN

@@ -6,8 +6,8 @@
 # for byte (by SHA-256). Prints rmem run's exit status, whether the output was the same, the
 # times, and what rmem said about servers; exits 1 if the output differed or rmem run failed.
 # The program must print the same thing on every run (a sort, a compressor to stdout, a
-# script that prints checksums). It stops and kills every `rmem server --listen` on this
-# machine, not only its own: run nothing else of rmem meanwhile. docs/benchmarks.md ("Real
+# script that prints checksums). Only its own run's servers are stopped and killed (other rmem
+# servers on the machine are left alone), but run no timing meanwhile. docs/benchmarks.md ("Real
 # programs under chaos").
 #
 # usage: [EXTRA=...] [LOCAL=32M] tools/program-chaos.sh SERVERS KILLS PROGRAM [ARGS...]
@@ -25,7 +25,7 @@ t1=$(date +%s.%N)
 RUN=$!
 sleep 1
 running() { kill -0 $RUN 2>/dev/null; }
-servers() { pgrep -f "rmem server --listen"; }
+servers() { servers_under $RUN; }
 source tools/stop-at-random.sh
 stop_at_random "$K"
 wait $RUN

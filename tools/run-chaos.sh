@@ -19,7 +19,7 @@ gcc -O2 tools/hang-rate.c -o "$OUT/rate" || exit 1
 RUN=$!
 sleep 2
 running() { kill -0 $RUN 2>/dev/null && pgrep -f "$OUT/rate" > /dev/null; }
-servers() { pgrep -f "rmem server --listen"; }
+servers() { servers_under $RUN; }
 source tools/stop-at-random.sh
 stop_at_random "$K"
 wait $RUN

@@ -1,5 +1,20 @@
-# Sourced by tools/chaos-stress.sh and tools/nbd-chaos.sh, which define `running` (true while
-# the chaos goes on) and `servers` (the pids of the memory servers to pick from).
+# Sourced by tools/chaos-stress.sh, tools/program-chaos.sh, tools/run-chaos.sh,
+# tools/nbd-chaos.sh and tools/pool-chaos.sh, which define `running` (true while the chaos goes
+# on) and `servers` (the pids of the memory servers to pick from: `servers_under` gives those a
+# process started, and no one else's).
+#
+# servers_under ROOT: the pids of memory servers (`rmem server --listen`) among ROOT's
+# descendants (such as the servers `rmem run --servers N` started, and started again).
+servers_under() {
+  local root=$1 p q
+  for p in $(pgrep -f "rmem server --listen"); do
+    q=$p
+    while [ -n "$q" ] && [ "$q" -gt 1 ]; do
+      if [ "$q" = "$root" ]; then echo "$p"; break; fi
+      q=$(ps -o ppid= -p "$q" 2>/dev/null | tr -d ' ')
+    done
+  done
+}
 #
 # stop_at_random KILLS: stop one of the servers, chosen at random, for 0.2-3 s (SIGSTOP, then
 # SIGCONT 0.1-0.5 s before the next), and up to KILLS times instead stop one 0.5 s and kill it
