@@ -34,6 +34,19 @@ fn start_with(
     as_nobody: bool,
     env: &[(&str, &str)],
 ) -> Run {
+    start_paged(name, n, redundancy, ops, as_nobody, env, "4K")
+}
+
+/// [`start_with`] at pages of `page` (4K: no page has pieces).
+fn start_paged(
+    name: &str,
+    n: usize,
+    redundancy: &str,
+    ops: &str,
+    as_nobody: bool,
+    env: &[(&str, &str)],
+    page: &str,
+) -> Run {
     let dir = scratch(name);
     let servers: Vec<ServerProcess> = (0..n)
         .map(|_| ServerProcess::start(TOKEN, &["--verbose"]))
@@ -65,7 +78,7 @@ fn start_with(
     ])
     .arg("--hostfile")
     .arg(&hosts)
-    .args(["--page-size", "4K", "--stats-json"])
+    .args(["--page-size", page, "--stats-json"])
     .arg(&stats)
     .arg("--")
     .arg(&prog)
@@ -116,7 +129,20 @@ fn survives(
     during_repair: &[usize],
     as_nobody: bool,
 ) {
-    let mut run = start(name, n, redundancy, "60000", as_nobody);
+    survives_paged(name, n, redundancy, which, during_repair, as_nobody, "4K");
+}
+
+/// [`survives`] at pages of `page`; the run's statistics.
+fn survives_paged(
+    name: &str,
+    n: usize,
+    redundancy: &str,
+    which: &[usize],
+    during_repair: &[usize],
+    as_nobody: bool,
+    page: &str,
+) -> serde_json::Value {
+    let mut run = start_paged(name, n, redundancy, "60000", as_nobody, &[], page);
     std::thread::sleep(random_ms(800, 2500));
     for &i in which {
         run.servers[i].child.kill().unwrap();
@@ -183,6 +209,7 @@ fn survives(
     assert!(err.contains("repair done"), "{what}");
     let width = match redundancy {
         "replicas:2" => 2,
+        "ec:2+1" => 3,
         "ec:4+1" => 5,
         _ => 6,
     };
@@ -196,6 +223,30 @@ fn survives(
         v["pages_repaired"], v["repair_s"]
     );
     let _ = std::fs::remove_dir_all(&run.dir);
+    v
+}
+
+/// 64 KiB pages: the stress's scattered writes leave partial pages whose written pieces go
+/// back alone, each sealed with its page's next version (a patch of the cells they change
+/// under `ec`, over both copies under `replicas`), while a server is killed at random.
+#[test]
+fn ec_2_1_survives_a_kill_while_written_pieces_are_patched() {
+    let v = survives_paged("red-ec21-pieces", 4, "ec:2+1", &[1], &[], false, "64K");
+    assert!(v["patches"].as_u64().unwrap() > 1000, "{v}");
+}
+
+#[test]
+fn replicas_2_survive_a_kill_while_written_pieces_go_alone() {
+    let v = survives_paged(
+        "red-replicas-pieces",
+        4,
+        "replicas:2",
+        &[3],
+        &[],
+        false,
+        "64K",
+    );
+    assert!(v["sub_page_write_backs"].as_u64().unwrap() > 1000, "{v}");
 }
 
 #[test]
