@@ -22,23 +22,12 @@ struct Run {
 
 /// The stress (8 threads, 32 MiB, `ops` each) at 8 MiB local over `n` servers.
 fn start(name: &str, n: usize, redundancy: &str, ops: &str, as_nobody: bool) -> Run {
-    start_with(name, n, redundancy, ops, as_nobody, &[])
+    start_with(name, n, redundancy, ops, as_nobody, &[], "4K")
 }
 
-/// [`start`] with more of the program's environment.
+/// [`start`] with more of the program's environment, at pages of `page` (4K: no page has
+/// pieces).
 fn start_with(
-    name: &str,
-    n: usize,
-    redundancy: &str,
-    ops: &str,
-    as_nobody: bool,
-    env: &[(&str, &str)],
-) -> Run {
-    start_paged(name, n, redundancy, ops, as_nobody, env, "4K")
-}
-
-/// [`start_with`] at pages of `page` (4K: no page has pieces).
-fn start_paged(
     name: &str,
     n: usize,
     redundancy: &str,
@@ -142,7 +131,7 @@ fn survives_paged(
     as_nobody: bool,
     page: &str,
 ) -> serde_json::Value {
-    let mut run = start_paged(name, n, redundancy, "60000", as_nobody, &[], page);
+    let mut run = start_with(name, n, redundancy, "60000", as_nobody, &[], page);
     std::thread::sleep(random_ms(800, 2500));
     for &i in which {
         run.servers[i].child.kill().unwrap();
@@ -340,6 +329,7 @@ fn reads_fail_over_from_a_server_that_stalls_and_it_is_kept() {
             ("RMEM_SERVER_TIMEOUT_MS", "300"),
             ("RMEM_RECONNECT_MS", "20000"),
         ],
+        "4K",
     );
     std::thread::sleep(Duration::from_millis(1500));
     let pid = run.servers[1].child.id() as i32;
@@ -370,6 +360,7 @@ fn survives_servers_stopped_at_random(name: &str, redundancy: &str) {
         "60000",
         false,
         &[("RMEM_RECONNECT_MS", "20000")],
+        "4K",
     );
     let deadline = Instant::now() + Duration::from_secs(150);
     let mut stops = 0;
@@ -433,6 +424,7 @@ fn survives_a_stop_then_a_kill(name: &str, n: usize, redundancy: &str) {
                 ("RMEM_CONNECT_TIMEOUT_MS", "200"),
                 ("RMEM_RECONNECT_MS", "20000"),
             ],
+            "4K",
         );
         std::thread::sleep(random_ms(800, 2000));
         let pid = run.servers[n - 1].child.id() as i32;
