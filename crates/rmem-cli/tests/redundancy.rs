@@ -109,20 +109,9 @@ fn lines_of(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<Stri
 }
 
 /// Kill `which` servers at a random moment (after the program has pages out), `during_repair`
-/// more once the runtime says it is rebuilding; the run must end as if nothing happened.
+/// more once the runtime says it is rebuilding; the run must end as if nothing happened. Pages
+/// of `page`; the run's statistics.
 fn survives(
-    name: &str,
-    n: usize,
-    redundancy: &str,
-    which: &[usize],
-    during_repair: &[usize],
-    as_nobody: bool,
-) {
-    survives_paged(name, n, redundancy, which, during_repair, as_nobody, "4K");
-}
-
-/// [`survives`] at pages of `page`; the run's statistics.
-fn survives_paged(
     name: &str,
     n: usize,
     redundancy: &str,
@@ -220,13 +209,13 @@ fn survives_paged(
 /// under `ec`, over both copies under `replicas`), while a server is killed at random.
 #[test]
 fn ec_2_1_survives_a_kill_while_written_pieces_are_patched() {
-    let v = survives_paged("red-ec21-pieces", 4, "ec:2+1", &[1], &[], false, "64K");
+    let v = survives("red-ec21-pieces", 4, "ec:2+1", &[1], &[], false, "64K");
     assert!(v["patches"].as_u64().unwrap() > 1000, "{v}");
 }
 
 #[test]
 fn replicas_2_survive_a_kill_while_written_pieces_go_alone() {
-    let v = survives_paged(
+    let v = survives(
         "red-replicas-pieces",
         4,
         "replicas:2",
@@ -240,34 +229,34 @@ fn replicas_2_survive_a_kill_while_written_pieces_go_alone() {
 
 #[test]
 fn replicas_2_survive_a_server_killed_at_random() {
-    survives("red-replicas", 6, "replicas:2", &[2], &[], false);
+    survives("red-replicas", 6, "replicas:2", &[2], &[], false, "4K");
 }
 
 #[test]
 fn ec_4_1_survives_a_server_killed_at_random() {
-    survives("red-ec41", 6, "ec:4+1", &[1], &[], false);
+    survives("red-ec41", 6, "ec:4+1", &[1], &[], false, "4K");
 }
 
 #[test]
 fn ec_4_2_survives_two_servers_killed_at_once() {
-    survives("red-ec42", 8, "ec:4+2", &[0, 3], &[], false);
+    survives("red-ec42", 8, "ec:4+2", &[0, 3], &[], false, "4K");
 }
 
 /// Six servers, each page on all six: after two are killed none is left to rebuild on, and
 /// the program goes on with pages that keep four or five pieces.
 #[test]
 fn ec_4_2_on_six_servers_goes_on_degraded_after_two_are_killed() {
-    survives("red-ec42-six", 6, "ec:4+2", &[2, 5], &[], false);
+    survives("red-ec42-six", 6, "ec:4+2", &[2, 5], &[], false, "4K");
 }
 
 #[test]
 fn ec_4_2_survives_a_kill_during_the_repair_of_another() {
-    survives("red-ec42-repair", 8, "ec:4+2", &[4], &[1], false);
+    survives("red-ec42-repair", 8, "ec:4+2", &[4], &[1], false, "4K");
 }
 
 #[test]
 fn replicas_2_survive_a_kill_as_nobody() {
-    survives("red-nobody", 6, "replicas:2", &[5], &[], true);
+    survives("red-nobody", 6, "replicas:2", &[5], &[], true, "4K");
 }
 
 /// Two servers of a replicas:2 run killed at once: some pages had both copies there. The

@@ -394,6 +394,16 @@ fn fetch_one(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     fetched(s, p)
 }
 
+/// Every page of `0..pages` reads back whole as `round` wrote it (`ps` bytes).
+fn reads_back(s: &mut RemoteStore, pages: u64, round: u64, ps: usize, what: &str) {
+    for p in 0..pages {
+        assert!(
+            fetch_one(s, p).unwrap() == sized(p, round, ps),
+            "{what}: page {p} read back wrong"
+        );
+    }
+}
+
 /// What the fetch of page `p` under way brings, or the error that ended it.
 fn fetched(s: &mut RemoteStore, p: u64) -> Result<Vec<u8>, String> {
     let mut got = None;
@@ -590,12 +600,13 @@ fn pieces_written_alone_read_back_newest_and_a_copy_that_missed_them_is_caught()
             );
         }
         store_all_sized(&mut s, pages, 4, BIG);
-        for p in 0..pages {
-            assert!(
-                fetch_one(&mut s, p).unwrap() == sized(p, 4, BIG),
-                "{redundancy} encrypt={encrypt}: page {p} written whole again"
-            );
-        }
+        reads_back(
+            &mut s,
+            pages,
+            4,
+            BIG,
+            &format!("{redundancy} encrypt={encrypt}"),
+        );
     }
 }
 
@@ -797,12 +808,7 @@ fn write_backs_past_a_lagging_server_are_released() {
     );
     let mark = s.write_mark();
     pump_until(&mut s, "the late server's pieces", |s| s.settled(mark));
-    for p in 0..16 {
-        assert!(
-            fetch_one(&mut s, p).unwrap() == sized(p, 2, BIG),
-            "page {p} read back"
-        );
-    }
+    reads_back(&mut s, 16, 2, BIG, "after the late server's pieces");
 }
 
 /// A late server that is lost and comes back is looked at afresh: its new link numbers its

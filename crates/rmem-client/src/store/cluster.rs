@@ -2146,11 +2146,7 @@ impl RemoteStore {
         for &i in &written {
             rmem_copy::extend(&mut kept, &data[i * PIECE..(i + 1) * PIECE]);
         }
-        self.supersede(page);
-        let op = self.book.op_id();
-        if self.repair.started.is_some() {
-            self.book.parted.insert(page, op);
-        }
+        let op = self.begin_part_write(page);
         let members = self.book.groups.members[g as usize].clone();
         let mut waiting = 0;
         for (m, span) in spans.iter().enumerate() {
@@ -2246,25 +2242,58 @@ impl RemoteStore {
         let (mut ranges, mut waiting) = (0, 0);
         for (m, span) in pa.spans.iter().enumerate() {
             let Some((first, _)) = *span else { continue };
-            let offset = (first * CELL) as u32;
-            self.conns[members[m] as usize].submit(
-                Request::WriteRange {
-                    key: PageKey(page),
-                    offset,
-                    data: &pa.got[m],
-                },
-                Kind::WriteRange {
-                    op,
-                    piece: m as u8,
-                    key: page,
-                    offset,
-                },
-            );
+            self.write_range(members[m], op, m, page, first * CELL, &pa.got[m]);
             ranges += 1;
             waiting |= bit(m);
         }
         let cells = self.book.codec.page_size() / PIECE;
         self.book.meta.set_pieces(page, stamp, pa.pieces, cells);
+        self.part_write_sent(page, op, stamp, waiting, ranges);
+        self.book.counters.patches.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// A write of pieces alone over `page` (alone, or a patch's) begins: a pull of the page
+    /// under way is not its latest, and a repair's read sent before it does not have it. Its
+    /// operation.
+    fn begin_part_write(&mut self, page: u64) -> u64 {
+        self.supersede(page);
+        let op = self.book.op_id();
+        if self.repair.started.is_some() {
+            self.book.parted.insert(page, op);
+        }
+        op
+    }
+
+    /// Write `bytes` at `offset` of server `s`'s piece (`member` of the group) of `page`, for
+    /// store `op`.
+    fn write_range(
+        &mut self,
+        s: u16,
+        op: u64,
+        member: usize,
+        page: u64,
+        offset: usize,
+        bytes: &[u8],
+    ) {
+        self.conns[s as usize].submit(
+            Request::WriteRange {
+                key: PageKey(page),
+                offset: offset as u32,
+                data: bytes,
+            },
+            Kind::WriteRange {
+                op,
+                piece: member as u8,
+                key: page,
+                offset: offset as u32,
+            },
+        );
+    }
+
+    /// Store `op` of pieces alone over `page` is sent: `ranges` answers to come from the
+    /// members in `waiting`.
+    fn part_write_sent(&mut self, page: u64, op: u64, stamp: Stamp, waiting: u32, ranges: u32) {
         self.book.ops.insert(
             op,
             Op::Store(Store {
@@ -2276,11 +2305,9 @@ impl RemoteStore {
                 ranges,
             }),
         );
-        let wr = self.book.writing.entry(page).or_default();
-        wr.in_flight += 1;
-        wr.newest = op;
-        self.book.counters.patches.fetch_add(1, Relaxed);
-        Ok(())
+        let w = self.book.writing.entry(page).or_default();
+        w.in_flight += 1;
+        w.newest = op;
     }
 
     /// Patch `op` (`pa`) cannot be made: read the page whole, put its pieces in, and write it
@@ -2687,9 +2714,7 @@ impl RemoteStore {
                 }
                 if members[piece as usize] == NONE {
                     // (Its other ranges refused too find it given up already.)
-                    let mut todo = std::mem::take(&mut self.todo);
-                    self.book.written(op, piece as usize, f, &mut todo);
-                    self.todo.append(&mut todo);
+                    self.book.written(op, piece as usize, f, &mut self.todo);
                     return Ok(());
                 }
             }
@@ -2705,9 +2730,7 @@ impl RemoteStore {
             && !superseded
             && (self.book.codec.plain() || self.book.meta.stamp(page) == stamp);
         if !same {
-            let mut todo = std::mem::take(&mut self.todo);
-            self.book.written(op, piece as usize, f, &mut todo);
-            self.todo = todo;
+            self.book.written(op, piece as usize, f, &mut self.todo);
             return Ok(());
         }
         let g = current.expect("checked");
@@ -2744,9 +2767,7 @@ impl RemoteStore {
         let to = members[piece as usize];
         if to == NONE {
             // Nowhere to put it: the page is stored degraded, repaired when a server returns.
-            let mut todo = std::mem::take(&mut self.todo);
-            self.book.written(op, piece as usize, f, &mut todo);
-            self.todo = todo;
+            self.book.written(op, piece as usize, f, &mut self.todo);
             return Ok(());
         }
         self.conns[to as usize].used_bytes += unit_len;
@@ -2969,9 +2990,7 @@ impl RemoteStore {
                     self.book.busy.insert(page, op);
                 }
                 Todo::LostRange { op, piece } => {
-                    let mut todo = std::mem::take(&mut self.todo);
-                    self.book.written(op, piece as usize, f, &mut todo);
-                    self.todo.append(&mut todo);
+                    self.book.written(op, piece as usize, f, &mut self.todo);
                 }
                 Todo::Repaired => {
                     self.repair.in_flight -= 1;
@@ -4052,57 +4071,30 @@ impl PageStore for RemoteStore {
             self.book.meta.set_pieces(page.0, v, pieces, n);
             v
         };
-        self.supersede(page.0);
-        let op = self.book.op_id();
-        if self.repair.started.is_some() {
-            self.book.parted.insert(page.0, op);
-        }
+        let op = self.begin_part_write(page.0);
         let (mut ranges, mut waiting) = (0, 0);
         for (i, &s) in members.iter().enumerate() {
             if !self.book.alive(s) {
                 continue; // a piece not stored: the page is degraded, and repaired as such
             }
             let mut sealed = 0;
+            let units = std::mem::take(&mut self.units);
             for (at, len) in super::piece_runs(pieces) {
                 let (offset, bytes) = if plain {
                     (at, &data[at..at + len])
                 } else {
                     let n = len / PIECE * CELL;
                     sealed += n;
-                    (at / PIECE * CELL, &self.units[sealed - n..sealed])
+                    (at / PIECE * CELL, &units[sealed - n..sealed])
                 };
-                self.conns[s as usize].submit(
-                    Request::WriteRange {
-                        key: PageKey(page.0),
-                        offset: offset as u32,
-                        data: bytes,
-                    },
-                    Kind::WriteRange {
-                        op,
-                        piece: i as u8,
-                        key: page.0,
-                        offset: offset as u32,
-                    },
-                );
+                self.write_range(s, op, i, page.0, offset, bytes);
                 ranges += 1;
             }
+            self.units = units;
             waiting |= bit(i);
         }
         assert!(ranges > 0, "page {}: no written piece to store", page.0);
-        self.book.ops.insert(
-            op,
-            Op::Store(Store {
-                page: page.0,
-                stamp,
-                waiting,
-                repair: false,
-                released: false,
-                ranges,
-            }),
-        );
-        let w = self.book.writing.entry(page.0).or_default();
-        w.in_flight += 1;
-        w.newest = op;
+        self.part_write_sent(page.0, op, stamp, waiting, ranges);
         self.book.busy.insert(page.0, op);
         Ok(())
     }
