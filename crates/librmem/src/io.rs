@@ -10,7 +10,7 @@
 
 use crate::region_contains;
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 /// Buffers in the region must be faulted in before a system call touches them.
 pub static PREFAULT: AtomicBool = AtomicBool::new(false);
@@ -124,29 +124,15 @@ pub(crate) fn needs_prefault(buf: *const c_void, len: usize) -> bool {
 /// Every 4 KiB piece is touched, not only the first of each DLM page: a piece the program
 /// dropped itself with a raw madvise(2) is missing from a page the pager holds as mapped, and
 /// a touch of it is what lets the pager give it zeros (the kernel would get EFAULT).
+/// Stops at a piece the program's protection forbids that access to (probe.rs): the kernel
+/// then stops there too, with EFAULT or a short transfer, as it does without rmem.
 pub(crate) fn prefault(buf: *const c_void, len: usize, for_write: bool) {
     let page = 4096;
     let (start, end) = (buf as u64, buf as u64 + len as u64);
     let mut at = start;
     while at < end {
-        if region_contains(at) {
-            let byte = at as *const AtomicU8;
-            // SAFETY: `at` lies inside the caller's buffer, which the caller hands to the
-            // kernel for this call, so it is valid memory.
-            unsafe {
-                if for_write {
-                    // A compare-exchange of a value with itself writes it back atomically: a
-                    // write access (the page becomes writable and dirty) that cannot lose a
-                    // racing store of another thread. (An atomic add of zero is compiled into
-                    // a fenced load on x86, which is not a write.)
-                    let mut v = (*byte).load(Relaxed);
-                    while let Err(now) = (*byte).compare_exchange_weak(v, v, Relaxed, Relaxed) {
-                        v = now;
-                    }
-                } else {
-                    std::ptr::read_volatile(at as *const u8);
-                }
-            }
+        if region_contains(at) && !crate::probe::touch(at as usize, for_write) {
+            return;
         }
         at = (at / page + 1) * page;
     }
@@ -333,7 +319,9 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 }
 
 /// Copy `src` into the caller's buffers, in order; returns the bytes copied. The copy is an
-/// ordinary store from this thread, so non-resident pages fault in as usual.
+/// ordinary store from this thread, so non-resident pages fault in as usual. It stops before
+/// a buffer the program made read-only or inaccessible (probe.rs), where the kernel's own copy
+/// would have failed with EFAULT.
 fn scatter(src: &[u8], iovs: &[libc::iovec]) -> usize {
     let mut done = 0;
     for v in iovs {
@@ -341,8 +329,11 @@ fn scatter(src: &[u8], iovs: &[libc::iovec]) -> usize {
             break;
         }
         let k = v.iov_len.min(src.len() - done);
+        if !crate::probe::accessible(v.iov_base as usize, k, true) {
+            break;
+        }
         // SAFETY: the caller handed these buffers to a receive call, so each is valid for
-        // iov_len bytes; `src` is our own buffer and does not overlap them.
+        // iov_len bytes, and writable; `src` is our own buffer and does not overlap them.
         unsafe { std::ptr::copy_nonoverlapping(src[done..].as_ptr(), v.iov_base.cast(), k) };
         done += k;
     }
@@ -371,7 +362,12 @@ pub(crate) fn receive(
                 iov_base: buf,
                 iov_len: len,
             };
-            scatter(&b[..(r as usize).min(len)], &[iov]);
+            let got = (r as usize).min(len);
+            if scatter(&b[..got], &[iov]) < got {
+                // SAFETY: errno is thread-local.
+                unsafe { *libc::__errno_location() = libc::EFAULT };
+                return -1;
+            }
         }
         r
     })
@@ -840,13 +836,14 @@ unsafe fn deliver(
     control: &[u8],
 ) {
     scatter(data, iovecs(m.msg_iov, m.msg_iovlen as c_int));
-    if !m.msg_name.is_null() {
-        let k = (local.msg_namelen as usize).min(name.len());
+    let writable = |p: *mut c_void, k: usize| crate::probe::accessible(p as usize, k, true);
+    let k = (local.msg_namelen as usize).min(name.len());
+    if !m.msg_name.is_null() && writable(m.msg_name, k) {
         // SAFETY: the caller's name buffer holds msg_namelen >= k bytes.
         unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), m.msg_name.cast(), k) };
     }
-    if !m.msg_control.is_null() {
-        let k = local.msg_controllen.min(control.len());
+    let k = local.msg_controllen.min(control.len());
+    if !m.msg_control.is_null() && writable(m.msg_control, k) {
         // SAFETY: the caller's control buffer holds msg_controllen >= k bytes.
         unsafe { std::ptr::copy_nonoverlapping(control.as_ptr(), m.msg_control.cast(), k) };
     }

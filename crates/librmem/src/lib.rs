@@ -21,6 +21,7 @@ mod io;
 mod malloc;
 mod mem;
 mod own_servers;
+mod probe;
 mod regions;
 mod signals;
 mod spawn;

@@ -1,9 +1,11 @@
 //! SIGSEGV, SIGBUS and SIGSYS: rmem's handler first, the program's behind it.
 //!
-//! rmem needs a signal in three cases: SIGBUS when faults are delivered by signal
+//! rmem needs a signal in four cases: SIGBUS when faults are delivered by signal
 //! (`RMEM_FAULT_DELIVERY=signal`, rmem-uffd's signal.rs), SIGSEGV in a fork() child, where
 //! the region is reserved with no access so that a touch is stopped with rmem's message
-//! (fork.rs), and SIGSYS for the system calls its seccomp filter traps (sys.rs). Any would break as soon as the program set its own disposition: a child that
+//! (fork.rs), SIGSEGV of one of rmem's own touches on the kernel's behalf, which answers "not
+//! accessible" (probe.rs, asked first), and SIGSYS for the system calls its seccomp filter
+//! traps (sys.rs). Any would break as soon as the program set its own disposition: a child that
 //! resets SIGSEGV to SIG_DFL died of a bare SIGSEGV, and a program's SIGBUS handler received
 //! rmem's faults.
 //!
@@ -183,6 +185,9 @@ pub fn own(sig: c_int, rmem: RmemPart, program: Option<libc::sigaction>) {
 
 /// rmem's handler for owned signals.
 extern "C" fn dispatch(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
+    if crate::probe::recover(sig, info, ctx) {
+        return;
+    }
     let i = SIGNALS.iter().position(|&s| s == sig).unwrap_or(0);
     let o = &TABLE[i];
     let rmem = o.rmem.load(Ordering::Acquire);

@@ -36,6 +36,7 @@
 mod table;
 
 use crate::io;
+use crate::probe;
 use crate::region_contains;
 use libc::{c_int, c_long, c_void, siginfo_t};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -436,6 +437,7 @@ fn dispatch(nr: c_long, a: [usize; 6]) -> isize {
             }
         }
         libc::SYS_sendmmsg => sendmmsg(a),
+        libc::SYS_futex => return generic(&table::futex(a[1]), a),
         libc::SYS_io_uring_setup => {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Relaxed) {
@@ -541,12 +543,16 @@ fn retry_efault(prefault: impl FnMut(), mut call: impl FnMut() -> isize) -> isiz
 struct Local(Option<Vec<u8>>);
 
 impl Local {
-    /// `len` bytes at `p` when `p` lies in the region; nothing otherwise.
+    /// `len` bytes at `p` when `p` lies in the region; nothing otherwise, or where the program
+    /// made some of them unreadable (the kernel is then given `p`, and answers EFAULT).
     fn copy(p: usize, len: usize) -> Local {
         if p == 0 || !region_contains(p as u64) {
             return Local(None);
         }
         let len = len.min(region_left(p));
+        if !crate::probe::accessible(p, len, false) {
+            return Local(None);
+        }
         let mut v = vec![0u8; len];
         // SAFETY: `len` bytes at p lie in the region, which is mapped; a missing page faults
         // in as the load touches it.
@@ -626,8 +632,14 @@ impl LocalMsg {
                 self.hdr.msg_controllen,
             ),
         ] {
-            if let Some(v) = &local.0 {
-                // SAFETY: the program's buffer holds at least what the kernel filled in.
+            let n = len.min(local.0.as_ref().map_or(0, |v| v.len()));
+            if let Some(v) = local
+                .0
+                .as_ref()
+                .filter(|_| probe::accessible(theirs as usize, n, true))
+            {
+                // SAFETY: the program's buffer holds at least what the kernel filled in, and
+                // may be written.
                 unsafe {
                     std::ptr::copy_nonoverlapping(v.as_ptr(), theirs.cast(), len.min(v.len()))
                 };
@@ -656,7 +668,11 @@ pub(crate) fn copy_str(p: usize) -> Option<Vec<u8>> {
     let left = region_left(p).min(BOUNCE_ARG_MAX);
     let mut v = Vec::new();
     for k in 0..left {
-        // SAFETY: p + k lies in the region; the load faults the page in if it is missing.
+        if (k == 0 || (p + k).is_multiple_of(4096)) && !probe::touch(p + k, false) {
+            return None;
+        }
+        // SAFETY: p + k lies in the region and was found readable (probe.rs); the load
+        // faults the page in if it is missing.
         let b = unsafe { std::ptr::read_volatile((p + k) as *const u8) };
         v.push(b);
         if b == 0 {
@@ -690,11 +706,16 @@ fn generic(e: &Entry, a: [usize; 6]) -> isize {
             Arg::No | Arg::Indirect => {}
             Arg::In(len) | Arg::Out(len, _) | Arg::InOut(len) => {
                 let n = len.of(&a);
-                if n > BOUNCE_ARG_MAX {
-                    touch.push((p, n, !matches!(arg, Arg::In(_))));
+                let write = !matches!(arg, Arg::In(_));
+                // A buffer the program made inaccessible (or read-only, for the kernel to
+                // write) is left where it is: the kernel answers EFAULT, as without rmem.
+                let copied = (n <= BOUNCE_ARG_MAX && (!write || probe::accessible(p, n, true)))
+                    .then(|| Local::copy(p, n).0)
+                    .flatten();
+                let Some(mut b) = copied else {
+                    touch.push((p, n, write));
                     continue;
-                }
-                let mut b = Local::copy(p, n).0.unwrap_or_default();
+                };
                 args[j] = b.as_mut_ptr() as usize;
                 let back = match *arg {
                     Arg::Out(_, back) => Some(back),
@@ -753,8 +774,13 @@ pub(crate) fn copy_strvec(p: usize) -> Option<(Vec<usize>, Vec<Vec<u8>>)> {
     let mut strings = Vec::new();
     let mut any = region_contains(p as u64);
     for k in 0.. {
-        // SAFETY: the program passed a NULL-terminated array here; loads fault it in.
-        let s = unsafe { std::ptr::read_volatile((p as *const usize).add(k)) };
+        let at = p + k * std::mem::size_of::<usize>();
+        if !probe::accessible(at, std::mem::size_of::<usize>(), false) {
+            return None;
+        }
+        // SAFETY: the program passed a NULL-terminated array here, found readable (probe.rs);
+        // loads fault it in.
+        let s = unsafe { std::ptr::read_volatile(at as *const usize) };
         if s == 0 {
             break;
         }

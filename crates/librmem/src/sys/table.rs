@@ -15,7 +15,7 @@
 //! are behind iovecs and the kernel pins them with get_user_pages, which no prefault keeps
 //! valid), io_submit's iocbs (only the pointer array is faulted in).
 
-use libc::c_long;
+use libc::{c_int, c_long};
 
 /// How many bytes an argument covers.
 #[derive(Clone, Copy, Debug)]
@@ -276,7 +276,8 @@ pub static TABLE: &[Entry] = &[
         ],
     ),
     e(libc::SYS_epoll_ctl, [N, N, N, i(F(EPOLL_EVENT)), N, N]),
-    // The futex word's address is what the kernel keys waiters by: faulted in in place.
+    // The futex word's address is what the kernel keys waiters by: faulted in in place. What
+    // the other arguments are depends on the operation: [`futex`].
     e(libc::SYS_futex, [T, N, N, T, T, N]),
     e(libc::SYS_futex_waitv, [T, N, N, i(F(TIMESPEC)), N, N]),
     e(
@@ -439,6 +440,42 @@ pub static TABLE: &[Entry] = &[
 /// The entry for system call `nr`.
 pub fn entry(nr: c_long) -> Option<&'static Entry> {
     TABLE.iter().find(|e| e.nr == nr)
+}
+
+/// futex(2)'s entry for operation `op`: the timeout (argument 3) and the second futex word
+/// (argument 4) only where the operation reads them. Elsewhere they are not pointers at all:
+/// glibc's FUTEX_WAKE leaves whatever its register held in `uaddr2`, and argument 3 is a count
+/// for the requeue operations. (The filter cannot tell, and traps such a call when the stale
+/// value points into the region; it is then made as it is.)
+pub fn futex(op: usize) -> Entry {
+    let cmd = op as c_int & libc::FUTEX_CMD_MASK;
+    let timeout = matches!(
+        cmd,
+        libc::FUTEX_WAIT
+            | libc::FUTEX_WAIT_BITSET
+            | libc::FUTEX_LOCK_PI
+            | libc::FUTEX_LOCK_PI2
+            | libc::FUTEX_WAIT_REQUEUE_PI
+    );
+    let second = matches!(
+        cmd,
+        libc::FUTEX_REQUEUE
+            | libc::FUTEX_CMP_REQUEUE
+            | libc::FUTEX_WAKE_OP
+            | libc::FUTEX_CMP_REQUEUE_PI
+            | libc::FUTEX_WAIT_REQUEUE_PI
+    );
+    e(
+        libc::SYS_futex,
+        [
+            T,
+            N,
+            N,
+            if timeout { i(F(TIMESPEC)) } else { N },
+            if second { T } else { N },
+            N,
+        ],
+    )
 }
 
 #[cfg(test)]
