@@ -329,6 +329,12 @@ int main(int argc, char **argv) {
         errno = 0;
         CHECK(syscall(SYS_recvfrom, sv[1], ro, 100, 0, NULL, NULL) == -1 && errno == EFAULT,
               "datagram into read-only");
+        CHECK(write(sv[0], "datagram", 8) == 8, "send a datagram");
+        struct iovec riov = {ro, 100};
+        struct msghdr rmsg = {.msg_iov = &riov, .msg_iovlen = 1};
+        errno = 0;
+        CHECK(recvmsg(sv[1], &rmsg, 0) == -1 && errno == EFAULT, "recvmsg into read-only");
+        CHECK(ro[0] == 9, "read-only memory was changed by a receive");
         close(sv[0]);
         close(sv[1]);
         close(pw[0]);

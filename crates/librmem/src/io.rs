@@ -364,9 +364,7 @@ pub(crate) fn receive(
             };
             let got = (r as usize).min(len);
             if scatter(&b[..got], &[iov]) < got {
-                // SAFETY: errno is thread-local.
-                unsafe { *libc::__errno_location() = libc::EFAULT };
-                return -1;
+                return efault();
             }
         }
         r
@@ -711,8 +709,8 @@ pub(crate) fn readv_with(
                 iov_len: len,
             };
             let r = call(&local, 1, 0);
-            if r > 0 {
-                scatter(&b[..r as usize], iovs);
+            if r > 0 && scatter(&b[..r as usize], iovs) < r as usize {
+                return efault();
             }
             r
         });
@@ -815,16 +813,17 @@ pub(crate) unsafe fn recvmsg_bounced(
             local.msg_control = control.as_mut_ptr().cast();
         }
         let r = call(&mut local);
-        if r >= 0 {
-            // SAFETY: caller's contract.
-            unsafe { deliver(m, &local, &b[..(r as usize).min(len)], &name, &control) };
+        // SAFETY: caller's contract.
+        if r >= 0 && !unsafe { deliver(m, &local, &b[..(r as usize).min(len)], &name, &control) } {
+            return efault();
         }
         r
     })
 }
 
 /// Copy what a receive into local copies (`local`, `data`, `name`, `control`) got into the
-/// caller's msghdr `m` and its buffers.
+/// caller's msghdr `m` and its buffers. False when some buffer the program made read-only or
+/// inaccessible could not take its part (the kernel would have failed with EFAULT).
 ///
 /// # Safety
 /// `m` describes valid buffers, as recvmsg requires.
@@ -834,22 +833,37 @@ unsafe fn deliver(
     data: &[u8],
     name: &[u8],
     control: &[u8],
-) {
-    scatter(data, iovecs(m.msg_iov, m.msg_iovlen as c_int));
+) -> bool {
+    let mut whole = scatter(data, iovecs(m.msg_iov, m.msg_iovlen as c_int)) == data.len();
     let writable = |p: *mut c_void, k: usize| crate::probe::accessible(p as usize, k, true);
     let k = (local.msg_namelen as usize).min(name.len());
-    if !m.msg_name.is_null() && writable(m.msg_name, k) {
-        // SAFETY: the caller's name buffer holds msg_namelen >= k bytes.
-        unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), m.msg_name.cast(), k) };
+    if !m.msg_name.is_null() {
+        whole &= writable(m.msg_name, k);
+        if whole {
+            // SAFETY: the caller's name buffer holds msg_namelen >= k bytes, writable.
+            unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), m.msg_name.cast(), k) };
+        }
     }
     let k = local.msg_controllen.min(control.len());
-    if !m.msg_control.is_null() && writable(m.msg_control, k) {
-        // SAFETY: the caller's control buffer holds msg_controllen >= k bytes.
-        unsafe { std::ptr::copy_nonoverlapping(control.as_ptr(), m.msg_control.cast(), k) };
+    if !m.msg_control.is_null() {
+        whole &= writable(m.msg_control, k);
+        if whole {
+            // SAFETY: the caller's control buffer holds msg_controllen >= k bytes, writable.
+            unsafe { std::ptr::copy_nonoverlapping(control.as_ptr(), m.msg_control.cast(), k) };
+        }
     }
     m.msg_namelen = local.msg_namelen;
     m.msg_controllen = local.msg_controllen;
     m.msg_flags = local.msg_flags;
+    whole
+}
+
+/// -1 with errno EFAULT, where the kernel's own copy into the program's buffer would have
+/// failed.
+fn efault() -> isize {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = libc::EFAULT };
+    -1
 }
 
 /// See recvmmsg(2). Where some message would need a bounce (see [`recvmsg`]), every message
@@ -961,7 +975,7 @@ pub(crate) unsafe fn recvmmsg_with(
     {
         let got = (l.msg_len as usize).min(bufs[i].len());
         // SAFETY: caller's contract.
-        unsafe {
+        let whole = unsafe {
             deliver(
                 &mut h.msg_hdr,
                 &l.msg_hdr,
@@ -970,6 +984,10 @@ pub(crate) unsafe fn recvmmsg_with(
                 &controls[i],
             )
         };
+        if !whole {
+            // As the kernel: the messages delivered before the failed one, else EFAULT.
+            return if i > 0 { i as c_int } else { efault() as c_int };
+        }
         h.msg_len = l.msg_len;
     }
     r
