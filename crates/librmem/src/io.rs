@@ -127,14 +127,14 @@ pub(crate) fn needs_prefault(buf: *const c_void, len: usize) -> bool {
 /// Stops at a piece the program's protection forbids that access to (probe.rs): the kernel
 /// then stops there too, with EFAULT or a short transfer, as it does without rmem.
 pub(crate) fn prefault(buf: *const c_void, len: usize, for_write: bool) {
-    let page = 4096;
-    let (start, end) = (buf as u64, buf as u64 + len as u64);
-    let mut at = start;
-    while at < end {
-        if region_contains(at) && !crate::probe::touch(at as usize, for_write) {
-            return;
-        }
-        at = (at / page + 1) * page;
+    let base = crate::REGION_BASE.load(Relaxed);
+    let region_end = base + crate::REGION_LEN.load(Relaxed);
+    let (a, b) = (
+        (buf as u64).max(base),
+        (buf as u64 + len as u64).min(region_end),
+    );
+    if a < b {
+        crate::probe::accessible(a as usize, (b - a) as usize, for_write);
     }
 }
 

@@ -404,7 +404,7 @@ fn dispatch(nr: c_long, a: [usize; 6]) -> isize {
             )
         }
         libc::SYS_sendto => {
-            let addr = Local::copy(a[4], a[5].min(BOUNCE_ARG_MAX));
+            let addr = Local::copy(a[4], a[5].min(BOUNCE_ARG_MAX), false);
             io::chunked(a[1] as _, a[2], false, |p, k, _| {
                 call(nr, [fd, p as usize, k, a[3], addr.at(a[4]), a[5]])
             })
@@ -493,8 +493,8 @@ fn recvmsg(a: [usize; 6]) -> isize {
             call(libc::SYS_recvmsg, [a[0], h as usize, a[2], 0, 0, 0])
         })
     };
-    if r >= 0 {
-        m.give_back(a[1]);
+    if r >= 0 && !m.give_back(a[1]) {
+        return -(libc::EFAULT as isize);
     }
     kernel_result(r)
 }
@@ -544,13 +544,14 @@ struct Local(Option<Vec<u8>>);
 
 impl Local {
     /// `len` bytes at `p` when `p` lies in the region; nothing otherwise, or where the program
-    /// made some of them unreadable (the kernel is then given `p`, and answers EFAULT).
-    fn copy(p: usize, len: usize) -> Local {
+    /// made some of them inaccessible, or read-only when the kernel is to `write` them (the
+    /// kernel is then given `p`, and answers EFAULT).
+    fn copy(p: usize, len: usize, write: bool) -> Local {
         if p == 0 || !region_contains(p as u64) {
             return Local(None);
         }
         let len = len.min(region_left(p));
-        if !crate::probe::accessible(p, len, false) {
+        if !probe::accessible(p, len, write) {
             return Local(None);
         }
         let mut v = vec![0u8; len];
@@ -584,16 +585,22 @@ struct LocalMsg {
 
 impl LocalMsg {
     fn copy(p: usize) -> Option<LocalMsg> {
-        if p == 0 {
+        let size = std::mem::size_of::<libc::msghdr>();
+        if p == 0 || !probe::accessible(p, size, false) {
             return None;
         }
-        // SAFETY: the program passed a msghdr here; reading it faults it in if remote.
+        // SAFETY: the program passed a msghdr here, found readable; reading it faults it in
+        // if remote.
         let program: libc::msghdr = unsafe { (p as *const libc::msghdr).read_unaligned() };
         let mut hdr = program;
+        let iov_bytes = hdr.msg_iovlen * std::mem::size_of::<libc::iovec>();
+        if !probe::accessible(hdr.msg_iov as usize, iov_bytes, false) {
+            return None;
+        }
         let iov = io::iovecs(hdr.msg_iov, hdr.msg_iovlen as c_int).to_vec();
         hdr.msg_iov = iov.as_ptr() as *mut libc::iovec;
-        let name = Local::copy(hdr.msg_name as usize, hdr.msg_namelen as usize);
-        let control = Local::copy(hdr.msg_control as usize, hdr.msg_controllen);
+        let name = Local::copy(hdr.msg_name as usize, hdr.msg_namelen as usize, false);
+        let control = Local::copy(hdr.msg_control as usize, hdr.msg_controllen, false);
         hdr.msg_name = name.at(hdr.msg_name as usize) as *mut c_void;
         hdr.msg_control = control.at(hdr.msg_control as usize) as *mut c_void;
         Some(LocalMsg {
@@ -614,8 +621,10 @@ impl LocalMsg {
         }
     }
 
-    /// Write what a receive changed into the program's msghdr at `p` and its buffers.
-    fn give_back(&self, p: usize) {
+    /// Write what a receive changed into the program's msghdr at `p` and its buffers. False
+    /// when the program made some of them read-only or inaccessible (the kernel would have
+    /// answered EFAULT).
+    fn give_back(&self, p: usize) -> bool {
         let mut out = self.program;
         out.msg_namelen = self.hdr.msg_namelen;
         out.msg_controllen = self.hdr.msg_controllen;
@@ -632,21 +641,21 @@ impl LocalMsg {
                 self.hdr.msg_controllen,
             ),
         ] {
-            let n = len.min(local.0.as_ref().map_or(0, |v| v.len()));
-            if let Some(v) = local
-                .0
-                .as_ref()
-                .filter(|_| probe::accessible(theirs as usize, n, true))
-            {
-                // SAFETY: the program's buffer holds at least what the kernel filled in, and
-                // may be written.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(v.as_ptr(), theirs.cast(), len.min(v.len()))
-                };
+            let Some(v) = &local.0 else { continue };
+            let n = len.min(v.len());
+            if !probe::accessible(theirs as usize, n, true) {
+                return false;
             }
+            // SAFETY: the program's buffer holds at least what the kernel filled in, and may
+            // be written.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), theirs.cast(), n) };
         }
-        // SAFETY: the program's msghdr.
+        if !probe::accessible(p, std::mem::size_of::<libc::msghdr>(), true) {
+            return false;
+        }
+        // SAFETY: the program's msghdr, writable.
         unsafe { (p as *mut libc::msghdr).write_unaligned(out) };
+        true
     }
 }
 
@@ -709,8 +718,8 @@ fn generic(e: &Entry, a: [usize; 6]) -> isize {
                 let write = !matches!(arg, Arg::In(_));
                 // A buffer the program made inaccessible (or read-only, for the kernel to
                 // write) is left where it is: the kernel answers EFAULT, as without rmem.
-                let copied = (n <= BOUNCE_ARG_MAX && (!write || probe::accessible(p, n, true)))
-                    .then(|| Local::copy(p, n).0)
+                let copied = (n <= BOUNCE_ARG_MAX)
+                    .then(|| Local::copy(p, n, write).0)
                     .flatten();
                 let Some(mut b) = copied else {
                     touch.push((p, n, write));
