@@ -37,6 +37,8 @@ command -v stress-ng >/dev/null || need+=(stress-ng)
 # on the JVM, and a Node.js program (V8).
 [ -x /usr/bin/javac ] || need+=(default-jdk-headless)
 [ -x /usr/bin/node ] || need+=(nodejs)
+# Go programs built with cgo (the same file): the Go toolchain, from Debian unless one is there.
+command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || need+=(golang-go)
 # The block device tests (crates/rmem-cli/tests/nbd.rs) and `rmem bench nbd` drive `rmem nbd`
 # with real NBD clients: nbdinfo, nbdcopy and nbdfuse (libnbd-bin), qemu-io (qemu-utils), fio
 # (its nbd engine), mkfs.ext4 and e2fsck (e2fsprogs), and nbdkit's memory and file plugins.

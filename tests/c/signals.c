@@ -8,14 +8,21 @@
  * file, while the program pages through remote memory (with RMEM_FAULT_DELIVERY=signal its
  * faults arrive as SIGBUS too); sigaction() reports the program's own handlers back; a
  * SIGSEGV sent by raise() reaches the program's handler.
+ * "raw-altstack" (run with --anon-mmap): threads take a signal stack as Go's runtime does, with
+ * every signal blocked: the one the thread has, or else one from mmap set by a raw system call
+ * that no C library wrapper sees (with --anon-mmap, remote memory). Each thread then pages
+ * through more than the budget and takes SIGUSR1 on that stack, a few times. Unprivileged, a
+ * remote signal stack killed the thread at its first signal (the kernel cannot fault it in).
  * Prints "signals: ok" or exits 1. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -132,6 +139,40 @@ static int handlers(unsigned char *p, size_t n) {
     return 0;
 }
 
+static _Atomic int usr1;
+static void on_usr1(int sig) { (void)sig; usr1++; }
+
+/* One thread's part of "raw-altstack" over its own n bytes at p; 0 when all went well. */
+static int raw_altstack(unsigned char *p, size_t n) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    stack_t cur;
+    if (syscall(SYS_sigaltstack, NULL, &cur)) { perror("sigaltstack"); return 1; }
+    if (cur.ss_flags & SS_DISABLE) {
+        size_t len = 256 * 1024;
+        void *s = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        stack_t ss = { .ss_sp = s, .ss_size = len, .ss_flags = 0 };
+        if (s == MAP_FAILED || syscall(SYS_sigaltstack, &ss, NULL)) { perror("raw sigaltstack"); return 1; }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    for (int round = 0; round < 4; round++) {
+        fill(p, n, round);
+        int before = usr1;
+        pthread_kill(pthread_self(), SIGUSR1);
+        if (usr1 <= before) { fprintf(stderr, "signals: SIGUSR1 not handled\n"); return 1; }
+        if (check(p, n, round)) return 1;
+    }
+    return 0;
+}
+
+static void *raw_altstack_thread(void *arg) {
+    size_t n = 8 * MB;
+    unsigned char *p = malloc(n);
+    (void)arg;
+    return (void *)(long)(!p || raw_altstack(p, n));
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     size_t n = 16 * MB;
@@ -146,8 +187,24 @@ int main(int argc, char **argv) {
         if (own_segv() || check(p, n, 1)) return 1;
     } else if (strcmp(mode, "handlers") == 0) {
         if (handlers(p, n)) return 1;
+    } else if (strcmp(mode, "raw-altstack") == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_usr1;
+        sa.sa_flags = SA_ONSTACK;
+        sigaction(SIGUSR1, &sa, NULL);
+        pthread_t t[2];
+        for (int i = 0; i < 2; i++)
+            if (pthread_create(&t[i], NULL, raw_altstack_thread, NULL)) return 1;
+        long bad = raw_altstack(p, n);
+        for (int i = 0; i < 2; i++) {
+            void *r;
+            pthread_join(t[i], &r);
+            bad |= (long)r;
+        }
+        if (bad) return 1;
     } else {
-        fprintf(stderr, "usage: signals fork|handlers\n");
+        fprintf(stderr, "usage: signals fork|handlers|raw-altstack\n");
         return 2;
     }
     printf("signals: ok\n");

@@ -26,7 +26,7 @@ const EFAULT_RETRIES: usize = 16;
 /// (in `dlopen`, running a library's constructors) while it faults on remote memory: a pager
 /// that looked up `read` then, to read that very fault, waited for the lock forever (the JVM
 /// hung so in about one start of twenty). A unit test checks that the list names them all.
-const EAGER: [&CStr; 35] = [
+const EAGER: [&CStr; 36] = [
     c"__pread64_chk",
     c"__read_chk",
     c"__recv_chk",
@@ -47,6 +47,7 @@ const EAGER: [&CStr; 35] = [
     c"popen",
     c"pread",
     c"pthread_attr_setstack",
+    c"pthread_create",
     c"pwrite",
     c"read",
     c"readv",
@@ -96,7 +97,7 @@ fn lookup(name: &CStr) -> usize {
 
 /// Declare `$name` as an interposer and `real` as the C library's definition.
 macro_rules! real {
-    ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
+    ($name:literal, fn($($t:ty),* $(,)?) -> $r:ty) => {{
         use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
         static REAL: AtomicUsize = AtomicUsize::new(0);
         let mut f = REAL.load(Relaxed);

@@ -184,6 +184,7 @@ fn init() -> Option<&'static Runtime> {
                 );
             }
             RUNTIME.store(rt as *const Runtime as *mut Runtime, Ordering::Release);
+            stack::give_signal_stack();
             write_stats(rt, false);
             if !ATEXIT_REGISTERED.swap(true, Ordering::AcqRel) {
                 // SAFETY: registering a plain extern "C" fn with no captured state.

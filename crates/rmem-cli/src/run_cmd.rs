@@ -3,6 +3,7 @@
 use crate::launch::{self, ServerProc};
 use rmem_client::config::{Config, Placement};
 use rmem_proto::size::{format_size, parse_size};
+use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
@@ -296,6 +297,14 @@ pub fn run(args: RunArgs) -> i32 {
             }
         }
     };
+    // The dynamic loader is what loads librmem (LD_PRELOAD): a statically linked program runs
+    // without it, unpaged. Said before the run, which may be long, and again at its end.
+    let unloadable = preload
+        .as_ref()
+        .and_then(|_| statically_linked(&args.program[0]));
+    if let Some(why) = &unloadable {
+        eprintln!("rmem: {why}");
+    }
     let token = &plan.token;
     let mut servers = match launch::start(&plan) {
         Ok(s) => s,
@@ -499,6 +508,10 @@ pub fn run(args: RunArgs) -> i32 {
         // The runtime starts at the program's first allocation of --min-alloc or more: without
         // a file from it nothing was paged, which a user who asked for a budget should hear
         // about.
+        None if unloadable.is_some() => eprintln!(
+            "rmem: nothing was paged: {} is statically linked (see above)",
+            args.program[0]
+        ),
         None => eprintln!(
             "rmem: nothing was paged: {} made no allocation of --min-alloc ({}) or more{}",
             args.program[0],
@@ -523,6 +536,45 @@ pub fn run(args: RunArgs) -> i32 {
         );
     }
     code
+}
+
+/// Why rmem's library cannot be loaded into `program` (found as execvp would), when it is an
+/// ELF executable with no program interpreter: statically linked, the dynamic loader never
+/// runs and LD_PRELOAD is not read. None for a dynamic executable, a script, or a file that
+/// cannot be read (the run says what is wrong with it).
+fn statically_linked(program: &str) -> Option<String> {
+    let path = if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())?
+    };
+    // The headers: the ELF header, and the program headers' table right after it.
+    let mut elf = Vec::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(64 << 10).read_to_end(&mut elf))
+        .ok()?;
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    // 64-bit little-endian ELF (x86_64, the only target): the program headers' table.
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (u64_at(0x20)? as usize, u16_at(0x36)?, u16_at(0x38)?);
+    const PT_INTERP: u32 = 3;
+    let interp = (0..phnum as usize)
+        .map(|i| u32_at(phoff + i * phentsize as usize))
+        .collect::<Option<Vec<u32>>>()?
+        .contains(&PT_INTERP);
+    (!interp).then(|| {
+        format!(
+            "{program} is statically linked: rmem's library cannot be loaded into it, so none of \
+             its memory is paged (a Go program is linked so unless it uses cgo: build it with \
+             CGO_ENABLED=1 and `-ldflags=-linkmode=external`, and run it with --anon-mmap)"
+        )
+    })
 }
 
 /// librmem.so (which transparent mode preloads and `rmem cc` links): beside this rmem binary, or in ../lib.

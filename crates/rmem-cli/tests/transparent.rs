@@ -3,7 +3,7 @@
 //! (GNU sort, Python/numpy as `nobody`, Python with many small allocations) whose output is
 //! compared with the same program run without rmem; programs linked with jemalloc and
 //! tcmalloc, redis-server, large alignments, programs with their own signal handlers
-//! (fork children that reset SIGSEGV, stress-ng), and managed runtimes (Java, Node.js).
+//! (fork children that reset SIGSEGV, stress-ng), and managed runtimes (Java, Node.js, Go).
 
 mod common;
 use common::*;
@@ -702,6 +702,140 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
         "{}",
         out.stderr
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The Go toolchain: on PATH, or where the Go project's archive or Debian's golang-go put it.
+fn go() -> std::path::PathBuf {
+    let on_path: Vec<std::path::PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("go")).collect())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain(["/usr/local/go/bin/go".into(), "/usr/lib/go/bin/go".into()])
+        .find(|p| p.is_file())
+        .expect("the Go toolchain is missing: install golang-go (scripts/deps.sh does)")
+}
+
+/// The peak resident set a program printed on stderr ("VmHWM: N kB"), in kB.
+fn vm_hwm_kb(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .unwrap_or_else(|| panic!("no VmHWM line in {stderr}"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Go programs built with cgo (the C library linked, as Go programs that resolve names or call
+/// C libraries are): with `--anon-mmap` Go's heap is paged (its peak resident set stays under
+/// half the plain run's), as root and as `nobody`, with the plain run's output. Unprivileged,
+/// such a program was killed by SIGSEGV within its first second before: Go sets each thread's
+/// signal stack in its heap with a raw system call, and once that page was paged out, the next
+/// signal could not be delivered (stack.rs). A statically linked program (Go's default without
+/// cgo) cannot load rmem's library: `rmem run` says so at the start and at the end.
+#[test]
+fn go_programs_built_with_cgo_are_paged_with_anon_mmap() {
+    let dir = scratch("go");
+    let bin = dir.join("heap");
+    let build = run_bounded(
+        Command::new(go())
+            .arg("build")
+            .arg("-o")
+            .arg(&bin)
+            .arg(repo_root().join("tests/go/heap.go"))
+            .env("CGO_ENABLED", "1")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOCACHE", target_dir().join("go-cache"))
+            .env("GOPATH", target_dir().join("go-path")),
+        Duration::from_secs(300),
+    );
+    assert!(build.status.success(), "go build: {}", build.stderr);
+    let prog = [bin.to_str().unwrap(), "16"];
+    let plain = run_bounded(
+        Command::new(prog[0]).args(&prog[1..]),
+        Duration::from_secs(120),
+    );
+    assert!(plain.status.success(), "{}", plain.stderr);
+    assert_eq!(plain.stdout.lines().count(), 4, "{}", plain.stdout);
+    let plain_kb = vm_hwm_kb(&plain.stderr);
+    for as_nobody in [false, true] {
+        let stats = dir.join(format!("stats-{as_nobody}.json"));
+        let out = run_bounded(
+            &mut rmem_run(&["--local", "32M", "--anon-mmap"], &stats, &prog, as_nobody),
+            Duration::from_secs(300),
+        );
+        assert!(
+            out.status.success(),
+            "as nobody {as_nobody}: {:?}\n{}",
+            out.status,
+            out.stderr
+        );
+        assert_eq!(out.stdout, plain.stdout, "as nobody {as_nobody}");
+        let kb = vm_hwm_kb(&out.stderr);
+        assert!(
+            kb < plain_kb / 2,
+            "as nobody {as_nobody}: peak {kb} kB against {plain_kb} kB plain: not paged\n{}",
+            out.stderr
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn statically_linked_programs_are_named_as_unpaged() {
+    let prog = compile("tests/c/signals.c", "static-", &["-static".into()]);
+    let dir = scratch("static");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "4M"],
+            &dir.join("stats.json"),
+            &[prog.to_str().unwrap(), "raw-altstack"],
+            false,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success() && out.stdout.contains("signals: ok"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr
+            .contains("is statically linked: rmem's library cannot be loaded into it")
+            && out.stderr.contains("nothing was paged: ")
+            && !out.stderr.contains("made no allocation"),
+        "{}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Threads that take a signal stack as Go's runtime does (tests/c/signals.c "raw-altstack":
+/// with every signal blocked, the one they have, or else one from mmap set by a raw system
+/// call) take signals on it while paging through more than the budget, as `nobody` with
+/// `--anon-mmap` (where that mmap is remote). Before, the first signal killed the thread.
+#[test]
+fn signal_stacks_set_by_raw_system_calls_survive_paging() {
+    let prog = build_plain("tests/c/signals.c");
+    let dir = scratch("sig-raw-altstack");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "4M", "--anon-mmap"],
+            &stats,
+            &[prog.to_str().unwrap(), "raw-altstack"],
+            true,
+        ),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success() && out.stdout.contains("signals: ok"),
+        "{:?}\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    swapped(&stats);
     let _ = std::fs::remove_dir_all(dir);
 }
 
