@@ -1,17 +1,19 @@
 /* fork() children over a large remote array while the parent keeps writing it.
  *
- *   fork_snapshot MIB CHILDREN
+ *   fork_snapshot MIB CHILDREN [exit]
  *
  * The parent fills MIB MiB (malloc: remote under `rmem run`) with generation 1 of a pattern
  * and forks CHILDREN children at once. Each child checks every word against generation 1 (the
  * parent's memory at the fork), writes its own generation (100 + its number) over all of it,
- * and checks that; it exits 0 with no mismatch. Meanwhile the parent writes generation 2, 3,
+ * and checks that; it exits 0 with no mismatch (with _exit, or with exit when the third
+ * argument is "exit", so that its exit handlers run). Meanwhile the parent writes generation 2, 3,
  * ... over the array, checking each pass, until every child has exited; then it checks the
  * last generation once more (the children's writes must not have reached it).
  * Prints "fork_snapshot: ok ..." and exits 0 when every process saw zero mismatches. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,10 +36,11 @@ static size_t check(const uint64_t *a, size_t n, uint64_t gen, const char *who) 
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: fork_snapshot MIB CHILDREN\n");
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "exit") == 0)) {
+        fprintf(stderr, "usage: fork_snapshot MIB CHILDREN [exit]\n");
         return 2;
     }
+    int handlers = argc == 4;
     size_t n = ((size_t)atol(argv[1]) << 20) / 8;
     int children = atoi(argv[2]);
     uint64_t *a = malloc(n * 8);
@@ -53,6 +56,7 @@ int main(int argc, char **argv) {
             size_t bad = check(a, n, 1, who);
             fill(a, n, 100 + (uint64_t)k);
             bad += check(a, n, 100 + (uint64_t)k, who);
+            if (handlers) exit(bad ? 1 : 0);
             _exit(bad ? 1 : 0);
         }
     }

@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
 /// Exit status of a child without rmem that touched its parent's remote memory.
 pub const EXIT_FORK_TOUCH: i32 = 70;
 
-/// This process is a fork() child of a process under rmem: its statistics are its parent's to
-/// write.
+/// This process is a fork() child of a process under rmem: its statistics, counted from the
+/// fork, go beside its parent's (`RMEM_STATS_JSON.PID`).
 pub static CHILD: AtomicBool = AtomicBool::new(false);
 
 extern "C" {

@@ -98,8 +98,8 @@ pub(crate) fn make_current(rt: Runtime) {
 }
 
 extern "C" fn at_exit() {
-    // A fork() child's statistics file is its parent's.
-    if fork::CHILD.load(Ordering::Relaxed) {
+    // A fork() child rmem could not serve has only its copy of its parent's runtime.
+    if malloc::FORKED.load(Ordering::Relaxed) {
         return;
     }
     if let Some(rt) = current() {
@@ -115,10 +115,13 @@ static DESCENDANT: AtomicBool = AtomicBool::new(false);
 /// Write `rt`'s statistics where `rmem run` asked (`RMEM_STATS_JSON`): `complete` at the
 /// program's exit; also when the runtime starts, incomplete, so that a program that ends
 /// without running its exit handlers (`_exit`) is not taken for one that never started it.
+/// A child's go to `RMEM_STATS_JSON.PID`: one `rmem run --children` started, and a fork()
+/// child, whose runtime counts from the fork (at its exit only: one that execs leaves none,
+/// and `rmem run` waits for a child whose file says it is still running).
 fn write_stats(rt: &Runtime, complete: bool) {
     if let Ok(mut path) = std::env::var("RMEM_STATS_JSON") {
         if !path.is_empty() {
-            if DESCENDANT.load(Ordering::Relaxed) {
+            if DESCENDANT.load(Ordering::Relaxed) || fork::CHILD.load(Ordering::Relaxed) {
                 path = format!("{path}.{}", std::process::id());
             }
             if let Err(e) = rt.write_stats_json(&path, complete) {

@@ -305,14 +305,6 @@ pub fn run(args: RunArgs) -> i32 {
     if let Some(why) = &unloadable {
         eprintln!("rmem: {why}");
     }
-    let token = &plan.token;
-    let mut servers = match launch::start(&plan) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("rmem run: {e}");
-            return 1;
-        }
-    };
     let tmp = std::env::temp_dir().join(format!(
         "rmem-run-{}-{}",
         std::process::id(),
@@ -321,7 +313,13 @@ pub fn run(args: RunArgs) -> i32 {
     let stats_path = match &args.stats_json {
         // Absolute: the program's child processes write theirs beside it (STATS.PID) from
         // wherever they run, and a bare file name has no directory to look for them in.
-        Some(p) => match std::path::absolute(p) {
+        // Made here, so that a file that cannot be written fails the run before the program
+        // starts, not at its end (where the summary would take the missing file for a program
+        // that paged nothing).
+        Some(p) => match std::path::absolute(p).and_then(|a| {
+            std::fs::File::create(&a)?;
+            Ok(a)
+        }) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("rmem run: --stats-json {}: {e}", p.display());
@@ -334,6 +332,15 @@ pub fn run(args: RunArgs) -> i32 {
                 return 1;
             }
             tmp.join("stats.json")
+        }
+    };
+    let token = &plan.token;
+    let mut servers = match launch::start(&plan) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rmem run: {e}");
+            let _ = std::fs::remove_dir_all(&tmp);
+            return 1;
         }
     };
     let _ = std::fs::remove_file(&stats_path);
@@ -483,8 +490,9 @@ pub fn run(args: RunArgs) -> i32 {
     match stats {
         Some(json) if !incomplete => {
             eprintln!("{}", summary(&json, elapsed));
+            // Paged children's resident sets are in the peak, each within a budget of its own.
             if let Some(line) = peak
-                .filter(|_| preload.is_some() && !args.children)
+                .filter(|_| preload.is_some() && !args.children && children.is_none())
                 .and_then(|p| unpaged(p, config.local_bytes, &args.min_alloc, args.anon_mmap))
             {
                 eprintln!("{line}");
@@ -744,10 +752,12 @@ fn children_stats(stats: &std::path::Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// One line for the statistics of the program's child processes (`--children`: each writes
-/// `STATS.PID`), if any wrote them.
+/// One line for the statistics of the program's child processes, if any wrote them: each
+/// writes `STATS.PID`, a fork() child (its runtime counts from the fork) at its exit, one
+/// started with `--children` also when its runtime starts.
 fn children_summary(stats: &std::path::Path, kept: bool) -> Option<String> {
     let (mut procs, mut faults, mut fetched, mut written) = (0u64, 0u64, 0u64, 0u64);
+    let mut waited = 0.0;
     for path in children_stats(stats) {
         let Some(v) = std::fs::read_to_string(path)
             .ok()
@@ -760,11 +770,12 @@ fn children_summary(stats: &std::path::Path, kept: bool) -> Option<String> {
         faults += n("faults");
         fetched += n("bytes_fetched");
         written += n("bytes_written_back");
+        waited += v["fault_wait_s"].as_f64().unwrap_or(0.0);
     }
     (procs > 0).then(|| {
         format!(
-            "rmem: {procs} child process{} paged too: {faults} faults, fetched {:.1} MiB, wrote \
-             back {:.1} MiB{}",
+            "rmem: {procs} child process{} paged too, each in a --local of its own: {faults} \
+             faults, fetched {:.1} MiB, wrote back {:.1} MiB, {waited:.2} s waited{}",
             if procs == 1 { "" } else { "es" },
             fetched as f64 / (1 << 20) as f64,
             written as f64 / (1 << 20) as f64,

@@ -46,6 +46,56 @@ fn eight_children_read_a_256_mib_snapshot_while_the_parent_writes() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A fork() child's paging is its own and is reported: each child that runs its exit handlers
+/// writes `STATS.PID`, counted from the fork (a child that only reads and rewrites its
+/// parent's array swaps in and makes no zero-fills, while the parent's fill made them all),
+/// within its own budget; the summary says the children paged, and no longer blames the
+/// program for a peak resident set that is the children's (a PostgreSQL backend is such a
+/// child: its paging was invisible).
+#[test]
+fn fork_children_report_their_own_paging() {
+    let prog = build_plain("tests/c/fork_snapshot.c");
+    let dir = scratch("fork-children-stats");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "16M"],
+            &stats,
+            &[prog.to_str().unwrap(), "64", "3", "exit"],
+            false,
+        ),
+        Duration::from_secs(180),
+    );
+    assert!(
+        out.status.success() && out.stdout.contains("fork_snapshot: ok"),
+        "{}",
+        ok(&out)
+    );
+    assert!(
+        out.stderr
+            .contains("rmem: 3 child processes paged too, each in a --local of its own")
+            && !out.stderr.contains("not rmem's to page"),
+        "{}",
+        out.stderr
+    );
+    let parent = read_json(&stats);
+    let page = parent["page_size"].as_u64().unwrap();
+    assert!(
+        parent["zero_fills"].as_u64().unwrap() >= (64 << 20) / page,
+        "{parent}"
+    );
+    let children = children_stats(&stats);
+    assert_eq!(children.len(), 3, "{children:?}");
+    for v in &children {
+        assert_eq!(v["complete"], true, "{v}");
+        // Read 64 MiB in a 16 MiB budget: at least 48 MiB came back from the snapshot.
+        assert!(v["swap_ins"].as_u64().unwrap() * page >= 48 << 20, "{v}");
+        assert!(v["zero_fills"].as_u64().unwrap() < 16, "{v}");
+        assert!(v["local_bytes_max"].as_u64().unwrap() <= 16 << 20, "{v}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// fork() while 8 threads fault, evict and write back: each child sees the memory of the
 /// instant of the fork (a word a thread was storing then may be on either side), then runs a
 /// verified workload of its own; the parent's verification is unaffected. On 4 KiB pages, and

@@ -274,3 +274,33 @@ fn a_stopped_server_of_its_own_ends_with_the_run() {
         );
     }
 }
+
+/// A `--stats-json` that cannot be written (no such directory) fails the run before any server
+/// or the program starts; it was found only at the end, whose summary then said the program
+/// had paged nothing.
+#[test]
+fn an_unwritable_stats_file_is_refused_before_the_program_runs() {
+    let dir = scratch("stats-unwritable");
+    let marker = dir.join("ran");
+    let stats = dir.join("no-such-dir/stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &[],
+            &stats,
+            &["sh", "-c", &format!("touch {}", marker.display())],
+            false,
+        ),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "rmem run: --stats-json {}: No such file or directory",
+            stats.display()
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(!marker.exists(), "the program ran: {}", out.stderr);
+    let _ = std::fs::remove_dir_all(dir);
+}

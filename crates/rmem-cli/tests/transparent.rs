@@ -224,13 +224,7 @@ fn a_shell_s_commands_are_paged_with_children() {
         "output differs under rmem --children"
     );
     assert!(out.stderr.contains("paged too"), "{}", out.stderr);
-    let prefix = "stats.json.";
-    let children: Vec<serde_json::Value> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
-        .map(|e| read_json(&e.path()))
-        .collect();
+    let children = children_stats(&stats);
     // sort's statistics: the child that fetched pages.
     assert!(
         children

@@ -888,6 +888,16 @@ impl Pager {
             .register_missing(core.staging.mapping.base(), core.staging.mapping.len())?;
         core.blocked.clear();
         core.pages.after_fork(Instant::now());
+        // The child's statistics are its own, counted from the fork: the copy of the parent's
+        // counters it was made with would report the parent's work as the child's, and its
+        // store keeps counters of its own.
+        let stats = Stats::default();
+        stats.set_local_bytes(core.pages.local() * core.ps());
+        if let Some(c) = child_store.counters() {
+            let layout = c.layout.clone();
+            let _ = stats.store.set((c, layout));
+        }
+        core.stats = Arc::new(stats);
         Ok(Pager {
             core,
             store: child_store,
@@ -897,6 +907,11 @@ impl Pager {
             trace: None,
             watches: Vec::new(),
         })
+    }
+
+    /// The counters this pager writes (a fork child's are its own: [`Pager::into_child`]).
+    pub fn stats(&self) -> Arc<Stats> {
+        self.core.stats.clone()
     }
 
     /// In a fork child's pager thread, once it has its own descriptor table: open what

@@ -387,6 +387,7 @@ impl Forking<'_> {
         pager
             .inherit(false)
             .map_err(|e| ForkError::Child(RuntimeError::Child(crate::error_chain(&e))))?;
+        let stats = pager.stats();
         let (handle, shared) = spawn_pager(pager, rt.on_fatal.clone(), Start::Child(started))
             .map_err(ForkError::Child)?;
         Ok(Runtime {
@@ -394,7 +395,7 @@ impl Forking<'_> {
             len: rt.len,
             page_size: rt.page_size,
             policy: rt.policy.clone(),
-            stats: rt.stats.clone(),
+            stats,
             mailbox,
             pager: Mutex::new(Some(handle)),
             alloc: Mutex::new(self.alloc.clone()),

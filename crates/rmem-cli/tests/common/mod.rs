@@ -262,6 +262,17 @@ pub fn read_json(p: &Path) -> serde_json::Value {
     .unwrap()
 }
 
+/// The statistics the program's child processes wrote beside `stats` (`STATS.PID`).
+pub fn children_stats(stats: &Path) -> Vec<serde_json::Value> {
+    let prefix = format!("{}.", stats.file_name().unwrap().to_string_lossy());
+    std::fs::read_dir(stats.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| read_json(&e.path()))
+        .collect()
+}
+
 /// A `rmem server` started by hand on loopback (`RMEM_TOKEN` = token, more `args`), its
 /// address, and its stderr as it comes. Killed when dropped.
 pub struct ServerProcess {
