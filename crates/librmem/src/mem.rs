@@ -151,6 +151,7 @@ fn remote_with(len: usize, prot: c_int) -> Option<*mut c_void> {
     }
     let rt = current()?;
     if round_up(len) > rt.capacity_bytes() {
+        rt.reservation_left_to_kernel(len as u64);
         return None;
     }
     let p = crate::malloc::remote_mapping(len).filter(|p| !p.is_null())?;

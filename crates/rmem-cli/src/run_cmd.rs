@@ -490,10 +490,11 @@ pub fn run(args: RunArgs) -> i32 {
     match stats {
         Some(json) if !incomplete => {
             eprintln!("{}", summary(&json, elapsed));
+            let v = serde_json::from_str(&json).unwrap_or_default();
             // Paged children's resident sets are in the peak, each within a budget of its own.
             if let Some(line) = peak
                 .filter(|_| preload.is_some() && !args.children && children.is_none())
-                .and_then(|p| unpaged(p, config.local_bytes, &args.min_alloc, args.anon_mmap))
+                .and_then(|p| unpaged(p, config.local_bytes, &args.min_alloc, args.anon_mmap, &v))
             {
                 eprintln!("{line}");
             }
@@ -616,13 +617,33 @@ fn children_note(children: bool) -> &'static str {
 /// budget: the memory was not rmem's to page (small allocations, the program's own
 /// mappings), so the budget did not bound it. Allowed above the budget: the program's code
 /// and libraries, rmem's own buffers and small allocations, 64 MiB or the budget again.
-/// `anon_mmap`: whether the program's private anonymous mappings were remote already.
-fn unpaged(peak: u64, local: u64, min_alloc: &str, anon_mmap: bool) -> Option<String> {
+/// `anon_mmap`: whether the program's private anonymous mappings were remote already;
+/// `stats`: the program's statistics, which count the reservations it left to the kernel.
+fn unpaged(
+    peak: u64,
+    local: u64,
+    min_alloc: &str,
+    anon_mmap: bool,
+    stats: &serde_json::Value,
+) -> Option<String> {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let own = if anon_mmap {
-        "shared or file mappings the program makes itself, which rmem cannot page"
-    } else {
-        "mappings the program makes itself: --min-alloc 0 and --anon-mmap page those"
+    let n = |k: &str| stats[k].as_u64().unwrap_or(0);
+    let own = match n("reservations_to_kernel") {
+        _ if !anon_mmap => {
+            "mappings the program makes itself: --min-alloc 0 and --anon-mmap page those".into()
+        }
+        0 => "shared or file mappings the program makes itself, which rmem cannot page".into(),
+        r => format!(
+            "shared or file mappings the program makes itself, or memory it made accessible in \
+             {} ({:.0} GiB{}) larger than the servers' capacity, which rmem left to the kernel",
+            if r == 1 {
+                "the reservation of address space".to_string()
+            } else {
+                format!("the {r} reservations of address space")
+            },
+            n("reservation_bytes_to_kernel") as f64 / (1u64 << 30) as f64,
+            if r == 1 { "" } else { " in all" }
+        ),
     };
     (peak > local + (64u64 << 20).max(local)).then(|| {
         format!(

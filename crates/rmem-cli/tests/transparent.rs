@@ -556,6 +556,44 @@ fn anonymous_mappings_go_remote_with_anon_mmap() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A reservation larger than the servers' capacity is address space, not memory, and stays the
+/// kernel's (ZGC's views need that); what the program makes accessible in it is then not
+/// paged, and the summary says so by the reservation's size rather than blaming shared or
+/// file mappings (GHC's 1 TiB heap under --anon-mmap was so reported).
+#[test]
+fn a_reservation_beyond_the_capacity_left_to_the_kernel_is_named() {
+    let dir = scratch("big-reservation");
+    let prog = build_plain("tests/c/big_reservation.c");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "16M", "--server-capacity", "64M", "--anon-mmap"],
+            &stats,
+            &[prog.to_str().unwrap(), "1", "200"],
+            false,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success() && out.stdout == "big_reservation ok\n",
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(
+            "memory it made accessible in the reservation of address space (1 GiB) larger \
+             than the servers' capacity, which rmem left to the kernel"
+        ),
+        "{}",
+        out.stderr
+    );
+    let v = read_json(&stats);
+    assert_eq!(v["reservations_to_kernel"], 1, "{v}");
+    assert_eq!(v["reservation_bytes_to_kernel"], 1u64 << 30, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A MAP_SHARED mapping placed with MAP_FIXED over remote memory is refused (EINVAL, said on
 /// stderr) and the memory under it keeps its data through paging: the kernel would replace part
 /// of the pager's mapping, and the program was stopped at the next eviction there.
@@ -692,9 +730,16 @@ fn java_and_node_heaps_are_paged_with_anon_mmap() {
     assert_eq!(out.stdout, plain.stdout);
     assert!(
         out.stderr
-            .contains("shared or file mappings the program makes itself"),
+            .contains("shared or file mappings the program makes itself")
+            && out.stderr.contains("left to the kernel"),
         "{}",
         out.stderr
+    );
+    assert!(
+        read_json(&stats)["reservations_to_kernel"]
+            .as_u64()
+            .unwrap()
+            > 0
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -838,6 +838,13 @@ impl Runtime {
         self.stats.snapshot(self.page_size as usize, &self.policy)
     }
 
+    /// A reservation of `bytes` larger than the servers' capacity, left to the kernel by
+    /// transparent mode (counted in the statistics, which say why such memory is not paged).
+    pub fn reservation_left_to_kernel(&self, bytes: u64) {
+        Stats::add(&self.stats.reservations_to_kernel, 1);
+        Stats::add(&self.stats.reservation_bytes_to_kernel, bytes);
+    }
+
     /// Write the statistics as JSON (atomically: to a temporary name, then renamed), with
     /// `"complete": complete`: false for the file written when the runtime starts, which
     /// stays if the program never runs its exit handlers (`_exit`), true at its exit.

@@ -1,5 +1,6 @@
 //! Statistics counted from the first fault: swap-ins, swap-outs, evictions, zero-fills and a
-//! fault latency histogram. The pager is the only writer; anyone may read a snapshot.
+//! fault latency histogram. The pager is the only writer (but for what transparent mode left
+//! to the kernel, counted where it decides); anyone may read a snapshot.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -42,6 +43,11 @@ pub struct Stats {
     /// Pages wanted while their write-back was in flight and, when it landed, left remote
     /// for want of room (every other resident page in flight) and fetched again.
     pub reinstalls_refetched: AtomicU64,
+    /// Reservations (inaccessible address space) larger than the servers' capacity that
+    /// transparent mode left to the kernel, and their bytes: what the program later makes
+    /// accessible there is not paged (GHC reserves its heap so, 1 TiB).
+    pub reservations_to_kernel: AtomicU64,
+    pub reservation_bytes_to_kernel: AtomicU64,
     latency: [AtomicU64; BUCKETS],
     /// Sum of every resolved fault's latency (beside its histogram): the time the program's
     /// threads waited on rmem.
@@ -73,6 +79,8 @@ impl Default for Stats {
             sub_page_fetches: AtomicU64::new(0),
             sub_page_write_backs: AtomicU64::new(0),
             reinstalls_refetched: AtomicU64::new(0),
+            reservations_to_kernel: AtomicU64::new(0),
+            reservation_bytes_to_kernel: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             fault_ns_total: AtomicU64::new(0),
             store: std::sync::OnceLock::new(),
@@ -190,6 +198,8 @@ impl Stats {
             sub_page_fetches: self.sub_page_fetches.load(Relaxed),
             sub_page_write_backs: self.sub_page_write_backs.load(Relaxed),
             reinstalls_refetched: self.reinstalls_refetched.load(Relaxed),
+            reservations_to_kernel: self.reservations_to_kernel.load(Relaxed),
+            reservation_bytes_to_kernel: self.reservation_bytes_to_kernel.load(Relaxed),
         }
     }
 }
@@ -234,6 +244,9 @@ pub struct StatsSnapshot {
     pub sub_page_write_backs: u64,
     /// Wanted write-backs left remote when they landed, for want of room, and fetched again.
     pub reinstalls_refetched: u64,
+    /// Reservations larger than the servers' capacity left to the kernel, and their bytes.
+    pub reservations_to_kernel: u64,
+    pub reservation_bytes_to_kernel: u64,
     /// How pages were kept (`ec:4+1, encrypted`); empty for a store without servers.
     pub layout: String,
     /// Servers lost while the program ran, pages rebuilt elsewhere and the time it took,
@@ -293,6 +306,11 @@ impl StatsSnapshot {
             ("sub_page_fetches", self.sub_page_fetches),
             ("sub_page_write_backs", self.sub_page_write_backs),
             ("reinstalls_refetched", self.reinstalls_refetched),
+            ("reservations_to_kernel", self.reservations_to_kernel),
+            (
+                "reservation_bytes_to_kernel",
+                self.reservation_bytes_to_kernel,
+            ),
             ("servers_lost", self.servers_lost),
             ("pages_repaired", self.pages_repaired),
             ("pieces_moved", self.pieces_moved),
