@@ -48,10 +48,12 @@ command -v qemu-io >/dev/null || need+=(qemu-utils)
 command -v fio >/dev/null || need+=(fio)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 # `rmem bench programs` (and its test, crates/rmem-cli/tests/bench_programs.rs) runs real
-# programs: sqlite3 and Octave (its command-line interpreter only: without recommends).
+# programs: sqlite3, Octave (its command-line interpreter only: without recommends) and
+# ImageMagick's convert.
 command -v sqlite3 >/dev/null || need+=(sqlite3)
 lean=()
 command -v octave-cli >/dev/null || lean+=(octave)
+[ -x /usr/bin/convert ] || lean+=(imagemagick)
 # crates/rmem-client/tests/any_cpu.rs runs erasure coding under QEMU's user-mode emulator as CPUs
 # without AVX2 and SSSE3 (qemu-x86_64 -cpu Nehalem / qemu64).
 command -v qemu-x86_64 >/dev/null || lean+=(qemu-user)

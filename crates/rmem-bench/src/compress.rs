@@ -31,7 +31,7 @@ pub struct CompressArgs {
     /// How large the programs' data are (as for `rmem bench programs`).
     #[arg(long, value_enum, default_value_t = Size::Small)]
     pub size: Size,
-    /// Only these programs (sort, numpy, sqlite, octave, python, stream, himeno).
+    /// Only these programs (sort, numpy, sqlite, octave, imagemagick, python, stream, himeno).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// The unit compressed: rmem's page size.

@@ -51,8 +51,8 @@ enum BenchCommand {
     Suite(suite::SuiteArgs),
     /// Every workload pattern at several local ratios under every policy, live and simulated.
     Policies(policies::PoliciesArgs),
-    /// Real programs (GNU sort, numpy, sqlite3, Octave, CPython, STREAM, Himeno) at 50, 25 and
-    /// 10% of their footprint under rmem at its defaults, kernel swap to zram and to disk,
+    /// Real programs (GNU sort, numpy, sqlite3, Octave, ImageMagick, CPython, STREAM, Himeno) at
+    /// 50, 25 and 10% of their footprint under rmem at its defaults, kernel swap to zram and to disk,
     /// against the same programs plain, with their output checked.
     #[command(alias = "real")]
     Programs(programs::ProgramsArgs),

@@ -3,7 +3,8 @@
 //! per-program flag) and under kernel swap to zram (lz4) and to a swap file with a cgroup v1
 //! memory limit of the same size, against the same program run plain, in one run (issue 15):
 //! GNU sort, numpy (matrix work and a sort, as `nobody`), sqlite3 with a large in-memory
-//! database, Octave, CPython with many objects, and two HPC benchmarks built here from their
+//! database, Octave, ImageMagick (a blur, which reads its image by columns), CPython with
+//! many objects, and two HPC benchmarks built here from their
 //! published specifications (STREAM, Himeno; sources in `crates/rmem-bench/programs/`).
 //!
 //! - The footprint is the plain run's peak resident set (`wait4`'s ru_maxrss); the memory
@@ -66,7 +67,7 @@ pub struct ProgramsArgs {
     /// What to compare with the plain runs (zram and disk need root).
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [System::Rmem, System::Zram, System::Disk])]
     pub systems: Vec<System>,
-    /// Run only these programs (sort, numpy, sqlite, octave, python, stream, himeno).
+    /// Run only these programs (sort, numpy, sqlite, octave, imagemagick, python, stream, himeno).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Extra options for every `rmem run`, split at whitespace (to measure a lever against
@@ -179,8 +180,15 @@ const NUMPY_PY: &str = include_str!("../programs/numpy_work.py");
 const OBJECTS_PY: &str = include_str!("../programs/objects.py");
 const SQLITE_SQL: &str = include_str!("../programs/sqlite.sql");
 const OCTAVE_M: &str = include_str!("../programs/octave.m");
-const NAMES: [&str; 7] = [
-    "sort", "numpy", "sqlite", "octave", "python", "stream", "himeno",
+const NAMES: [&str; 8] = [
+    "sort",
+    "numpy",
+    "sqlite",
+    "octave",
+    "imagemagick",
+    "python",
+    "stream",
+    "himeno",
 ];
 /// Memory servers rmem's runs use, each with this capacity (pages are taken when written).
 const SERVERS: usize = 2;
@@ -230,6 +238,14 @@ pub(crate) fn prepare(size: Size, only: &[String], dir: &Path) -> Result<Vec<Pro
         Size::Tiny => (4, 16, 20_000, 16, 30_000, 24, ("33x33x65", 10)),
         Size::Small => (64, 128, 300_000, 96, 300_000, 192, ("97x97x193", 20)),
         Size::Full => (256, 512, 1_500_000, 384, 1_000_000, 768, ("M", 40)),
+    };
+    // Pixels on a side of ImageMagick's image (8 bytes a pixel at Q16, three images at once:
+    // 3000 is 221 MiB at its peak, under Debian's policy.xml memory limit of 256 MiB, past
+    // which ImageMagick keeps its pixels in files).
+    let magick_px = match size {
+        Size::Tiny => 1000,
+        Size::Small => 2000,
+        Size::Full => 3000,
     };
     let want = |n: &str| only.is_empty() || only.iter().any(|o| o == n);
     // SAFETY: geteuid has no preconditions.
@@ -311,6 +327,31 @@ pub(crate) fn prepare(size: Size, only: &[String], dir: &Path) -> Result<Vec<Pro
                 octave_mib.to_string(),
             ],
             env: vec![blas.clone()],
+            as_nobody: false,
+        });
+    }
+    if want("imagemagick") && have("test -x /usr/bin/convert", "imagemagick") {
+        progs.push(Program {
+            name: "imagemagick",
+            what: format!(
+                "ImageMagick: a {magick_px}x{magick_px} gradient blurred (by rows, then by \
+                 columns: one pixel of each row at a time) and resized"
+            ),
+            // Debian's own convert, by its path: a wrapper earlier in PATH is not ImageMagick.
+            argv: [
+                "/usr/bin/convert",
+                "-size",
+                &format!("{magick_px}x{magick_px}"),
+                "gradient:red-blue",
+                "-blur",
+                "0x4",
+                "-resize",
+                "70%",
+                "ppm:{out}",
+            ]
+            .map(String::from)
+            .to_vec(),
+            env: vec![],
             as_nobody: false,
         });
     }

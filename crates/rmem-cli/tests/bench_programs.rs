@@ -58,7 +58,16 @@ fn tiny_programs_bench_matches_plain_runs_and_reports_ratios() {
     let names: Vec<&str> = progs.iter().filter_map(|r| r["program"].as_str()).collect();
     assert_eq!(
         names,
-        ["sort", "numpy", "sqlite", "octave", "python", "stream", "himeno"]
+        [
+            "sort",
+            "numpy",
+            "sqlite",
+            "octave",
+            "imagemagick",
+            "python",
+            "stream",
+            "himeno"
+        ]
     );
     for p in progs {
         assert!(p["footprint_bytes"].as_u64().unwrap() > 0, "{p}");
