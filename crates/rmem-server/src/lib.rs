@@ -400,6 +400,11 @@ fn log_close(me: SocketAddr, peer: SocketAddr, r: Result<(), Close>) {
     match r {
         Ok(()) => {}
         Err(Close::Io(e)) if is_disconnect(&e) => log::debug!("{me}: {peer} hung up: {e}"),
+        // A fork child's late requests after its parent ended its snapshot (it exited or
+        // exec'd), or a client's after its own end: orderly, nothing lost.
+        Err(Close::Session(r @ session::Refusal::Ended(_))) => {
+            log::debug!("{me}: closing {peer}: {r}")
+        }
         Err(reason) => log::warn!("{me}: closing {peer}: {reason}"),
     }
 }
@@ -839,6 +844,17 @@ impl Connection<'_> {
         let mut pages = match a.lock() {
             Ok(p) => p,
             Err(refusal) => {
+                // A fork child ending its own children's snapshots as it exits, after its
+                // parent ended its session (it saw the child go): they end too, so that their
+                // pages are freed now rather than when their leases run out.
+                if let (session::Refusal::Ended(_), Request::EndSnapshot { session }) =
+                    (&refusal, &req)
+                {
+                    if let Ok(freed_bytes) = sessions.end_snapshot(a, *session) {
+                        Response::SessionEnded { freed_bytes }.encode(tag, out);
+                        return Ok(());
+                    }
+                }
                 let msg = refusal.to_string();
                 Response::Error {
                     code: ErrorCode::SessionLost,

@@ -75,6 +75,11 @@ impl Member {
 pub struct Family {
     arena: Arena,
     members: HashMap<SessionId, Member>,
+    /// Members ended by a request (their client's EndSession, or their parent's EndSnapshot
+    /// when the fork child they served exited or exec'd) while connections were still
+    /// attached to them: how many. Those connections' late requests are refused as
+    /// [`Refusal::Ended`], not as a lost session; each leaves the count as it closes.
+    ended: HashMap<SessionId, usize>,
 }
 
 impl Family {
@@ -101,7 +106,7 @@ impl Family {
             return;
         }
         let view = self.resolve(id, key);
-        let Family { arena, members } = self;
+        let Family { arena, members, .. } = self;
         let children = members[&id].children.clone();
         for c in children {
             let own = &mut members.get_mut(&c).expect("a live snapshot").own;
@@ -176,8 +181,11 @@ pub struct Session {
 /// Why a request of an attached connection cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    #[error("session {0}'s lease expired or it was ended: its pages are gone")]
+    #[error("session {0}'s lease expired: its pages are gone")]
     Gone(SessionId),
+    /// Ended by its client or its parent (orderly: nothing was lost that anyone wants).
+    #[error("session {0} was ended (by its client, or by its parent when its fork child exited or exec'd)")]
+    Ended(SessionId),
     #[error("session {0} was attached exclusively by another connection")]
     Fenced(SessionId),
     #[error("snapshot {0} does not exist (its parent did not take it within {1} ms, or it ended)")]
@@ -203,7 +211,11 @@ impl Attachment {
         let mut family = lock(&self.session.family);
         let id = self.session.id;
         let Some(m) = family.members.get_mut(&id) else {
-            return Err(Refusal::Gone(id));
+            return Err(if family.ended.contains_key(&id) {
+                Refusal::Ended(id)
+            } else {
+                Refusal::Gone(id)
+            });
         };
         if m.epoch != self.epoch {
             return Err(Refusal::Fenced(id));
@@ -216,7 +228,16 @@ impl Attachment {
     /// (pages held now, most pages held), or `None` if the session has ended.
     pub fn detach(self) -> Option<(usize, usize)> {
         let mut family = lock(&self.session.family);
-        let m = family.members.get_mut(&self.session.id)?;
+        let id = self.session.id;
+        let Some(m) = family.members.get_mut(&id) else {
+            if let Some(open) = family.ended.get_mut(&id) {
+                *open -= 1;
+                if *open == 0 {
+                    family.ended.remove(&id);
+                }
+            }
+            return None;
+        };
         m.connections -= 1;
         // The lease runs from the last connection's close: a session held open by a client
         // that sent nothing for a long time (stopped, in a debugger) gets its full lease to
@@ -333,7 +354,11 @@ impl Sessions {
         members.insert(id, Member::new(None, lease));
         Arc::new(Session {
             id,
-            family: Arc::new(Mutex::new(Family { arena, members })),
+            family: Arc::new(Mutex::new(Family {
+                arena,
+                members,
+                ended: HashMap::new(),
+            })),
         })
     }
 
@@ -490,7 +515,7 @@ impl Sessions {
         }
         let s = table.remove(&snapshot).expect("just found");
         let mut family = lock(&s.family);
-        Ok(self.forget(&mut family, snapshot))
+        Ok(self.forget_ended(&mut family, snapshot))
     }
 
     /// Free the attached session's pages now and forget it. Returns the bytes freed.
@@ -502,7 +527,16 @@ impl Sessions {
         };
         let held_max = m.pages_max;
         table.remove(&a.session.id);
-        (self.forget(&mut family, a.session.id), held_max)
+        (self.forget_ended(&mut family, a.session.id), held_max)
+    }
+
+    /// Forget `id`, ended by a request: connections still attached to it are told so.
+    fn forget_ended(&self, family: &mut Family, id: SessionId) -> u64 {
+        let open = family.member(id).connections;
+        if open > 0 {
+            family.ended.insert(id, open);
+        }
+        self.forget(family, id)
     }
 
     fn forget(&self, family: &mut Family, id: SessionId) -> u64 {
@@ -632,7 +666,7 @@ impl Pages<'_> {
         if !sessions.reserve((new * ps) as u64, capacity) {
             return Err(StoreRefusal::Full);
         }
-        let Family { arena, members } = family;
+        let Family { arena, members, .. } = family;
         let m = members.get_mut(&self.id).expect("a live member");
         let snapshot = m.parent.is_some();
         let mut allocated = 0;
@@ -688,7 +722,7 @@ impl Pages<'_> {
         let ps = self.page_size();
         assert!(offset + data.len() <= ps, "range checked by the caller");
         self.family.preserve(self.id, key);
-        let Family { arena, members } = &mut *self.family;
+        let Family { arena, members, .. } = &mut *self.family;
         let m = &members[&self.id];
         if let Some(Entry::Slot(s)) = m.own.get(key) {
             if arena.refs(s) == 1 {
@@ -723,7 +757,7 @@ impl Pages<'_> {
             let parent = self.family.member(self.id).parent;
             // Where a session read through still has the key, a tombstone hides it.
             let hidden = parent.is_some_and(|p| self.family.resolve(p, k.0).is_some());
-            let Family { arena, members } = &mut *self.family;
+            let Family { arena, members, .. } = &mut *self.family;
             let own = &mut members.get_mut(&self.id).expect("a live member").own;
             let old = if hidden {
                 own.set(k.0, Entry::Gone)
@@ -875,7 +909,40 @@ mod tests {
         assert_eq!(s.end_snapshot(&p, SessionId(2)).unwrap(), 3 * PS as u64);
         assert_eq!(used_pages(&s), 2);
         assert_eq!(s.end_snapshot(&p, SessionId(2)).unwrap(), 0, "gone already");
-        assert!(matches!(c.lock(), Err(Refusal::Gone(_))));
+        // Its connection, still attached, is told that it was ended, not that it was lost;
+        // once that connection closes, nothing of the snapshot is remembered.
+        assert!(matches!(c.lock(), Err(Refusal::Ended(_))));
+        assert_eq!(c.detach(), None);
+        assert!(lock(&p.session.family).ended.is_empty());
+    }
+
+    /// A session whose lease ran out while no connection held it is lost, not ended: a
+    /// connection that peeks at it is told so.
+    #[test]
+    fn a_session_reaped_at_its_lease_is_gone_and_one_ended_is_ended() {
+        let s = Sessions::default();
+        let a = attach(&s, 7, AttachMode::Create);
+        assert!(a.detach().is_some());
+        let later = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(s.reap(later).len(), 1);
+        let peek = s.attach(
+            SessionId(7),
+            PS,
+            Duration::from_secs(1),
+            false,
+            AttachMode::Peek,
+        );
+        assert!(peek.err().unwrap().contains("lease expired"));
+        // Ended by its client: a second connection still attached is told it was ended.
+        let b = attach(&s, 8, AttachMode::Create);
+        let b2 = attach(&s, 8, AttachMode::Create);
+        let family = b.session.family.clone();
+        s.end(&b);
+        assert!(matches!(b2.lock(), Err(Refusal::Ended(_))));
+        assert_eq!(b.detach(), None);
+        assert_eq!(lock(&family).ended.get(&SessionId(8)), Some(&1));
+        assert_eq!(b2.detach(), None);
+        assert!(lock(&family).ended.is_empty());
     }
 
     #[test]
