@@ -507,10 +507,13 @@ pub fn run(args: RunArgs) -> i32 {
             describe(status)
         ),
         _ if rmem_exit || children.is_some() || preload.is_none() => {}
-        // Shells end so (dash calls _exit).
+        // Shells end so (dash calls _exit), and so does one that execs a program the library
+        // is not loaded into (`bash -c ./static`: the exec'd program is the same process, and
+        // a dynamically linked one would have written the statistics at its exit).
         Some(_) => eprintln!(
             "rmem: no statistics: {} ended without running its exit handlers (it called _exit \
-             or _Exit, where the runtime writes them){}",
+             or _Exit, where the runtime writes them, or it exec'd a program rmem's library is \
+             not loaded into: a statically linked one, as Go builds without cgo){}",
             args.program[0],
             children_note(args.children)
         ),
