@@ -18,7 +18,10 @@
 //!
 //! A stream is confirmed after [`CONFIRM`] equal strides; from then on each continuation
 //! prefetches the next pages along it. The window (how far ahead) starts at 2 and doubles with
-//! each continuation, up to a limit. A random fault almost never continues a stream, so
+//! each continuation, up to a limit. A continuation off the stride's grid (a stride that is
+//! not a whole number of pages: rows of 16000 bytes at 4 KiB pages go 4, 4, 4, 3, ...) starts
+//! the window again at 2, and from then on the window stays within the strides the grid held
+//! between its last two slips. A random fault almost never continues a stream, so
 //! random access costs only this bookkeeping.
 
 /// Streams followed at once.
@@ -42,6 +45,10 @@ struct Stream {
     issued: Option<u64>,
     /// When it was last continued, for replacement.
     stamp: u64,
+    /// Where the stream last slipped off its stride's grid (see [`Prefetcher::advance`]).
+    slipped_at: Option<u64>,
+    /// Strides between its last two slips: how far the grid holds.
+    holds: Option<u64>,
 }
 
 impl Stream {
@@ -53,6 +60,8 @@ impl Stream {
             window: 0,
             issued: None,
             stamp,
+            slipped_at: None,
+            holds: None,
         }
     }
 
@@ -196,6 +205,21 @@ impl Prefetcher {
         let s = &mut self.streams[i];
         s.stamp = self.clock;
         s.seen += 1;
+        // A fault inside the window but off the stride's grid: the program's stride is not a
+        // whole number of pages (a column read down rows of 16000 bytes at 4 KiB pages goes
+        // 4, 4, 4, 3, ...), so what lay ahead on the old grid was mostly not its pages. The
+        // window starts again from the fault, short, rather than doubling over more of them
+        // (at 4 KiB pages ImageMagick's blur prefetched 33 pages per fault, 55 s against 7 s
+        // without prefetching).
+        // It slips again about as many strides after this as it did after the last slip:
+        // prefetching is kept within that.
+        if s.stride != 0 && (page as i64 - s.last as i64) % s.stride != 0 {
+            s.window = 0;
+            if let Some(at) = s.slipped_at {
+                s.holds = Some(((page as i64 - at as i64) / s.stride).unsigned_abs().max(1));
+            }
+            s.slipped_at = Some(page);
+        }
         let passed = match page.cmp(&s.last) {
             std::cmp::Ordering::Greater => Some((s.last + 1, page)),
             std::cmp::Ordering::Less => Some((page + 1, s.last)),
@@ -210,12 +234,20 @@ impl Prefetcher {
         }
         s.window = if s.window == 0 { 2 } else { s.window * 2 }.min(max);
         let stride = s.stride;
+        // Within the grid's hold since the last slip (at least one page: the next step).
+        let ahead = match (s.slipped_at, s.holds) {
+            (Some(at), Some(holds)) => {
+                let done = ((page as i64 - at as i64) / stride).unsigned_abs();
+                s.window.min(holds.saturating_sub(done).max(1))
+            }
+            _ => s.window,
+        };
         // The whole window from the fault, not only beyond what was issued before: a page
         // issued earlier may be gone again (evicted before the program came, or never fetched
         // because it was resident then), and a stream that trusted its old frontier would fault
         // on every page up to it. The pager skips pages resident or in flight.
         let from = page as i64;
-        let until = page as i64 + stride * s.window as i64;
+        let until = page as i64 + stride * ahead as i64;
         let mut plan = Plan {
             first: (from + stride) as u64,
             stride,
@@ -350,6 +382,36 @@ mod tests {
         }
         assert!(p.on_fault(10_000, none).is_empty());
         assert!(p.on_fault(20_000, none).is_empty());
+    }
+
+    /// A column read down rows of 16000 bytes at 4 KiB pages: the program touches page
+    /// floor(k * 3.90625) for each row k, a stride of 4 pages that slips back by one every
+    /// ten or so rows. A page prefetched and not yet reached is `here` (no fault); only pages
+    /// the program reaches unprefetched fault. Of the pages prefetched, most must be ones it
+    /// reaches (a window that grew on every fault inside it prefetched 8291 pages one past
+    /// the program's for 3803 it used; restarted short at each slip, 2370 for 2872; kept
+    /// within the strides the grid held before, 256 for 2748), and most of its pages still
+    /// come prefetched.
+    #[test]
+    fn a_stride_that_slips_keeps_its_window_short() {
+        let mut p = Prefetcher::new(64);
+        let touched: std::collections::BTreeSet<u64> =
+            (0..4000u64).map(|k| k * 16000 / 4096).collect();
+        let mut issued = std::collections::BTreeSet::new();
+        for &q in &touched {
+            if issued.contains(&q) {
+                continue;
+            }
+            let plan = p.on_fault(q, |r| issued.contains(&r));
+            issued.extend(plan.pages());
+        }
+        let wasted = issued.difference(&touched).count();
+        let used = issued.intersection(&touched).count();
+        assert!(
+            wasted * 4 < used && used * 2 > touched.len(),
+            "{wasted} pages prefetched past the program's, {used} used of {}",
+            touched.len()
+        );
     }
 
     /// Pages prefetched for 100000 uniform random faults over `pages` pages.
