@@ -1,6 +1,6 @@
 #!/bin/bash
 # A robustness sweep with programs nobody here wrote: RUNS runs, each a third-party program
-# (GNU sort, CPython, xz, sqlite3) paged by `rmem run` over a redundant layout (ec:2+1 or
+# (GNU sort, CPython, xz, sqlite3, and ImageMagick's blur where /usr/bin/convert is) paged by `rmem run` over a redundant layout (ec:2+1 or
 # replicas:2, encrypted or not, 4 KiB or 64 KiB pages) while one of its memory servers is
 # SIGKILLed, stopped for 3 s (SIGSTOP, SIGCONT), or killed and started again empty on its
 # port, at a random moment. Each output is compared with the plain run's; a run that goes on
@@ -52,11 +52,15 @@ print(h.hexdigest(), len(d), sum(a) % 1000003)
 PY
 fi
 progs=(sort py xz sqlite)
+# The blur reads its image by columns: faults by the piece along a stream (ARCHITECTURE.md,
+# "Sub-page fetches").
+[ -x /usr/bin/convert ] && progs+=(im)
 command_of() {
   case $1 in
     sort) echo "sort -S 300M $D/in.txt | sha256sum" ;;
     py) echo "python3 $D/heap.py" ;;
     xz) echo "xz -T1 -3 -c $D/xzin | sha256sum" ;;
+    im) echo "/usr/bin/convert -size 2000x2000 gradient:red-blue -blur 0x4 -resize 70% ppm:- | sha256sum" ;;
     sqlite) echo "sqlite3 :memory: \"pragma cache_size=-200000; create table t(a,b); with recursive c(x) as (select 1 union all select x+1 from c where x<400000) insert into t select x*7919%400009, hex(x) from c; create index i on t(a); select sum(a), count(*), max(b) from t where a%3=1;\"" ;;
   esac
 }
