@@ -21,7 +21,7 @@
 //! each continuation, up to a limit. A continuation off the stride's grid (a stride that is
 //! not a whole number of pages: rows of 16000 bytes at 4 KiB pages go 4, 4, 4, 3, ...) starts
 //! the window again at 2, and from then on the window stays within the strides the grid held
-//! between its last two slips. A random fault almost never continues a stream, so
+//! between its last two slips, until it has held twice that. A random fault almost never continues a stream, so
 //! random access costs only this bookkeeping.
 
 /// Streams followed at once.
@@ -234,11 +234,18 @@ impl Prefetcher {
         }
         s.window = if s.window == 0 { 2 } else { s.window * 2 }.min(max);
         let stride = s.stride;
-        // Within the grid's hold since the last slip (at least one page: the next step).
+        // Within the grid's hold since the last slip (at least the next step); a grid that
+        // held twice that is trusted again (a stride that slipped once or twice, or a stray
+        // fault taken for a slip, must not keep a regular stream at one page ahead).
         let ahead = match (s.slipped_at, s.holds) {
             (Some(at), Some(holds)) => {
                 let done = ((page as i64 - at as i64) / stride).unsigned_abs();
-                s.window.min(holds.saturating_sub(done).max(1))
+                if done >= 2 * holds {
+                    s.holds = None;
+                    s.window
+                } else {
+                    s.window.min(holds.saturating_sub(done).max(1))
+                }
             }
             _ => s.window,
         };
@@ -412,6 +419,32 @@ mod tests {
             "{wasted} pages prefetched past the program's, {used} used of {}",
             touched.len()
         );
+    }
+
+    /// A stride of 4 pages that slips twice, ten strides apart, then holds for hundreds: its
+    /// window is kept within ten strides while that is all the grid has held, and regrows to
+    /// the limit once the grid has held twice that.
+    #[test]
+    fn a_stream_that_slipped_twice_then_holds_regrows_its_window() {
+        let mut p = Prefetcher::new(16);
+        let page = |k: u64| 4 * k + u64::from(k >= 10) + u64::from(k >= 20);
+        let mut issued = std::collections::BTreeSet::new();
+        let mut largest_late = 0;
+        for k in 0..400 {
+            let q = page(k);
+            if issued.contains(&q) {
+                continue;
+            }
+            let plan = p.on_fault(q, |r| issued.contains(&r));
+            if (20..40).contains(&k) {
+                assert!(plan.count <= 10, "row {k}: {plan:?}");
+            }
+            if k >= 60 {
+                largest_late = largest_late.max(plan.count);
+            }
+            issued.extend(plan.pages());
+        }
+        assert_eq!(largest_late, 16, "the window regrew to its limit");
     }
 
     /// Pages prefetched for 100000 uniform random faults over `pages` pages.
