@@ -752,6 +752,24 @@ fn pinned_pages_stay_resident_within_the_budget() {
     rt.free(p).unwrap();
 }
 
+/// Cell `c` of row `r` of a matrix with rows of `row` bytes.
+fn cell(row: usize, r: usize, c: usize) -> u64 {
+    ((r * row / 8 + c) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// A matrix of `rows` rows of `row` bytes in rmem memory, every cell written ([`cell`]): its
+/// address.
+fn matrix(rt: &Runtime, ps: usize, row: usize, rows: usize) -> usize {
+    let p = rt.alloc((rows * row).div_ceil(ps) * ps).unwrap() as usize;
+    for r in 0..rows {
+        for c in 0..row / 8 {
+            // SAFETY: inside the allocation (row r, cell c), 8-byte aligned.
+            unsafe { ((p + r * row + c * 8) as *mut u64).write(cell(row, r, c)) };
+        }
+    }
+    p
+}
+
 /// An image read by columns (ImageMagick's blur: one pixel of each row, column after column)
 /// faults down the pages in order, a stream, but uses a few pieces of each page. The pieces
 /// a column touches fit the budget and serve the columns after it; fetched whole (and
@@ -764,26 +782,18 @@ fn an_image_read_by_columns_fetches_pieces_not_the_image_per_column() {
     const ROW: usize = 16000;
     const ROWS: usize = 1024;
     const COLUMNS: usize = 24;
-    let image_pages = (ROWS * ROW).div_ceil(PS);
     // A quarter of the image's pages local: the 1024 pieces (4 MiB) a column touches fit, the
     // image (250 pages) does not.
     let local = 96;
     let rt = runtime(PS, local, 1024);
-    let p = rt.alloc(image_pages * PS).unwrap() as usize;
-    let pixel = |r: usize, c: usize| ((r * 2000 + c) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let p = matrix(&rt, PS, ROW, ROWS);
     let at = |r: usize, c: usize| (p + r * ROW + c * 8) as *mut u64;
-    for r in 0..ROWS {
-        for c in 0..2000 {
-            // SAFETY: inside the allocation (row r, pixel c of 2000), 8-byte aligned.
-            unsafe { at(r, c).write(pixel(r, c)) };
-        }
-    }
     let before = rt.stats();
     for c in 0..COLUMNS {
         for r in 0..ROWS {
             // SAFETY: as above.
             let v = unsafe { at(r, c).read() };
-            assert_eq!(v, pixel(r, c), "row {r} column {c}");
+            assert_eq!(v, cell(ROW, r, c), "row {r} column {c}");
         }
     }
     let s = rt.stats();
@@ -794,5 +804,42 @@ fn an_image_read_by_columns_fetches_pieces_not_the_image_per_column() {
         "{COLUMNS} columns fetched {fetched} bytes, the image is {image}: {s:?}"
     );
     assert!(s.local_bytes_max <= local * PS as u64, "{s:?}");
+    rt.free(p as *mut u8).unwrap();
+}
+
+/// A matrix-vector product as OpenBLAS computes it: four rows at a time, each read in order,
+/// rows of 23 KiB (under a page), so a page's first faults land on pieces away from one
+/// another (four rows' starts) and look sparse. The rows are read whole: as half of a page's
+/// pieces come it is made whole, which says so, and the stream of faults down the matrix then
+/// fetches (and prefetches) whole pages; taken for sparse, every page came piece by piece.
+#[test]
+fn rows_read_four_at_a_time_come_as_whole_pages() {
+    const PS: usize = 65536;
+    const ROW: usize = 2896 * 8;
+    const ROWS: usize = 1024;
+    let rt = runtime(PS, 64, 1024);
+    let p = matrix(&rt, PS, ROW, ROWS);
+    let at = |r: usize, c: usize| (p + r * ROW + c * 8) as *mut u64;
+    for pass in 0..3 {
+        let before = rt.stats();
+        for r in (0..ROWS).step_by(4) {
+            for c in 0..2896 {
+                for k in r..r + 4 {
+                    // SAFETY: as above.
+                    let v = unsafe { at(k, c).read() };
+                    assert_eq!(v, cell(ROW, k, c), "row {k} cell {c}");
+                }
+            }
+        }
+        let s = rt.stats();
+        let pieces = s.sub_page_fetches - before.sub_page_fetches;
+        let whole = s.swap_ins - before.swap_ins;
+        if pass > 0 {
+            assert!(
+                pieces * 4 < whole,
+                "pass {pass}: {pieces} pieces and {whole} whole pages fetched: {s:?}"
+            );
+        }
+    }
     rt.free(p as *mut u8).unwrap();
 }
