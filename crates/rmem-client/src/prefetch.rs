@@ -21,8 +21,8 @@
 //! each continuation, up to a limit. A continuation off the stride's grid (a stride that is
 //! not a whole number of pages: rows of 16000 bytes at 4 KiB pages go 4, 4, 4, 3, ...) starts
 //! the window again at 2, and from then on the window stays within the strides the grid held
-//! between its last two slips, until it has held twice that. A random fault almost never continues a stream, so
-//! random access costs only this bookkeeping.
+//! between its last two slips, until it has held twice that. A random fault almost never
+//! continues a stream, so random access costs only this bookkeeping.
 
 /// Streams followed at once.
 pub const STREAMS: usize = 16;
@@ -210,9 +210,8 @@ impl Prefetcher {
         // 4, 4, 4, 3, ...), so what lay ahead on the old grid was mostly not its pages. The
         // window starts again from the fault, short, rather than doubling over more of them
         // (at 4 KiB pages ImageMagick's blur prefetched 33 pages per fault, 55 s against 7 s
-        // without prefetching).
-        // It slips again about as many strides after this as it did after the last slip:
-        // prefetching is kept within that.
+        // without prefetching). It slips again about as many strides after this as it did
+        // after the last slip: prefetching is kept within that (`holds`, below).
         if s.stride != 0 && (page as i64 - s.last as i64) % s.stride != 0 {
             s.window = 0;
             if let Some(at) = s.slipped_at {

@@ -945,6 +945,26 @@ mod tests {
         assert!(lock(&family).ended.is_empty());
     }
 
+    /// A fork child ended by its parent (it exited) while it was ending its own child's
+    /// snapshot: its connection is told it was ended, and that snapshot can still be ended
+    /// through it, so its pages are freed now rather than when its lease runs out.
+    #[test]
+    fn an_ended_session_still_ends_its_own_snapshot() {
+        let s = Sessions::default();
+        let p = attach(&s, 1, AttachMode::Create);
+        write(&s, &p, 1, 10);
+        assert!(s.snapshot(&p, SessionId(2)).unwrap());
+        let c = attach(&s, 2, AttachMode::Snapshot(Duration::ZERO));
+        assert!(s.snapshot(&c, SessionId(3)).unwrap());
+        let g = attach(&s, 3, AttachMode::Snapshot(Duration::ZERO));
+        write(&s, &g, 2, 20);
+        s.end_snapshot(&p, SessionId(2)).unwrap();
+        assert!(matches!(c.lock(), Err(Refusal::Ended(_))));
+        assert_eq!(s.end_snapshot(&c, SessionId(3)).unwrap(), PS as u64);
+        assert!(matches!(g.lock(), Err(Refusal::Ended(_))));
+        assert_eq!(used_pages(&s), 1, "the parent's page alone");
+    }
+
     #[test]
     fn a_range_write_creates_a_zeroed_page_patches_in_place_and_copies_a_shared_one() {
         range_writes(Sessions::default());
