@@ -1,28 +1,15 @@
 //! fork() without exec: the child gets its parent's remote memory as it was at the fork,
 //! copy-on-write, and a pager of its own.
 //!
-//! Two registrations of atfork handlers. The first, before any other of the process's (so
-//! that its prepare handler runs last and its child handler first), from the library's
-//! constructor or, where another library registers its handlers first, from that
-//! registration, which rmem interposes ([`__register_atfork`]): a library loaded after librmem
-//! with no need of it is initialized before it, and its constructor may register handlers that
-//! touch remote memory. The second, the parent and child handlers proper, from the
-//! constructor: they run before those of libraries registered later, after those of libraries
-//! registered earlier (a replacement allocator's, which holds its locks until its own child
-//! handler: the child's runtime allocates).
+//! Three atfork handlers (registered in the library's constructor, so the prepare handler
+//! runs last and the parent and child handlers first):
 //!
-//! - prepare (first registration): takes the C library's stdio list lock (glibc takes it
-//!   right after the prepare handlers; a thread holding it may be flushing a remote buffer,
-//!   which needs the pager), then
+//! - prepare: takes the C library's stdio list lock (glibc takes it right after the prepare
+//!   handlers; a thread holding it may be flushing a remote buffer, which needs the pager), then
 //!   [`Runtime::prepare_fork`]: the allocator held, the pager parked with a snapshot of the
 //!   servers' pages taken and the region made inheritable. Nothing of rmem changes until the
 //!   fork is done, so the child's copy agrees with itself.
 //! - parent: the pager goes on; it frees the child's snapshot when the child exits or execs.
-//! - child, first registration ([`child_faults`]): the child's userfaultfd with the region
-//!   registered, allocating nothing, so that another library's child handler that touches a
-//!   page the child does not hold waits for the child's pager, never reads zeros (it may
-//!   wait for good: a child handler registered before librmem's that touches a page not here
-//!   at the fork, see docs/configuration.md).
 //! - child: [`Forking::child`] makes the child's runtime (its own userfaultfd and pager
 //!   thread, from its copy of the parked pager) and it becomes current. Resident pages are
 //!   the kernel's copy-on-write copies; every other page comes from the snapshot.
@@ -44,9 +31,7 @@ use crate::malloc::{FORKED, TRANSPARENT};
 use crate::{current, region_contains, report, REGION_BASE, REGION_LEN};
 use rmem_client::runtime::{ForkError, Forking};
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
-use std::sync::Once;
 
 /// Exit status of a child without rmem that touched its parent's remote memory.
 pub const EXIT_FORK_TOUCH: i32 = 70;
@@ -62,54 +47,10 @@ extern "C" {
     fn _IO_list_unlock();
 }
 
-/// A fork handler, as the C library takes it.
-type Handler = Option<unsafe extern "C" fn()>;
-
-/// The C library's registration of fork handlers (what `pthread_atfork` calls).
-fn register(prepare: Handler, parent: Handler, child: Handler, dso: *mut c_void) -> c_int {
-    let f = real!(
-        c"__register_atfork",
-        fn(Handler, Handler, Handler, *mut c_void) -> c_int
-    );
-    // SAFETY: the C library's definition, with the caller's handlers (or rmem's own).
-    unsafe { f(prepare, parent, child, dso) }
-}
-
-/// Register rmem's first fork handlers, once: from the library's constructor, or from the
-/// first registration of another's if that comes first. (rmem's handlers are never
-/// unregistered, librmem is never unloaded: no DSO handle.)
-pub fn install_first() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        register(
-            Some(prepare),
-            None,
-            Some(child_faults),
-            std::ptr::null_mut(),
-        );
-    });
-}
-
-/// Register rmem's parent and child handlers (once, from the library's constructor).
+/// Register the fork handlers (once, from the library constructor).
 pub fn install() {
-    install_first();
-    register(None, Some(parent), Some(child), std::ptr::null_mut());
-}
-
-/// See pthread_atfork(3), which calls it: rmem's first handlers are registered before the
-/// caller's (see the module's notes).
-///
-/// # Safety
-/// As for the C library's: the handlers are callable at every fork (until `dso` unloads).
-#[no_mangle]
-pub unsafe extern "C" fn __register_atfork(
-    prepare: Handler,
-    parent: Handler,
-    child: Handler,
-    dso: *mut c_void,
-) -> c_int {
-    install_first();
-    register(prepare, parent, child, dso)
+    // SAFETY: registering plain extern "C" fns without state.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
 /// A fork between its prepare handler and its parent or child handler (all three run on the
@@ -158,20 +99,6 @@ extern "C" fn parent() {
     }
     // SAFETY: taken in prepare on this thread.
     unsafe { _IO_list_unlock() };
-}
-
-/// The first of the child's handlers: the child's userfaultfd, allocating nothing (see the
-/// module's notes). Where it cannot be made, the child has no remote memory (its handler says
-/// why).
-extern "C" fn child_faults() {
-    PENDING.with(|p| {
-        let mut p = p.borrow_mut();
-        if let Some(Pending::Ready(f)) = p.as_mut() {
-            if let Err(e) = crate::guard(|| f.child_faults()) {
-                *p = Some(Pending::Refused(rmem_client::error_chain(&e)));
-            }
-        }
-    });
 }
 
 extern "C" fn child() {

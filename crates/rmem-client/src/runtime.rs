@@ -341,7 +341,6 @@ impl Runtime {
             park,
             parked,
             watch: write,
-            uffd: None,
         })
     }
 }
@@ -355,8 +354,6 @@ pub struct Forking<'a> {
     parked: Parked,
     /// The write end of the pipe the pager watches; only the child keeps it.
     watch: fds::Reserved,
-    /// The child's userfaultfd, once [`Forking::child_faults`] made it.
-    uffd: Option<Uffd>,
 }
 
 impl Forking<'_> {
@@ -364,21 +361,6 @@ impl Forking<'_> {
     /// says it exited or exec'd). Also right after a fork() that failed.
     pub fn parent(self) {
         self.park.release();
-    }
-
-    /// The child's first step, in the child before any other library's fork handler runs: its
-    /// own userfaultfd with the region registered ([`Pager::child_uffd`]), so that a handler
-    /// that touches a page the child does not hold waits, never reads zeros. It allocates
-    /// nothing, so it may run while the program's allocator is still held by its own fork
-    /// handlers (jemalloc's); [`Forking::child`], which allocates and starts a thread, runs
-    /// after them.
-    pub fn child_faults(&mut self) -> Result<(), ForkError> {
-        fds::forget_all_but(&self.watch);
-        // SAFETY: as in `child`: the child's copy of the parked pager, whose thread does not
-        // exist here; only read.
-        let pager = unsafe { &*self.parked.pager };
-        self.uffd = Some(pager.child_uffd().map_err(|e| ForkError::Child(e.into()))?);
-        Ok(())
     }
 
     /// The child's half, in the child (its only thread): a runtime of its own, from its copy
@@ -391,9 +373,7 @@ impl Forking<'_> {
         // Held by this thread in the parent; the child's copies are free (a mutex here has no
         // owner to check).
         drop(self.movables.take());
-        if self.uffd.is_none() {
-            fds::forget_all_but(&self.watch);
-        }
+        fds::forget_all_but(&self.watch);
         let rt = self.rt;
         let mailbox =
             Arc::new(Mailbox::new().map_err(|e| ForkError::Child(RuntimeError::Thread(e)))?);
@@ -401,7 +381,7 @@ impl Forking<'_> {
         // its thread does not exist in the child, so this is the only use of it from now on.
         let pager = unsafe { std::ptr::read(self.parked.pager) };
         let pager = pager
-            .into_child(self.parked.snapshot, mailbox.clone(), self.uffd.take())
+            .into_child(self.parked.snapshot, mailbox.clone())
             .map_err(|e| ForkError::Child(e.into()))?;
         // Another fork of this child made without the C library's fork() gets no region.
         pager
