@@ -1,15 +1,28 @@
 //! fork() without exec: the child gets its parent's remote memory as it was at the fork,
 //! copy-on-write, and a pager of its own.
 //!
-//! Three atfork handlers (registered in the library's constructor, so the prepare handler
-//! runs last and the parent and child handlers first):
+//! Two registrations of atfork handlers. The first, before any other of the process's (so
+//! that its prepare handler runs last and its child handler first), from the library's
+//! constructor or, where another library registers its handlers first, from that
+//! registration, which rmem interposes ([`__register_atfork`]): a library loaded after librmem
+//! with no need of it is initialized before it, and its constructor may register handlers that
+//! touch remote memory. The second, the parent and child handlers proper, from the
+//! constructor: they run before those of libraries registered later, after those of libraries
+//! registered earlier (a replacement allocator's, which holds its locks until its own child
+//! handler: the child's runtime allocates).
 //!
-//! - prepare: takes the C library's stdio list lock (glibc takes it right after the prepare
-//!   handlers; a thread holding it may be flushing a remote buffer, which needs the pager), then
+//! - prepare (first registration): takes the C library's stdio list lock (glibc takes it
+//!   right after the prepare handlers; a thread holding it may be flushing a remote buffer,
+//!   which needs the pager), then
 //!   [`Runtime::prepare_fork`]: the allocator held, the pager parked with a snapshot of the
 //!   servers' pages taken and the region made inheritable. Nothing of rmem changes until the
 //!   fork is done, so the child's copy agrees with itself.
 //! - parent: the pager goes on; it frees the child's snapshot when the child exits or execs.
+//! - child, first registration ([`child_faults`]): the child's userfaultfd with the region
+//!   registered, allocating nothing, so that another library's child handler that touches a
+//!   page the child does not hold waits for the child's pager, never reads zeros (it may
+//!   wait for good: a child handler registered before librmem's that touches a page not here
+//!   at the fork, see docs/configuration.md).
 //! - child: [`Forking::child`] makes the child's runtime (its own userfaultfd and pager
 //!   thread, from its copy of the parked pager) and it becomes current. Resident pages are
 //!   the kernel's copy-on-write copies; every other page comes from the snapshot.
@@ -30,8 +43,11 @@ use crate::io::real;
 use crate::malloc::{FORKED, TRANSPARENT};
 use crate::{current, region_contains, report, REGION_BASE, REGION_LEN};
 use rmem_client::runtime::{ForkError, Forking};
+use rmem_uffd::Uffd;
 use std::cell::{Cell, RefCell};
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::Relaxed};
+use std::sync::{Mutex, Once};
 
 /// Exit status of a child without rmem that touched its parent's remote memory.
 pub const EXIT_FORK_TOUCH: i32 = 70;
@@ -47,10 +63,54 @@ extern "C" {
     fn _IO_list_unlock();
 }
 
-/// Register the fork handlers (once, from the library constructor).
+/// A fork handler, as the C library takes it.
+type Handler = Option<unsafe extern "C" fn()>;
+
+/// The C library's registration of fork handlers (what `pthread_atfork` calls).
+fn register(prepare: Handler, parent: Handler, child: Handler, dso: *mut c_void) -> c_int {
+    let f = real!(
+        c"__register_atfork",
+        fn(Handler, Handler, Handler, *mut c_void) -> c_int
+    );
+    // SAFETY: the C library's definition, with the caller's handlers (or rmem's own).
+    unsafe { f(prepare, parent, child, dso) }
+}
+
+/// Register rmem's first fork handlers, once: from the library's constructor, or from the
+/// first registration of another's if that comes first. (rmem's handlers are never
+/// unregistered, librmem is never unloaded: no DSO handle.)
+pub fn install_first() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        register(
+            Some(prepare),
+            None,
+            Some(child_faults),
+            std::ptr::null_mut(),
+        );
+    });
+}
+
+/// Register rmem's parent and child handlers (once, from the library's constructor).
 pub fn install() {
-    // SAFETY: registering plain extern "C" fns without state.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    install_first();
+    register(None, Some(parent), Some(child), std::ptr::null_mut());
+}
+
+/// See pthread_atfork(3), which calls it: rmem's first handlers are registered before the
+/// caller's (see the module's notes).
+///
+/// # Safety
+/// As for the C library's: the handlers are callable at every fork (until `dso` unloads).
+#[no_mangle]
+pub unsafe extern "C" fn __register_atfork(
+    prepare: Handler,
+    parent: Handler,
+    child: Handler,
+    dso: *mut c_void,
+) -> c_int {
+    install_first();
+    register(prepare, parent, child, dso)
 }
 
 /// A fork between its prepare handler and its parent or child handler (all three run on the
@@ -101,6 +161,26 @@ extern "C" fn parent() {
     unsafe { _IO_list_unlock() };
 }
 
+/// The first of the child's handlers: the child's userfaultfd, allocating nothing (see the
+/// module's notes). Where it cannot be made, the child has no remote memory (its handler says
+/// why).
+extern "C" fn child_faults() {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        if let Some(Pending::Ready(f)) = p.as_ref() {
+            match crate::guard(|| f.child_faults()) {
+                Ok(uffd) => *CHILD_UFFD.lock().unwrap_or_else(|e| e.into_inner()) = Some(uffd),
+                Err(e) => *p = Some(Pending::Refused(rmem_client::error_chain(&e))),
+            }
+        }
+    });
+}
+
+/// The child's userfaultfd from [`child_faults`] until [`child`] takes it (a static, not in
+/// [`PENDING`]: every thread's static TLS block is carved from its stack, and a program may
+/// size its threads' stacks closely).
+static CHILD_UFFD: Mutex<Option<Uffd>> = Mutex::new(None);
+
 extern "C" fn child() {
     let pending = PENDING.with(|p| p.borrow_mut().take());
     let (base, len) = (REGION_BASE.load(Relaxed), REGION_LEN.load(Relaxed));
@@ -113,8 +193,13 @@ extern "C" fn child() {
             // The new pager thread allocates before it can serve faults: allocations are local
             // until it says it has started.
             let transparent = TRANSPARENT.swap(false, Relaxed);
-            let started =
-                crate::guard(|| f.child(Box::new(move || TRANSPARENT.store(transparent, Relaxed))));
+            let uffd = CHILD_UFFD.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let started = crate::guard(|| {
+                f.child(
+                    Box::new(move || TRANSPARENT.store(transparent, Relaxed)),
+                    uffd,
+                )
+            });
             match started {
                 Ok(rt) => {
                     crate::make_current(rt);

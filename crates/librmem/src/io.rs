@@ -26,10 +26,11 @@ const EFAULT_RETRIES: usize = 16;
 /// (in `dlopen`, running a library's constructors) while it faults on remote memory: a pager
 /// that looked up `read` then, to read that very fault, waited for the lock forever (the JVM
 /// hung so in about one start of twenty). A unit test checks that the list names them all.
-const EAGER: [&CStr; 36] = [
+const EAGER: [&CStr; 37] = [
     c"__pread64_chk",
     c"__read_chk",
     c"__recv_chk",
+    c"__register_atfork",
     c"close",
     c"dup2",
     c"dup3",

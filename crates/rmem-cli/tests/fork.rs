@@ -620,3 +620,41 @@ fn rmem_bench_fork_measures_fork_then_exec_and_pool_fork() {
     assert!(out.stdout.contains(&said), "{}", out.stdout);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A library whose constructor registers fork handlers before librmem's constructor runs (a
+/// library the program links is initialized before the preloaded librmem), and whose
+/// prepare handler locks a mutex in remote memory that was pushed out of local memory, as
+/// jemalloc's does with its arenas' mutexes: rmem's prepare handler runs after it (before the
+/// fix it ran first, parked the pager, and the fork hung for good), and the child's and the
+/// parent's handlers unlock it. At 4 KiB pages: at 64 KiB the mutex's page comes by a piece,
+/// partial pages are dropped at the fork, and the child's handler waits for good on it (a
+/// known gap, ARCHITECTURE.md "rmem's prepare handler runs after every other").
+#[test]
+fn another_library_s_fork_handlers_lock_a_remote_mutex() {
+    let lib = compile(
+        "tests/c/atfork_early.c",
+        "lib",
+        &["-shared".into(), "-fPIC".into(), "-DLIB".into()],
+    );
+    let prog = compile("tests/c/atfork_early.c", "plain-", &[lib.into_os_string()]);
+    let dir = scratch("atfork-early");
+    let stats = dir.join("stats.json");
+    let out = run_bounded(
+        &mut rmem_run(
+            &["--local", "8M", "--page-size", "4K"],
+            &stats,
+            &[prog.to_str().unwrap(), "32"],
+            false,
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success() && out.stdout.contains("atfork_early: ok 3 3 0"),
+        "{}",
+        ok(&out)
+    );
+    // The mutex left local memory and came back.
+    let v = read_json(&stats);
+    assert!(v["swap_ins"].as_u64().unwrap() > 0, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}

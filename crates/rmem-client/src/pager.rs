@@ -859,8 +859,14 @@ impl Pager {
     /// write protection waits for the child's first protected page, so that a child that
     /// execs at once does not pay for clearing it), reads its
     /// pages' states as `PageStates::after_fork` says, and takes over the store under its
-    /// snapshot. Trace mode records the parent only.
-    pub fn into_child(self, snapshot: Snapshot, mailbox: Arc<Mailbox>) -> Result<Pager, UffdError> {
+    /// snapshot. Trace mode records the parent only. `uffd`: the child's userfaultfd, where
+    /// [`Pager::child_uffd`] opened it already.
+    pub fn into_child(
+        self,
+        snapshot: Snapshot,
+        mailbox: Arc<Mailbox>,
+        uffd: Option<Uffd>,
+    ) -> Result<Pager, UffdError> {
         let Pager {
             mut core,
             mut store,
@@ -875,7 +881,10 @@ impl Pager {
         std::mem::forget(parents);
         std::mem::forget(trace);
         std::mem::forget(watches);
-        let uffd = core.uffd.reopen();
+        let uffd = match uffd {
+            Some(u) => Ok(u),
+            None => core.uffd.reopen(),
+        };
         std::mem::forget(std::mem::replace(&mut core.dropper, Dropper::closed()));
         let uffd = match uffd {
             Ok(u) => u,
@@ -912,6 +921,17 @@ impl Pager {
             trace: None,
             watches: Vec::new(),
         })
+    }
+
+    /// In a fork() child, from this (the child's copy of the parked pager, only read): the
+    /// child's own userfaultfd with the region registered for missing faults, so that a touch
+    /// of a page the child does not hold waits for the child's pager, never reads zeros. It
+    /// allocates nothing: the program's allocator may still be held by its own fork handler
+    /// (see librmem's fork.rs). [`Pager::into_child`] takes it.
+    pub fn child_uffd(&self) -> Result<Uffd, UffdError> {
+        let uffd = self.core.uffd.reopen()?;
+        uffd.register_missing(self.core.region.base(), self.core.region.len())?;
+        Ok(uffd)
     }
 
     /// The counters this pager writes (a fork child's are its own: [`Pager::into_child`]).

@@ -363,17 +363,40 @@ impl Forking<'_> {
         self.park.release();
     }
 
+    /// The child's first step, in the child before any other library's fork handler runs: its
+    /// own userfaultfd with the region registered ([`Pager::child_uffd`]), so that a handler
+    /// that touches a page the child does not hold waits, never reads zeros. It allocates
+    /// nothing, so it may run while the program's allocator is still held by its own fork
+    /// handlers (jemalloc's); [`Forking::child`], which allocates and starts a thread, runs
+    /// after them, and takes the userfaultfd returned. (Kept by the caller, not in this
+    /// value: librmem keeps this value in a thread-local, which every thread's static TLS
+    /// block holds, carved from stacks a program may size closely.)
+    pub fn child_faults(&self) -> Result<Uffd, ForkError> {
+        fds::forget_all_but(&self.watch);
+        // SAFETY: as in `child`: the child's copy of the parked pager, whose thread does not
+        // exist here; only read.
+        let pager = unsafe { &*self.parked.pager };
+        pager.child_uffd().map_err(|e| ForkError::Child(e.into()))
+    }
+
     /// The child's half, in the child (its only thread): a runtime of its own, from its copy
     /// of the parked pager, the allocator and the region, on the parent's snapshot. The caller
     /// makes it current; the parent's runtime value is forgotten (its pager is not here).
     /// Allocations must not go to the region until the new pager thread calls `started`
     /// (its start-up allocates before it can serve faults); this does not wait for it, so a
     /// child that execs at once does not wait for a thread it will never use.
-    pub fn child(mut self, started: Box<dyn FnOnce() + Send>) -> Result<Runtime, ForkError> {
+    /// `uffd`: what [`Forking::child_faults`] returned, where it ran.
+    pub fn child(
+        mut self,
+        started: Box<dyn FnOnce() + Send>,
+        uffd: Option<Uffd>,
+    ) -> Result<Runtime, ForkError> {
         // Held by this thread in the parent; the child's copies are free (a mutex here has no
         // owner to check).
         drop(self.movables.take());
-        fds::forget_all_but(&self.watch);
+        if uffd.is_none() {
+            fds::forget_all_but(&self.watch);
+        }
         let rt = self.rt;
         let mailbox =
             Arc::new(Mailbox::new().map_err(|e| ForkError::Child(RuntimeError::Thread(e)))?);
@@ -381,7 +404,7 @@ impl Forking<'_> {
         // its thread does not exist in the child, so this is the only use of it from now on.
         let pager = unsafe { std::ptr::read(self.parked.pager) };
         let pager = pager
-            .into_child(self.parked.snapshot, mailbox.clone())
+            .into_child(self.parked.snapshot, mailbox.clone(), uffd)
             .map_err(|e| ForkError::Child(e.into()))?;
         // Another fork of this child made without the C library's fork() gets no region.
         pager
