@@ -631,20 +631,29 @@ fn rmem_bench_fork_measures_fork_then_exec_and_pool_fork() {
 /// known gap, ARCHITECTURE.md "rmem's prepare handler runs after every other").
 #[test]
 fn another_library_s_fork_handlers_lock_a_remote_mutex() {
+    fork_handlers_lock_a_remote_mutex(false);
+}
+
+#[test]
+fn another_library_s_fork_handlers_lock_a_remote_mutex_as_nobody() {
+    fork_handlers_lock_a_remote_mutex(true);
+}
+
+fn fork_handlers_lock_a_remote_mutex(as_nobody: bool) {
     let lib = compile(
         "tests/c/atfork_early.c",
         "lib",
         &["-shared".into(), "-fPIC".into(), "-DLIB".into()],
     );
     let prog = compile("tests/c/atfork_early.c", "plain-", &[lib.into_os_string()]);
-    let dir = scratch("atfork-early");
+    let dir = scratch(&format!("atfork-early-{as_nobody}"));
     let stats = dir.join("stats.json");
     let out = run_bounded(
         &mut rmem_run(
             &["--local", "8M", "--page-size", "4K"],
             &stats,
             &[prog.to_str().unwrap(), "32"],
-            false,
+            as_nobody,
         ),
         Duration::from_secs(60),
     );
