@@ -881,10 +881,7 @@ impl Pager {
         std::mem::forget(parents);
         std::mem::forget(trace);
         std::mem::forget(watches);
-        let uffd = match uffd {
-            Some(u) => Ok(u),
-            None => core.uffd.reopen(),
-        };
+        let uffd = uffd.map_or_else(|| core.uffd.reopen(), Ok);
         std::mem::forget(std::mem::replace(&mut core.dropper, Dropper::closed()));
         let uffd = match uffd {
             Ok(u) => u,
