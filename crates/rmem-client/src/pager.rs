@@ -745,8 +745,7 @@ impl Pager {
     /// pager's own table (None where that fails: the snapshot is then freed by its lease).
     fn park_for_fork(&mut self, watch: RawFd) -> Result<(Parked, Option<OwnedFd>), PagerError> {
         assert!(self.core.drops.is_empty(), "clean victims left undropped");
-        self.write_back_pieces()?;
-        self.core.drop_pieces()?;
+        self.land_leaving_pieces()?;
         for p in self.core.frees.drain(..) {
             self.store.free(p)?;
         }
@@ -766,30 +765,19 @@ impl Pager {
         ))
     }
 
-    /// Before a fork: every piece the program wrote in a partial page is on the servers, so
-    /// that the child's snapshot has it and no page keeps pieces at the fork
-    /// ([`Core::drop_pieces`]). Partial pages with written pieces leave now (their pieces
-    /// written back alone), and the pager waits for those write-backs, and for the fetches of
-    /// pages with written pieces, to land: a round trip, paid only by a fork made while some
-    /// page holds written pieces.
-    fn write_back_pieces(&mut self) -> Result<(), PagerError> {
+    /// Before a fork: the write-backs of partial pages' written pieces in flight land. A
+    /// child reinstalls a page whose write-back was in flight from its copy of the staging
+    /// slot, which for a partial page holds only the written pieces. Pages that hold pieces
+    /// stay as they are: the child keeps them mapped (`PageStates::after_fork`), so that a
+    /// lock another library's fork handler took in one is there in the child before rmem's
+    /// runtime is (librmem's fork.rs). A round trip, paid only by a fork made while such a
+    /// write-back is in flight.
+    fn land_leaving_pieces(&mut self) -> Result<(), PagerError> {
         let mut fds = Vec::new();
-        while self.core.pages.any_written_pieces() {
-            for p in self.core.pages.pieced_pages() {
-                let core = &mut self.core;
-                if core.pages.get(p) != PageState::Partial
-                    || core.pages.written_pieces(p) == 0
-                    || core.staging.available() == 0
-                {
-                    continue;
-                }
-                core.pages.take_out(p);
-                core.leave_pieces(p, &mut *self.store)?;
-            }
+        while self.core.pages.pieces_leaving() {
             let completed = self.poll_store()?;
             if completed > 0 || self.core.pages.reinstall_waiting() {
-                // Wanted pages whose write-backs landed go back to the region, freeing their
-                // slots for the partial pages still to leave.
+                // Wanted pages whose write-backs landed go back to the region.
                 self.core.settle(&mut *self.store)?;
             }
             if completed == 0 {
@@ -1787,30 +1775,6 @@ impl Core {
         Ok(())
     }
 
-    /// Before a fork: no page keeps some of its pieces. A fork child's pages are mapped
-    /// without write protection, so a piece the child inherited could be written unseen and
-    /// then overwritten by the rest of its page. Partial pages are dropped (they are clean:
-    /// written pieces were written back first, [`Pager::write_back_pieces`]); those being
-    /// fetched lose their pieces, and their fetch installs every piece.
-    fn drop_pieces(&mut self) -> Result<(), PagerError> {
-        assert!(
-            !self.pages.any_written_pieces(),
-            "written pieces left at a fork"
-        );
-        for p in self.pages.pieced_pages() {
-            if self.pages.get(p) == PageState::Partial {
-                self.pages.take_out(p);
-                self.drops.push(p);
-            } else {
-                self.region
-                    .discard(self.addr(p), self.ps())
-                    .map_err(PagerError::Madvise)?;
-                self.pages.forget_pieces(p);
-            }
-        }
-        self.drop_clean()
-    }
-
     /// Move a victim that may be dirty (or a partial one with written pieces) out of the
     /// region into a staging slot, atomically with respect to the program: from here on its
     /// threads fault on it and wait. Nothing moves for a page a fork child inherited and never
@@ -1828,6 +1792,16 @@ impl Core {
             // It leaves with its few pieces, as a clean partial page dropped does.
             self.learn_density(v, false);
             self.learn_kept(v, false);
+            // Only its written pieces are to be written: the others (write-protected, the
+            // server's copy) are dropped, not moved. A write-protected piece could not be
+            // moved if it is shared with a fork child (the copy that makes it this process's
+            // own would wait on this pager), and the slot need not hold it.
+            let unwritten = self.pages.present(v) & !self.pages.written_pieces(v);
+            for (at, len) in crate::store::piece_runs(unwritten) {
+                self.region
+                    .discard(self.addr(v) + at as u64, len as u64)
+                    .map_err(PagerError::Madvise)?;
+            }
         }
         let slot = self
             .staging

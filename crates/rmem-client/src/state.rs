@@ -40,8 +40,8 @@ struct Leave {
     /// holds the page's other pieces too where they were mapped, and zeros where not: it is
     /// never reinstalled, the page is fetched again ([`Landed::Refetch`]).
     pieces: u64,
-    /// A partial page's pieces that were mapped, and so hold memory in the slot (its other
-    /// pieces are the zero page there); 0 for a whole page.
+    /// A partial page's written pieces, which hold memory in the slot (its other pieces are
+    /// the zero page there); 0 for a whole page.
     held: u64,
     /// Where a partial page's written pieces cannot be written back alone.
     merge: Merge,
@@ -204,9 +204,10 @@ impl PageStates {
         self.parts.get(&page).map_or(0, |p| p.written)
     }
 
-    /// Whether any page holds written pieces, mapped or on their way to the servers.
-    pub fn any_written_pieces(&self) -> bool {
-        self.parts.values().any(|p| p.written != 0) || self.leaving.values().any(|l| l.pieces != 0)
+    /// Whether a partial page's written pieces are on their way to the servers (alone, or
+    /// waiting for the rest of the page to merge with).
+    pub fn pieces_leaving(&self) -> bool {
+        self.leave_part_pages != 0
     }
 
     /// The program wrote piece `i` of a partial page (a write-protect fault on it): it is
@@ -627,24 +628,45 @@ impl PageStates {
     /// was parked: what each state means in the child. Clean pages are mapped in the child
     /// without write protection (`ForkedClean`, `ForkedZero`: whether the child wrote them is
     /// found out when they are evicted); dirty ones stay dirty. Fetches in flight were the
-    /// parent's: those pages are remote (the child's snapshot on the servers has them).
+    /// parent's: those pages are remote (the child's snapshot on the servers has them), or
+    /// partial where some of their pieces were mapped. Every piece mapped at the fork stays
+    /// mapped in the child, and counts as written: the parent may have written it since its
+    /// last write-back, and the child's writes to it are unseen (no write protection); so it is
+    /// written back alone when its page leaves, and kept when the rest of the page comes.
     /// Write-backs in flight were the parent's too, and the child has its own copy of every
     /// staging slot: those pages are reinstalled from their slots as dirty pages (the
-    /// write-back may not have reached the snapshot). Pins (mlock) are not inherited.
+    /// write-back may not have reached the snapshot). A partial page's write-back in flight
+    /// would have to be read back from the slot by the piece: the parent waits for those to
+    /// land before it forks. Pins (mlock) are not inherited.
     pub fn after_fork(&mut self, now: Instant) {
         // Kept simple: a page is found all zeros again only in the process that zero-filled it.
         self.zero_origin.clear();
-        // The parent dropped its partial pages' pieces before the fork (`partial_pages`,
-        // `forget_pieces`): none of the child's remote pages has a piece mapped.
-        assert!(
-            self.parts.values().all(|p| p.mask == 0) && self.promoting.len() <= self.parts.len(),
-            "pieces mapped at a fork"
-        );
-        self.parts.clear();
         self.promoting.clear();
-        (self.part_pages, self.part_units) = (0, 0);
+        self.parts.retain(|_, p| {
+            p.written = p.mask;
+            p.mask != 0
+        });
+        self.part_pages = self.parts.len() as u64;
+        self.part_units = self
+            .parts
+            .values()
+            .map(|p| u64::from(p.mask.count_ones()))
+            .sum();
+        for page in self.pieced_pages() {
+            if self.get(page) != PageState::Filling {
+                continue;
+            }
+            // The parent's fetch of more of it: the child holds the pieces mapped.
+            self.filling.remove(&page);
+            if self.released.remove(&page) {
+                self.leave_parts(page, None);
+                self.table.transition(page, PageState::Untouched);
+                continue;
+            }
+            self.table.transition(page, PageState::Partial);
+            self.admit(page, Admission::Fetched, true);
+        }
         self.table.relabel(|s| match s {
-            PageState::Partial => unreachable!("a partial page at a fork"),
             PageState::Clean => PageState::ForkedClean,
             PageState::ZeroClean => PageState::ForkedZero,
             PageState::Filling => PageState::Remote,
@@ -693,7 +715,8 @@ impl PageStates {
         let mut held = 0;
         if self.get(v) == PageState::Partial {
             assert_ne!(pieces, 0, "page {} left with no written piece", v.0);
-            held = u64::from(self.present(v).count_ones());
+            // Its pieces not written were dropped before it moved (`Core::move_out`).
+            held = u64::from(pieces.count_ones());
             self.leave_parts(v, None);
             self.leave_part_pages += 1;
             self.leave_part_units += held;
@@ -1222,7 +1245,7 @@ mod tests {
     }
 
     #[test]
-    fn a_partial_page_freed_or_forked_keeps_no_pieces() {
+    fn a_partial_page_freed_keeps_no_pieces() {
         let mut s = states();
         s.set_pieces(16);
         let (a, b, c) = (PageIndex(1), PageIndex(2), PageIndex(3));
@@ -1239,14 +1262,60 @@ mod tests {
         assert_eq!(s.fetched(b), Landed::Released { slot: None });
         assert_eq!(s.local(), 1, "c's piece");
         s.check();
-        // Before a fork the pager drops partial pages and forgets the pieces of those in
-        // flight; the child then finds no piece anywhere.
-        s.begin_fill(c, fill(false));
-        assert_eq!(s.pieced_pages(), vec![c]);
-        s.forget_pieces(c);
+    }
+
+    /// A fork child keeps every piece mapped at the fork, written (its writes to them are
+    /// unseen, and the parent's may not be on the servers): partial pages stay partial, and so
+    /// do pages whose fetch (the parent's) was in flight where they held pieces; a page whose
+    /// first piece was on its way is remote. Each leaves with its pieces written alone.
+    #[test]
+    fn a_fork_child_keeps_the_pieces_mapped_at_the_fork_as_written() {
+        let mut s = states();
+        s.set_pieces(16);
+        let (a, b, c, d, e) = (
+            PageIndex(1),
+            PageIndex(2),
+            PageIndex(3),
+            PageIndex(4),
+            PageIndex(5),
+        );
+        for p in [a, b, c, d, e] {
+            remote(&mut s, p);
+        }
+        for p in [a, b, c, d] {
+            s.begin_fill(p, piece(1));
+            s.fetched(p);
+        }
+        s.begin_fill(a, piece(6));
+        s.fetched(a);
+        s.write_piece(a, 6);
+        s.begin_fill(b, fill(false)); // fetched whole
+        s.begin_fill(c, piece(2)); // one more piece
+        s.begin_fill(d, piece(3));
+        assert_eq!(s.free(d), Freed::Later); // freed meanwhile
+        s.begin_fill(e, piece(0)); // its first piece
+        s.check();
         s.after_fork(Instant::now());
-        assert_eq!((s.get(c), s.present(c)), (PageState::Remote, 0));
-        assert_eq!(s.local(), 0);
+        assert_eq!((s.get(a), s.present(a)), (PageState::Partial, 0b100_0010));
+        assert_eq!(s.written_pieces(a), 0b100_0010);
+        for p in [b, c] {
+            assert_eq!((s.get(p), s.present(p)), (PageState::Partial, 0b10));
+            assert_eq!(s.written_pieces(p), 0b10);
+        }
+        assert_eq!((s.get(d), s.present(d)), (PageState::Untouched, 0));
+        assert_eq!((s.get(e), s.present(e)), (PageState::Remote, 0));
+        assert_eq!((s.resident_units(), s.local()), (4, 1));
+        s.check();
+        // All three are victims (in the policy), each with written pieces to write alone.
+        let mut left = Vec::new();
+        while let Some(v) = s.take_victim(true) {
+            left.push(v);
+            let written = s.written_pieces(v);
+            assert_eq!((written & 0b10, s.begin_leave(v, 0)), (0b10, written));
+        }
+        left.sort_unstable();
+        assert_eq!(left, vec![a, b, c]);
+        assert!(s.pieces_leaving());
         s.check();
     }
 
@@ -1275,7 +1344,7 @@ mod tests {
         );
         s.fetched(b);
         assert_eq!((s.written_pieces(a), s.written_pieces(b)), (1 << 5, 1 << 7));
-        assert!(s.any_written_pieces());
+        assert!(!s.pieces_leaving());
         assert_eq!(s.local(), 1, "three pieces");
         assert_eq!(
             s.take_victim(false),
@@ -1286,6 +1355,7 @@ mod tests {
         assert_eq!(s.take_victim(true), Some(b));
         assert_eq!(s.begin_leave(b, 0), 1 << 7);
         assert_eq!(s.get(b), PageState::Leaving);
+        assert!(s.pieces_leaving());
         assert_eq!(
             (s.resident_units(), s.local()),
             (2, 1),
@@ -1294,13 +1364,13 @@ mod tests {
         s.check();
         s.want(b, fill(false));
         assert_eq!(s.stored(b), Landed::Refetch { slot: 0 });
+        assert!(!s.pieces_leaving());
         assert_eq!((s.get(b), s.present(b)), (PageState::Remote, 0));
         assert_eq!((s.resident_units(), s.local()), (2, 1));
         // A whole fetch over a written piece maps the page dirty.
         s.begin_fill(a, fill(false));
         assert!(matches!(s.fetched(a), Landed::Map { write: true, .. }));
-        assert_eq!(s.get(a), PageState::Dirty);
-        assert!(!s.any_written_pieces());
+        assert_eq!((s.get(a), s.written_pieces(a)), (PageState::Dirty, 0));
         s.check();
     }
 
@@ -1321,7 +1391,7 @@ mod tests {
         assert_eq!(s.take_victim(true), Some(a));
         assert_eq!(s.begin_leave(a, 0), 1 << 3);
         s.begin_merge(a);
-        assert!(s.merging(a) && s.any_written_pieces());
+        assert!(s.merging(a) && s.pieces_leaving());
         assert_eq!(
             (s.resident_units(), s.local()),
             (1, 1),
@@ -1347,7 +1417,7 @@ mod tests {
         assert_eq!(s.free(b), Freed::Later);
         assert_eq!(s.merged(b), Merged::Released { slot: 1 });
         assert_eq!(s.get(b), PageState::Untouched);
-        assert!(!s.any_written_pieces());
+        assert!(!s.pieces_leaving());
         s.check();
     }
 
