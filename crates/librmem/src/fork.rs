@@ -6,11 +6,10 @@
 //! constructor or, where another library registers its handlers first, from that
 //! registration, which rmem interposes ([`__register_atfork`]): a library loaded after librmem
 //! with no need of it is initialized before it, and its constructor may register handlers that
-//! touch remote memory. The second, the parent and child handlers proper, from the
-//! constructor: they run before those of libraries registered later, after those of libraries
-//! registered earlier (a replacement allocator's, which holds its locks until its own child
-//! handler: the child's runtime allocates).
-//!
+//! touch remote memory (jemalloc's, linked into rustc: its child handler writes to its arenas,
+//! remote under `--anon-mmap`, pages its prepare handler did not touch). The second, the
+//! parent and child handlers proper, from the constructor: they run before those of libraries
+//! registered later, after those of libraries registered earlier.
 //! - prepare (first registration): takes the C library's stdio list lock (glibc takes it
 //!   right after the prepare handlers; a thread holding it may be flushing a remote buffer,
 //!   which needs the pager), then
@@ -18,14 +17,20 @@
 //!   servers' pages taken and the region made inheritable. Nothing of rmem changes until the
 //!   fork is done, so the child's copy agrees with itself.
 //! - parent: the pager goes on; it frees the child's snapshot when the child exits or execs.
-//! - child, first registration ([`child_faults`]): the child's userfaultfd with the region
-//!   registered, allocating nothing, so that another library's child handler that touches a
-//!   page the child does not hold waits for the child's pager, never reads zeros (it may
-//!   wait for good: a child handler registered before librmem's that touches a page not here
-//!   at the fork, see docs/configuration.md).
-//! - child: [`Forking::child`] makes the child's runtime (its own userfaultfd and pager
-//!   thread, from its copy of the parked pager) and it becomes current. Resident pages are
-//!   the kernel's copy-on-write copies; every other page comes from the snapshot.
+//! - child, first registration ([`child_first`]): where what the child's runtime allocates
+//!   (rmem's own tables, and the C library's for a new thread) comes from glibc's allocator,
+//!   which glibc's fork() makes usable in the child before any handler runs, the runtime
+//!   starts here, before every other library's child handler, so that a page theirs touch
+//!   comes from the child's snapshot. Where it would come from an allocator held until its
+//!   own child handler runs (tcmalloc, which takes over glibc's entry points; jemalloc linked
+//!   into the executable, as in rustc, whose `malloc` the C library calls), only the child's
+//!   userfaultfd is opened here, allocating nothing, so that such a touch waits and never
+//!   reads zeros (it waits for good if that handler was registered before librmem's
+//!   constructor and the page was not here at the fork: docs/configuration.md).
+//! - child, second registration: otherwise, [`Forking::child`] makes the child's runtime (its
+//!   own userfaultfd and pager thread, from its copy of the parked pager) and it becomes
+//!   current. Resident pages are the kernel's copy-on-write copies; every other page comes
+//!   from the snapshot.
 //!
 //! A child rmem cannot serve keeps the old guard: a child made without the C library's fork()
 //! (a raw clone or `_Fork`: no handler runs, and the region, outside a prepared fork, is not
@@ -82,20 +87,31 @@ fn register(prepare: Handler, parent: Handler, child: Handler, dso: *mut c_void)
 pub fn install_first() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        register(
-            Some(prepare),
-            None,
-            Some(child_faults),
-            std::ptr::null_mut(),
-        );
+        register(Some(prepare), None, Some(child_first), std::ptr::null_mut());
     });
 }
 
 /// Register rmem's parent and child handlers (once, from the library's constructor).
 pub fn install() {
     install_first();
+    let glibc_fn = _IO_list_lock as unsafe extern "C" fn() as *const c_void;
+    START_FIRST.store(
+        crate::malloc::fork_child_allocates_from_glibc(glibc_fn),
+        Relaxed,
+    );
     register(None, Some(parent), Some(child), std::ptr::null_mut());
 }
+
+/// A fork child's runtime starts in rmem's first child handler, before every other library's
+/// (so that theirs find a pager serving the region), where what it allocates comes from
+/// glibc's allocator ([`crate::malloc::fork_child_allocates_from_glibc`]): set by
+/// [`install`]. Otherwise (tcmalloc, or an allocator linked into the executable, held until
+/// their own child handlers run) it starts in the second, and the first only opens the
+/// child's userfaultfd.
+static START_FIRST: AtomicBool = AtomicBool::new(false);
+
+/// In a fork child, between its first and second handlers: its runtime started in the first.
+static STARTED_FIRST: AtomicBool = AtomicBool::new(false);
 
 /// See pthread_atfork(3), which calls it: rmem's first handlers are registered before the
 /// caller's (see the module's notes).
@@ -161,27 +177,81 @@ extern "C" fn parent() {
     unsafe { _IO_list_unlock() };
 }
 
-/// The first of the child's handlers: the child's userfaultfd, allocating nothing (see the
-/// module's notes). Where it cannot be made, the child has no remote memory (its handler says
-/// why).
-extern "C" fn child_faults() {
+/// The first of the child's handlers: the child's runtime where what it allocates comes from
+/// glibc's allocator ([`START_FIRST`]); else a userfaultfd that raises SIGBUS where the child
+/// lacks a page, so that a touch of one by a handler that runs before the runtime can start
+/// stops the child with a message (see the module's notes). Where that cannot be made, the
+/// child has no remote memory (its second handler says why).
+extern "C" fn child_first() {
+    if START_FIRST.load(Relaxed) {
+        STARTED_FIRST.store(true, Relaxed);
+        start_child();
+        return;
+    }
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         if let Some(Pending::Ready(f)) = p.as_ref() {
-            match crate::guard(|| f.child_faults()) {
-                Ok(uffd) => *CHILD_UFFD.lock().unwrap_or_else(|e| e.into_inner()) = Some(uffd),
+            // Allocation-free: the C library's sigaction was resolved when SIGSEGV was taken
+            // over, at the runtime's start.
+            crate::signals::own(libc::SIGBUS, on_bus_before_runtime, None);
+            match crate::guard(|| f.child_sigbus()) {
+                Ok(uffd) => {
+                    *CHILD_SIGBUS.lock().unwrap_or_else(|e| e.into_inner()) = Some(uffd);
+                    BEFORE_RUNTIME.store(true, Relaxed);
+                }
                 Err(e) => *p = Some(Pending::Refused(rmem_client::error_chain(&e))),
             }
         }
     });
 }
 
-/// The child's userfaultfd from [`child_faults`] until [`child`] takes it (a static, not in
-/// [`PENDING`]: every thread's static TLS block is carved from its stack, and a program may
-/// size its threads' stacks closely).
-static CHILD_UFFD: Mutex<Option<Uffd>> = Mutex::new(None);
+/// From [`child_first`] until the child's runtime starts: the userfaultfd that raises SIGBUS
+/// where the child lacks a page (a static, not in [`PENDING`]: every thread's static TLS
+/// block is carved from its stack, and a program may size its threads' stacks closely).
+static CHILD_SIGBUS: Mutex<Option<Uffd>> = Mutex::new(None);
 
+/// [`CHILD_SIGBUS`] is registered over the region: a SIGBUS there is its.
+static BEFORE_RUNTIME: AtomicBool = AtomicBool::new(false);
+
+/// rmem's part of SIGBUS in a fork child before its runtime starts: a touch of a page of the
+/// region the child lacks (raised by [`CHILD_SIGBUS`]'s userfaultfd) stops it with a message;
+/// any other SIGBUS is the program's.
+fn on_bus_before_runtime(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) -> bool {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let (addr, code) = unsafe { ((*info).si_addr() as u64, (*info).si_code) };
+    if code <= 0 || !region_contains(addr) || !BEFORE_RUNTIME.load(Relaxed) {
+        return false;
+    }
+    stop_at(
+        b"rmem: fatal: a fork() child handler that runs before rmem's can (another allocator's: \
+          jemalloc linked into the program, as in rustc, or tcmalloc) touched remote memory at \
+          0x",
+        addr,
+        b", which was not resident at the fork; run without --anon-mmap (see \
+          docs/configuration.md, fork() children)\n",
+    )
+}
+
+/// The second of the child's handlers: the child's runtime, unless the first started it.
 extern "C" fn child() {
+    if !STARTED_FIRST.swap(false, Relaxed) {
+        start_child();
+    }
+}
+
+/// The child's runtime, from its copy of the parked pager, made current; or, where the child
+/// cannot have one, the region reserved with no access.
+fn start_child() {
+    // Closing it unregisters the region, for the child's own userfaultfd (this thread is the
+    // child's only one: nothing touches the region meanwhile).
+    if let Some(uffd) = CHILD_SIGBUS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
+        uffd.close();
+    }
+    BEFORE_RUNTIME.store(false, Relaxed);
     let pending = PENDING.with(|p| p.borrow_mut().take());
     let (base, len) = (REGION_BASE.load(Relaxed), REGION_LEN.load(Relaxed));
     if len == 0 {
@@ -193,13 +263,8 @@ extern "C" fn child() {
             // The new pager thread allocates before it can serve faults: allocations are local
             // until it says it has started.
             let transparent = TRANSPARENT.swap(false, Relaxed);
-            let uffd = CHILD_UFFD.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let started = crate::guard(|| {
-                f.child(
-                    Box::new(move || TRANSPARENT.store(transparent, Relaxed)),
-                    uffd,
-                )
-            });
+            let started =
+                crate::guard(|| f.child(Box::new(move || TRANSPARENT.store(transparent, Relaxed))));
             match started {
                 Ok(rt) => {
                     crate::make_current(rt);
@@ -287,13 +352,19 @@ fn on_segv(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_voi
     if code <= 0 || !region_contains(addr) || unsafe { libc::getpid() } == OWNER_PID.load(Relaxed) {
         return false;
     }
-    let mut msg = [0u8; 240];
-    let mut n = 0;
-    for part in [
-        b"rmem: fatal: a child without rmem touched its parent's remote memory at 0x".as_slice(),
-        &hex(addr),
+    stop_at(
+        b"rmem: fatal: a child without rmem touched its parent's remote memory at 0x",
+        addr,
         b" (it was made without the C library's fork(), or its rmem could not start: see above)\n",
-    ] {
+    )
+}
+
+/// End this fork child with status [`EXIT_FORK_TOUCH`] and the message `before`, `addr` in
+/// hex, `after` (async-signal-safe: from rmem's part of a signal handler).
+fn stop_at(before: &[u8], addr: u64, after: &[u8]) -> ! {
+    let mut msg = [0u8; 400];
+    let mut n = 0;
+    for part in [before, &hex(addr), after] {
         let k = part.len().min(msg.len() - n);
         msg[n..n + k].copy_from_slice(&part[..k]);
         n += k;

@@ -211,6 +211,37 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     unsafe { __libc_free(p) }
 }
 
+/// Whether every allocation made in a fork child before the program's allocator's own child
+/// handler runs goes to glibc's allocator, which glibc's fork() makes usable in the child
+/// before any fork handler runs: rmem's own (the `__libc_malloc` rmem calls is defined by
+/// the object that defines `glibc_fn`, a function only glibc has, not by a replacement that
+/// takes over glibc's entry points, as tcmalloc does), and those the C library makes for a
+/// new thread (its TLS, its thread-exit destructors), which go to the `malloc` and `calloc`
+/// the process resolves first: rmem's, unless the program's executable defines its own (a
+/// replacement allocator linked in statically, as jemalloc is into rustc), which is held
+/// until its own child handler has run.
+pub fn fork_child_allocates_from_glibc(glibc_fn: *const c_void) -> bool {
+    let object = |f: *const c_void| {
+        // SAFETY: Dl_info is plain data.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables and fills `info`.
+        let found = unsafe { libc::dladdr(f, &mut info) } != 0;
+        found.then_some(info.dli_fbase as usize)
+    };
+    let first = |name: &CStr| {
+        // SAFETY: dlsym in the global scope with a NUL-terminated name.
+        object(unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) })
+    };
+    // (Not the address of rmem's `malloc`: taken here, it is the one the process resolves.)
+    let rmem =
+        object(fork_child_allocates_from_glibc as fn(*const c_void) -> bool as *const c_void);
+    let home = object(__libc_malloc as *const c_void);
+    home.is_some()
+        && home == object(glibc_fn)
+        && first(c"malloc") == rmem
+        && first(c"calloc") == rmem
+}
+
 /// The home allocator's definition of `name`, or 0. The home allocator is the library that
 /// defines the `__libc_malloc` rmem calls; `ours` (the interposer of the same name) is never
 /// the answer, so a lookup can never recurse into rmem.

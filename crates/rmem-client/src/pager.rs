@@ -847,14 +847,8 @@ impl Pager {
     /// write protection waits for the child's first protected page, so that a child that
     /// execs at once does not pay for clearing it), reads its
     /// pages' states as `PageStates::after_fork` says, and takes over the store under its
-    /// snapshot. Trace mode records the parent only. `uffd`: the child's userfaultfd, where
-    /// [`Pager::child_uffd`] opened it already.
-    pub fn into_child(
-        self,
-        snapshot: Snapshot,
-        mailbox: Arc<Mailbox>,
-        uffd: Option<Uffd>,
-    ) -> Result<Pager, UffdError> {
+    /// snapshot. Trace mode records the parent only.
+    pub fn into_child(self, snapshot: Snapshot, mailbox: Arc<Mailbox>) -> Result<Pager, UffdError> {
         let Pager {
             mut core,
             mut store,
@@ -869,7 +863,7 @@ impl Pager {
         std::mem::forget(parents);
         std::mem::forget(trace);
         std::mem::forget(watches);
-        let uffd = uffd.map_or_else(|| core.uffd.reopen(), Ok);
+        let uffd = core.uffd.reopen();
         std::mem::forget(std::mem::replace(&mut core.dropper, Dropper::closed()));
         let uffd = match uffd {
             Ok(u) => u,
@@ -881,10 +875,19 @@ impl Pager {
         };
         std::mem::forget(std::mem::replace(&mut core.uffd, uffd));
         // Write protection at the first page protected: see `register_wp_later`.
-        core.uffd
-            .register_wp_later(core.region.base(), core.region.len())?;
-        core.uffd
-            .register_missing(core.staging.mapping.base(), core.staging.mapping.len())?;
+        let registered = core
+            .uffd
+            .register_wp_later(core.region.base(), core.region.len())
+            .and_then(|()| {
+                core.uffd
+                    .register_missing(core.staging.mapping.base(), core.staging.mapping.len())
+            });
+        if let Err(e) = registered {
+            // Its mappings must not be unmapped by the value's drop: they are the child's
+            // memory, and the allocator the program's munmap goes through is held.
+            std::mem::forget(core);
+            return Err(e);
+        }
         core.blocked.clear();
         core.pages.after_fork(Instant::now());
         // The child's statistics are its own, counted from the fork: the copy of the parent's
@@ -908,13 +911,14 @@ impl Pager {
         })
     }
 
-    /// In a fork() child, from this (the child's copy of the parked pager, only read): the
-    /// child's own userfaultfd with the region registered for missing faults, so that a touch
-    /// of a page the child does not hold waits for the child's pager, never reads zeros. It
-    /// allocates nothing: the program's allocator may still be held by its own fork handler
-    /// (see librmem's fork.rs). [`Pager::into_child`] takes it.
-    pub fn child_uffd(&self) -> Result<Uffd, UffdError> {
-        let uffd = self.core.uffd.reopen()?;
+    /// In a fork() child, from this (the child's copy of the parked pager, only read): a
+    /// userfaultfd over the region that raises SIGBUS where the child lacks a page
+    /// ([`Uffd::reopen_sigbus`]), for the child's moments before its pager can start (see
+    /// librmem's fork.rs): a touch there fails at once, never reads zeros and never waits for
+    /// good. It is closed before [`Pager::into_child`] registers the region with the child's
+    /// own.
+    pub fn child_sigbus(&self) -> Result<Uffd, UffdError> {
+        let uffd = self.core.uffd.reopen_sigbus()?;
         uffd.register_missing(self.core.region.base(), self.core.region.len())?;
         Ok(uffd)
     }

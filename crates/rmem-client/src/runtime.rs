@@ -363,20 +363,21 @@ impl Forking<'_> {
         self.park.release();
     }
 
-    /// The child's first step, in the child before any other library's fork handler runs: its
-    /// own userfaultfd with the region registered ([`Pager::child_uffd`]), so that a handler
-    /// that touches a page the child does not hold waits, never reads zeros. It allocates
-    /// nothing, so it may run while the program's allocator is still held by its own fork
-    /// handlers (jemalloc's); [`Forking::child`], which allocates and starts a thread, runs
-    /// after them, and takes the userfaultfd returned. (Kept by the caller, not in this
-    /// value: librmem keeps this value in a thread-local, which every thread's static TLS
-    /// block holds, carved from stacks a program may size closely.)
-    pub fn child_faults(&self) -> Result<Uffd, ForkError> {
+    /// The child's first step, in the child before any other library's fork handler runs,
+    /// where [`Forking::child`] must wait until they have (it allocates and starts a thread,
+    /// and the program's allocator may be held by its own fork handler until then: jemalloc
+    /// linked into rustc): a userfaultfd over the region that raises SIGBUS where the child
+    /// lacks a page ([`Pager::child_sigbus`]), so that such a handler's touch of one fails at
+    /// once rather than reading zeros or waiting for good. The caller keeps it, and closes it
+    /// before [`Forking::child`]. (Not in this value: librmem keeps this value in a
+    /// thread-local, which every thread's static TLS block holds, carved from stacks a program
+    /// may size closely.)
+    pub fn child_sigbus(&self) -> Result<Uffd, ForkError> {
         fds::forget_all_but(&self.watch);
         // SAFETY: as in `child`: the child's copy of the parked pager, whose thread does not
         // exist here; only read.
         let pager = unsafe { &*self.parked.pager };
-        pager.child_uffd().map_err(|e| ForkError::Child(e.into()))
+        pager.child_sigbus().map_err(|e| ForkError::Child(e.into()))
     }
 
     /// The child's half, in the child (its only thread): a runtime of its own, from its copy
@@ -385,18 +386,11 @@ impl Forking<'_> {
     /// Allocations must not go to the region until the new pager thread calls `started`
     /// (its start-up allocates before it can serve faults); this does not wait for it, so a
     /// child that execs at once does not wait for a thread it will never use.
-    /// `uffd`: what [`Forking::child_faults`] returned, where it ran.
-    pub fn child(
-        mut self,
-        started: Box<dyn FnOnce() + Send>,
-        uffd: Option<Uffd>,
-    ) -> Result<Runtime, ForkError> {
+    pub fn child(mut self, started: Box<dyn FnOnce() + Send>) -> Result<Runtime, ForkError> {
         // Held by this thread in the parent; the child's copies are free (a mutex here has no
         // owner to check).
         drop(self.movables.take());
-        if uffd.is_none() {
-            fds::forget_all_but(&self.watch);
-        }
+        fds::forget_all_but(&self.watch);
         let rt = self.rt;
         let mailbox =
             Arc::new(Mailbox::new().map_err(|e| ForkError::Child(RuntimeError::Thread(e)))?);
@@ -404,7 +398,7 @@ impl Forking<'_> {
         // its thread does not exist in the child, so this is the only use of it from now on.
         let pager = unsafe { std::ptr::read(self.parked.pager) };
         let pager = pager
-            .into_child(self.parked.snapshot, mailbox.clone(), uffd)
+            .into_child(self.parked.snapshot, mailbox.clone())
             .map_err(|e| ForkError::Child(e.into()))?;
         // Another fork of this child made without the C library's fork() gets no region.
         pager

@@ -81,7 +81,7 @@ extern "C" fn child() {
     let me = signals::getpid();
     for Pending { forking, session } in PENDING.with(|p| std::mem::take(&mut *p.borrow_mut())) {
         let started = forking.and_then(|f| {
-            f.child(Box::new(|| {}), None)
+            f.child(Box::new(|| {}))
                 .map_err(|e| rmem_client::error_chain(&e))
         });
         match started {

@@ -150,10 +150,16 @@ impl AsRawFd for Reserved {
 
 impl Drop for Reserved {
     fn drop(&mut self) {
-        let slot = self.0.as_raw_fd() - range_start();
-        if (0..SLOTS).contains(&slot) {
-            USED.fetch_and(!(1 << slot), Ordering::AcqRel);
-        }
+        unmark(self.0.as_raw_fd());
+    }
+}
+
+/// `fd` is no longer one of rmem's shared descriptors: the program's close of it (and
+/// rmem's own, which goes through the same interposer) closes it again.
+pub fn unmark(fd: RawFd) {
+    let slot = fd - range_start();
+    if (0..SLOTS).contains(&slot) {
+        USED.fetch_and(!(1 << slot), Ordering::AcqRel);
     }
 }
 

@@ -439,13 +439,34 @@ impl Uffd {
                 "a fork() child cannot take over faults delivered by signal",
             )));
         }
+        self.reopen_with(self.features)
+    }
+
+    /// A new userfaultfd opened the way this one was, with `UFFD_FEATURE_SIGBUS` alone: a
+    /// missing page registered with it raises SIGBUS in the thread that touches it (and a
+    /// system call that touches it fails with EFAULT) instead of waiting for a handler. For a
+    /// fork() child's first moments, before its pager can exist: a touch of a page it lacks
+    /// then fails at once, where it would wait for good. It serves nothing.
+    pub fn reopen_sigbus(&self) -> Result<Uffd, UffdError> {
+        self.reopen_with(feature::SIGBUS)
+    }
+
+    /// Close it now, in the calling thread's table, which unregisters what it registered.
+    /// A reopened userfaultfd is marked as rmem's (`fds::place`), and librmem's `close`, which
+    /// rmem's own drops go through too, leaves marked descriptors open: the mark goes first.
+    pub fn close(self) {
+        fds::unmark(self.fd.as_raw_fd());
+        drop(self);
+    }
+
+    fn reopen_with(&self, features: u64) -> Result<Uffd, UffdError> {
         let (fd, mode) = open_raw(self.mode == OpenMode::UserModeOnly)?;
-        api(fd.as_raw_fd(), self.features).map_err(UffdError::Api)?;
+        api(fd.as_raw_fd(), features).map_err(UffdError::Api)?;
         let fd = fds::place(fd).map_err(UffdError::Api)?.into_kept();
         Ok(Uffd {
             fd,
             mode,
-            features: self.features,
+            features,
             pagemap: None,
             signal: None,
             wp_later: Mutex::new(Vec::new()),
