@@ -23,10 +23,10 @@
 //!   starts here, before every other library's child handler, so that a page theirs touch
 //!   comes from the child's snapshot. Where it would come from an allocator held until its
 //!   own child handler runs (tcmalloc, which takes over glibc's entry points; jemalloc linked
-//!   into the executable, as in rustc, whose `malloc` the C library calls), only the child's
-//!   userfaultfd is opened here, allocating nothing, so that such a touch waits and never
-//!   reads zeros (it waits for good if that handler was registered before librmem's
-//!   constructor and the page was not here at the fork: docs/configuration.md).
+//!   into the executable, as in rustc, whose `malloc` the C library calls), the region is
+//!   registered here with a userfaultfd that raises SIGBUS where the child lacks a page, so
+//!   that a handler's touch of one stops the child with a message and status 70, never reads
+//!   zeros and never waits for good (docs/configuration.md, fork() children).
 //! - child, second registration: otherwise, [`Forking::child`] makes the child's runtime (its
 //!   own userfaultfd and pager thread, from its copy of the parked pager) and it becomes
 //!   current. Resident pages are the kernel's copy-on-write copies; every other page comes
@@ -105,13 +105,10 @@ pub fn install() {
 /// A fork child's runtime starts in rmem's first child handler, before every other library's
 /// (so that theirs find a pager serving the region), where what it allocates comes from
 /// glibc's allocator ([`crate::malloc::fork_child_allocates_from_glibc`]): set by
-/// [`install`]. Otherwise (tcmalloc, or an allocator linked into the executable, held until
-/// their own child handlers run) it starts in the second, and the first only opens the
-/// child's userfaultfd.
+/// [`install`] before it registers the second handler. Otherwise (tcmalloc, or an allocator
+/// linked into the executable, held until their own child handlers run) it starts in the
+/// second, and the first registers the region to raise SIGBUS meanwhile.
 static START_FIRST: AtomicBool = AtomicBool::new(false);
-
-/// In a fork child, between its first and second handlers: its runtime started in the first.
-static STARTED_FIRST: AtomicBool = AtomicBool::new(false);
 
 /// See pthread_atfork(3), which calls it: rmem's first handlers are registered before the
 /// caller's (see the module's notes).
@@ -184,7 +181,6 @@ extern "C" fn parent() {
 /// child has no remote memory (its second handler says why).
 extern "C" fn child_first() {
     if START_FIRST.load(Relaxed) {
-        STARTED_FIRST.store(true, Relaxed);
         start_child();
         return;
     }
@@ -234,7 +230,7 @@ fn on_bus_before_runtime(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_v
 
 /// The second of the child's handlers: the child's runtime, unless the first started it.
 extern "C" fn child() {
-    if !STARTED_FIRST.swap(false, Relaxed) {
+    if !START_FIRST.load(Relaxed) {
         start_child();
     }
 }

@@ -863,31 +863,33 @@ impl Pager {
         std::mem::forget(parents);
         std::mem::forget(trace);
         std::mem::forget(watches);
-        let uffd = core.uffd.reopen();
+        let uffd = core.uffd.reopen().and_then(|u| {
+            // Write protection at the first page protected: see `register_wp_later`.
+            let registered = u
+                .register_wp_later(core.region.base(), core.region.len())
+                .and_then(|()| {
+                    u.register_missing(core.staging.mapping.base(), core.staging.mapping.len())
+                });
+            match registered {
+                Ok(()) => Ok(u),
+                Err(e) => {
+                    u.close();
+                    Err(e)
+                }
+            }
+        });
         std::mem::forget(std::mem::replace(&mut core.dropper, Dropper::closed()));
         let uffd = match uffd {
             Ok(u) => u,
             Err(e) => {
-                // The copied descriptor must not be closed by the value's drop either.
+                // Nothing of the copy may be released by the value's drop: the descriptors
+                // are the parent's, the mappings the child's memory (and the program's munmap,
+                // which their drop goes through, waits for the allocator the fork holds).
                 std::mem::forget(core);
                 return Err(e);
             }
         };
         std::mem::forget(std::mem::replace(&mut core.uffd, uffd));
-        // Write protection at the first page protected: see `register_wp_later`.
-        let registered = core
-            .uffd
-            .register_wp_later(core.region.base(), core.region.len())
-            .and_then(|()| {
-                core.uffd
-                    .register_missing(core.staging.mapping.base(), core.staging.mapping.len())
-            });
-        if let Err(e) = registered {
-            // Its mappings must not be unmapped by the value's drop: they are the child's
-            // memory, and the allocator the program's munmap goes through is held.
-            std::mem::forget(core);
-            return Err(e);
-        }
         core.blocked.clear();
         core.pages.after_fork(Instant::now());
         // The child's statistics are its own, counted from the fork: the copy of the parent's

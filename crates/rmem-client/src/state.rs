@@ -37,8 +37,8 @@ struct Leave {
     slot: u32,
     wanted: Option<Fill>,
     /// A partial page's written pieces, written back alone (0: the whole page). The slot
-    /// holds the page's other pieces too where they were mapped, and zeros where not: it is
-    /// never reinstalled, the page is fetched again ([`Landed::Refetch`]).
+    /// holds zeros elsewhere (its other pieces were dropped before it moved): it is never
+    /// reinstalled, the page is fetched again ([`Landed::Refetch`]).
     pieces: u64,
     /// A partial page's written pieces, which hold memory in the slot (its other pieces are
     /// the zero page there); 0 for a whole page.
@@ -246,15 +246,6 @@ impl PageStates {
         v
     }
 
-    /// Take a mapped page out of the policy to drop it (as a victim is).
-    pub fn take_out(&mut self, page: PageIndex) {
-        assert!(self.get(page).is_mapped(), "page {} taken out", page.0);
-        if !self.locked.contains(&page) {
-            self.policy.remove(page);
-            self.in_policy -= 1;
-        }
-    }
-
     pub fn get(&self, page: PageIndex) -> PageState {
         self.table.get(page)
     }
@@ -421,19 +412,6 @@ impl PageStates {
         }
         self.table.transition(page, PageState::Filling);
         self.filling.insert(page, fill);
-    }
-
-    /// Forget the pieces of a partial page being fetched (the pager dropped them from the
-    /// region): its fetch installs what it brings over every piece.
-    pub fn forget_pieces(&mut self, page: PageIndex) {
-        let Some(part) = self.parts.get_mut(&page) else {
-            return;
-        };
-        let had = u64::from(part.mask.count_ones());
-        part.mask = 0;
-        if !self.promoting.contains(&page) {
-            self.part_units -= had;
-        }
     }
 
     /// Piece `i` of a partial page is no longer mapped (the program dropped it with a raw
