@@ -698,7 +698,9 @@ impl Pager {
                 events: libc::POLLIN,
                 revents: 0,
             }));
-            let timeout_ms = if self.store.in_flight() > 0 {
+            let timeout_ms = if self.store.ready() {
+                0
+            } else if self.store.in_flight() > 0 {
                 10
             } else {
                 let beat = self

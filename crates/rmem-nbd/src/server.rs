@@ -481,7 +481,7 @@ impl<'a> Server<'a> {
             let now = Instant::now();
             let spinning = self.blocked.len() <= SPIN_BLOCKED_MAX
                 && now.duration_since(last_event) < self.limits.spin;
-            let timeout_ms = if !self.runnable.is_empty() || spinning {
+            let timeout_ms = if !self.runnable.is_empty() || spinning || self.cache.ready() {
                 0
             } else {
                 next_tick

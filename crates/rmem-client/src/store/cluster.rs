@@ -4164,6 +4164,10 @@ impl PageStore for RemoteStore {
         }
     }
 
+    fn ready(&self) -> bool {
+        !self.finished.is_empty()
+    }
+
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         self.each_live(|c| c.tick(now))?;
         // No `hedge` here: it judges a server by how long it has been silent, and answers may

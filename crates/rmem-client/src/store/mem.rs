@@ -143,6 +143,10 @@ impl PageStore for MemStore {
 
     fn wait_fds(&self, _out: &mut Vec<libc::pollfd>) {}
 
+    fn ready(&self) -> bool {
+        !self.done.is_empty()
+    }
+
     fn tick(&mut self, _now: Instant) -> Result<(), StoreError> {
         Ok(())
     }

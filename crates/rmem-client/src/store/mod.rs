@@ -217,6 +217,12 @@ pub trait PageStore: Send {
     fn poll(&mut self, f: &mut dyn FnMut(Completion<'_>)) -> Result<usize, StoreError>;
     /// Descriptors to wait on when the pager sleeps (readable, or writable with unsent data).
     fn wait_fds(&self, out: &mut Vec<libc::pollfd>);
+    /// Whether the next [`PageStore::poll`] delivers completions that no descriptor of
+    /// [`PageStore::wait_fds`] announces (write-backs a [`PageStore::tick`] finished, or a
+    /// store with no descriptors at all): a front end about to sleep polls again instead.
+    fn ready(&self) -> bool {
+        false
+    }
     /// Periodic upkeep: heartbeats and request deadlines.
     fn tick(&mut self, now: Instant) -> Result<(), StoreError>;
     /// How often an idle store wants [`PageStore::tick`] (to renew what it holds: a server
