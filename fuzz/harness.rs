@@ -7,8 +7,9 @@
 //! ([`proto_request`]) and as a client reads them ([`proto_response`], status included), the
 //! server's handshake, attach and request loop against a lying client ([`server_session`]),
 //! the client's handshake, attach and answer matching against a lying server
-//! ([`client_session`]), the metrics endpoint's HTTP request heads ([`metrics_http`]), and
-//! the pool manager's messages both ways ([`pool_frames`]).
+//! ([`client_session`]), the metrics endpoint's HTTP request heads ([`metrics_http`]),
+//! the pool manager's messages both ways ([`pool_frames`]), and the block device's NBD
+//! negotiation and requests against a real `rmem nbd` server loop ([`nbd_session`]).
 #![allow(dead_code)]
 
 use rmem_client::config::Placement;
@@ -30,13 +31,14 @@ use std::time::{Duration, Instant};
 pub type Target = (&'static str, fn(&[u8]));
 
 /// The targets.
-pub const TARGETS: [Target; 6] = [
+pub const TARGETS: [Target; 7] = [
     ("proto_request", proto_request),
     ("proto_response", proto_response),
     ("server_session", server_session),
     ("client_session", client_session),
     ("metrics_http", metrics_http),
     ("pool_frames", pool_frames),
+    ("nbd_session", nbd_session),
 ];
 
 pub const TOKEN: &[u8] = b"fuzz-token";
@@ -346,6 +348,261 @@ pub fn metrics_http(data: &[u8]) {
     finish(sock, data);
 }
 
+/// Blocks of the fuzzed NBD export, and of its cache: requests evict, write back and fetch.
+const NBD_BLOCKS: u64 = 64;
+const NBD_CACHE_BLOCKS: u64 = 8;
+/// The largest request the fuzzed export takes (as `rmem nbd`'s, smaller).
+const NBD_REQUEST_MAX: u32 = 1 << 20;
+
+/// One in-process NBD server (rmem-nbd's server loop over a block cache of
+/// [`NBD_CACHE_BLOCKS`] over an in-process page store), for every input.
+fn nbd_server() -> SocketAddr {
+    use rmem_client::blocks::BlockCache;
+    use rmem_client::stats::Stats;
+    use rmem_client::store::mem::MemStore;
+    use rmem_nbd::proto::{self, Export};
+    use rmem_nbd::server::{Limits, Listener, Server};
+    static ADDR: OnceLock<SocketAddr> = OnceLock::new();
+    *ADDR.get_or_init(|| {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fuzzed NBD server");
+        let addr = listener.local_addr().unwrap();
+        std::thread::Builder::new()
+            .name("fuzz-nbd".into())
+            .spawn(move || {
+                let mut cache = BlockCache::new(
+                    Box::new(MemStore::new(PAGE, NBD_BLOCKS * PAGE as u64)),
+                    rmem_policy::by_name("fifo").unwrap(),
+                    PAGE,
+                    NBD_CACHE_BLOCKS * PAGE as u64,
+                    std::sync::Arc::new(Stats::default()),
+                );
+                let export = Export {
+                    name: "fuzz".into(),
+                    description: "the fuzzed export".into(),
+                    size_bytes: NBD_BLOCKS * PAGE as u64,
+                    flags: proto::SERVED_FLAGS,
+                    block_min: 1,
+                    block_preferred: PAGE as u32,
+                    block_max: NBD_REQUEST_MAX,
+                };
+                let mut server = Server::new(
+                    &mut cache,
+                    export,
+                    Limits::default(),
+                    vec![Listener::Tcp(listener)],
+                )
+                .expect("the fuzzed NBD server");
+                // Never written: the server serves for the life of the process.
+                let mut stop = [0; 2];
+                // SAFETY: a plain pipe(2) into a local array.
+                assert_eq!(unsafe { libc::pipe(stop.as_mut_ptr()) }, 0);
+                server.run(stop[0]).expect("the fuzzed NBD server serves");
+            })
+            .expect("start the fuzzed NBD server");
+        addr
+    })
+}
+
+/// An NBD option as a client sends it.
+fn nbd_option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+    use rmem_nbd::proto::IHAVEOPT;
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// NBD_OPT_GO or NBD_OPT_INFO's data: the export `name` and these info requests.
+fn nbd_info_data(name: &[u8], infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name);
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+/// An NBD transmission request as a client sends it (a write's payload follows).
+fn nbd_request(out: &mut Vec<u8>, flags: u16, command: u16, cookie: u64, offset: u64, len: u32) {
+    use rmem_nbd::proto::REQUEST_MAGIC;
+    out.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&command.to_be_bytes());
+    out.extend_from_slice(&cookie.to_be_bytes());
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+}
+
+/// An honest client's negotiation up to transmission (with structured replies if asked);
+/// every answer is checked. Returns the socket, ready for requests.
+fn nbd_negotiate(structured: bool) -> TcpStream {
+    use rmem_nbd::proto::*;
+    let mut sock = connect(nbd_server());
+    sock.set_nodelay(true).unwrap();
+    let mut greeting = [0u8; 18];
+    sock.read_exact(&mut greeting).expect("the NBD greeting");
+    assert_eq!(
+        greeting[..16],
+        [NBDMAGIC.to_be_bytes(), IHAVEOPT.to_be_bytes()].concat()
+    );
+    let mut out = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    if structured {
+        nbd_option(&mut out, OPT_STRUCTURED_REPLY, &[]);
+    }
+    nbd_option(&mut out, OPT_GO, &nbd_info_data(b"", &[INFO_BLOCK_SIZE]));
+    sock.write_all(&out).expect("send the negotiation");
+    // Option replies until GO's ACK: magic, option, type, length, data.
+    let mut acks = 0;
+    while acks < 1 + usize::from(structured) {
+        let mut head = [0u8; 20];
+        sock.read_exact(&mut head).expect("an option reply");
+        assert_eq!(head[..8], REPLY_MAGIC_OPT.to_be_bytes());
+        let kind = u32::from_be_bytes(head[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(head[16..20].try_into().unwrap());
+        let mut data = vec![0u8; len as usize];
+        sock.read_exact(&mut data).expect("an option reply's data");
+        match kind {
+            REP_ACK => acks += 1,
+            REP_INFO => {}
+            other => panic!("an honest negotiation was answered {other:#x}: {data:?}"),
+        }
+    }
+    sock
+}
+
+/// After an input: a fresh honest client writes a block and reads it back. The server must
+/// still serve (what one connection sends never disturbs another) and give back its bytes.
+fn nbd_probe(seed: u8) {
+    use rmem_nbd::proto::SIMPLE_REPLY_MAGIC;
+    let mut sock = nbd_negotiate(false);
+    // The last block: inputs may write it too, but each input's connection is over by now.
+    let offset = (NBD_BLOCKS - 1) * PAGE as u64 + 100;
+    let block: Vec<u8> = (0..1000u32).map(|i| (i as u8) ^ seed).collect();
+    // The read goes once the write is answered: requests in flight together may be served
+    // in any order (the protocol's rule, and this server's).
+    let reply = |sock: &mut TcpStream, cookie: u64, len: usize| {
+        let mut head = [0u8; 16];
+        sock.read_exact(&mut head)
+            .expect("a reply to the probe: the server stopped serving");
+        assert_eq!(head[..4], SIMPLE_REPLY_MAGIC.to_be_bytes());
+        let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
+        assert_eq!(error, 0, "the probe's request {cookie:#x} failed");
+        assert_eq!(
+            head[8..16],
+            cookie.to_be_bytes(),
+            "a reply to a request not sent"
+        );
+        let mut data = vec![0u8; len];
+        sock.read_exact(&mut data).expect("the probe's read");
+        data
+    };
+    let mut out = Vec::new();
+    nbd_request(&mut out, 0, 1, 0xB1, offset, block.len() as u32);
+    out.extend_from_slice(&block);
+    sock.write_all(&out).expect("send the probe's write");
+    reply(&mut sock, 0xB1, 0);
+    out.clear();
+    nbd_request(&mut out, 0, 0, 0xB2, offset, block.len() as u32);
+    sock.write_all(&out).expect("send the probe's read");
+    assert_eq!(
+        reply(&mut sock, 0xB2, block.len()),
+        block,
+        "the probe read back other bytes"
+    );
+    let mut out = Vec::new();
+    nbd_request(&mut out, 0, 2, 0xB3, 0, 0);
+    finish(sock, &out);
+}
+
+/// The NBD server (`rmem nbd`'s loop, over a cache small enough that requests evict) against a
+/// client honest up to a point, then the input: `data[0] % 4` is how far (0: nothing, the
+/// input follows the greeting; 1: the client flags, the input is options; 2: negotiated, the
+/// input is requests; 3: the same with structured replies). Then a fresh client must still be
+/// served and read back what it wrote ([`nbd_probe`]).
+pub fn nbd_session(data: &[u8]) {
+    use rmem_nbd::proto::*;
+    let Some((&stage, rest)) = data.split_first() else {
+        return;
+    };
+    let sock = match stage % 4 {
+        0 | 1 => {
+            let mut sock = connect(nbd_server());
+            let mut greeting = [0u8; 18];
+            sock.read_exact(&mut greeting).expect("the NBD greeting");
+            if stage % 4 == 1 {
+                let flags = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+                sock.write_all(&flags.to_be_bytes())
+                    .expect("send the client flags");
+            }
+            sock
+        }
+        s => nbd_negotiate(s == 3),
+    };
+    finish(sock, rest);
+    nbd_probe(stage);
+}
+
+/// One exchange of each kind for [`nbd_session`], each behind its stage byte.
+fn nbd_seeds() -> Vec<Vec<u8>> {
+    use rmem_nbd::proto::*;
+    let flags = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes();
+    let mut options = Vec::new();
+    nbd_option(&mut options, OPT_LIST, &[]);
+    nbd_option(
+        &mut options,
+        OPT_INFO,
+        &nbd_info_data(b"fuzz", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
+    );
+    nbd_option(&mut options, OPT_STARTTLS, &[]);
+    nbd_option(&mut options, 42, b"unknown");
+    nbd_option(&mut options, OPT_INFO, &nbd_info_data(b"other", &[]));
+    nbd_option(&mut options, OPT_STRUCTURED_REPLY, &[]);
+    let mut go = options.clone();
+    nbd_option(&mut go, OPT_GO, &nbd_info_data(b"fuzz", &[INFO_BLOCK_SIZE]));
+    let mut export_name = Vec::new();
+    nbd_option(&mut export_name, OPT_EXPORT_NAME, b"");
+    let mut abort = Vec::new();
+    nbd_option(&mut abort, OPT_ABORT, &[]);
+    // Requests: writes aligned and not, with FUA; reads across blocks; flush, trim,
+    // write-zeroes, an unknown command, a request past the end, then a disconnect.
+    let page = PAGE as u64;
+    let mut reqs = Vec::new();
+    nbd_request(&mut reqs, 0, 1, 1, 0, 4096);
+    reqs.extend(std::iter::repeat_n(0x5A, 4096));
+    nbd_request(&mut reqs, CMD_FLAG_FUA, 1, 2, 3 * page + 7, 5000);
+    reqs.extend(std::iter::repeat_n(0xC3, 5000));
+    nbd_request(&mut reqs, 0, 0, 3, 2 * page, 3 * 4096);
+    nbd_request(&mut reqs, 0, 3, 4, 0, 0);
+    nbd_request(&mut reqs, 0, 4, 5, 10 * page, 2 * 4096);
+    nbd_request(&mut reqs, CMD_FLAG_NO_HOLE, 6, 6, 20 * page + 1, 100);
+    nbd_request(&mut reqs, 0, 0, 7, 20 * page, 4096);
+    nbd_request(&mut reqs, 0, 5, 8, 0, 0);
+    nbd_request(&mut reqs, 0, 0, 9, NBD_BLOCKS * page - 10, 20);
+    // Touch more blocks than the cache holds: evictions, write-backs and fetches.
+    for b in 0..2 * NBD_CACHE_BLOCKS {
+        nbd_request(&mut reqs, 0, 1, 100 + b, (30 + b) * page, 16);
+        reqs.extend(std::iter::repeat_n(b as u8, 16));
+    }
+    for b in 0..2 * NBD_CACHE_BLOCKS {
+        nbd_request(&mut reqs, 0, 0, 200 + b, (30 + b) * page, 16);
+    }
+    let mut disc = Vec::new();
+    nbd_request(&mut disc, 0, 2, 10, 0, 0);
+    let cat = |parts: &[&[u8]]| parts.concat();
+    vec![
+        cat(&[&[0], &flags, &go, &reqs, &disc]),
+        cat(&[&[0], &flags, &export_name, &reqs]),
+        cat(&[&[0], &[0, 0, 0, 1], &abort]),
+        cat(&[&[1], &options, &abort]),
+        cat(&[&[1], &go, &reqs, &disc]),
+        cat(&[&[2], &reqs, &disc]),
+        cat(&[&[3], &reqs, &disc]),
+    ]
+}
+
 /// The committed seed corpus (fuzz/corpus/TARGET/seed-N), one valid exchange of each kind:
 /// written by `cargo test --release -p rmem-cli --test fuzz -- --ignored write_seed_corpus`.
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
@@ -602,6 +859,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         out.push(("proto_request", r.clone()));
     }
     out.extend(pool_seeds().into_iter().map(|f| ("pool_frames", f)));
+    out.extend(nbd_seeds().into_iter().map(|f| ("nbd_session", f)));
     for r in responses.iter().chain(&answers) {
         out.push(("proto_response", r.clone()));
     }

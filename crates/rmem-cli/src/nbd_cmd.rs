@@ -282,12 +282,7 @@ fn serve(
             if encrypt { ", encrypted" } else { "" }
         ),
         size_bytes: checked.size_bytes,
-        flags: proto::FLAG_HAS_FLAGS
-            | proto::FLAG_SEND_FLUSH
-            | proto::FLAG_SEND_FUA
-            | proto::FLAG_SEND_TRIM
-            | proto::FLAG_SEND_WRITE_ZEROES
-            | proto::FLAG_CAN_MULTI_CONN,
+        flags: proto::SERVED_FLAGS,
         block_min: 1,
         block_preferred: c.page_size as u32,
         block_max: REQUEST_MAX,

@@ -159,6 +159,11 @@ fn pool_frames() {
     run("pool_frames");
 }
 
+#[test]
+fn nbd_session() {
+    run("nbd_session");
+}
+
 /// Rewrite the committed seeds from harness::seeds() (after a protocol change).
 #[test]
 #[ignore]

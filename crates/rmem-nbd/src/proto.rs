@@ -49,6 +49,14 @@ pub const FLAG_SEND_FUA: u16 = 1 << 3;
 pub const FLAG_SEND_TRIM: u16 = 1 << 5;
 pub const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+/// The transmission flags of this server's exports: every command it serves, and a FLUSH on
+/// one connection covers the writes answered on all ([`crate::server`]).
+pub const SERVED_FLAGS: u16 = FLAG_HAS_FLAGS
+    | FLAG_SEND_FLUSH
+    | FLAG_SEND_FUA
+    | FLAG_SEND_TRIM
+    | FLAG_SEND_WRITE_ZEROES
+    | FLAG_CAN_MULTI_CONN;
 
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
