@@ -476,7 +476,7 @@ fn nbd_negotiate(structured: bool) -> TcpStream {
 /// After an input: a fresh honest client writes a block and reads it back. The server must
 /// still serve (what one connection sends never disturbs another) and give back its bytes.
 fn nbd_probe(seed: u8) {
-    use rmem_nbd::proto::SIMPLE_REPLY_MAGIC;
+    use rmem_nbd::proto::{Command, SIMPLE_REPLY_MAGIC};
     let mut sock = nbd_negotiate(false);
     // The last block: inputs may write it too, but each input's connection is over by now.
     let offset = (NBD_BLOCKS - 1) * PAGE as u64 + 100;
@@ -500,12 +500,26 @@ fn nbd_probe(seed: u8) {
         data
     };
     let mut out = Vec::new();
-    nbd_request(&mut out, 0, 1, 0xB1, offset, block.len() as u32);
+    nbd_request(
+        &mut out,
+        0,
+        Command::Write.code(),
+        0xB1,
+        offset,
+        block.len() as u32,
+    );
     out.extend_from_slice(&block);
     sock.write_all(&out).expect("send the probe's write");
     reply(&mut sock, 0xB1, 0);
     out.clear();
-    nbd_request(&mut out, 0, 0, 0xB2, offset, block.len() as u32);
+    nbd_request(
+        &mut out,
+        0,
+        Command::Read.code(),
+        0xB2,
+        offset,
+        block.len() as u32,
+    );
     sock.write_all(&out).expect("send the probe's read");
     assert_eq!(
         reply(&mut sock, 0xB2, block.len()),
@@ -513,7 +527,7 @@ fn nbd_probe(seed: u8) {
         "the probe read back other bytes"
     );
     let mut out = Vec::new();
-    nbd_request(&mut out, 0, 2, 0xB3, 0, 0);
+    nbd_request(&mut out, 0, Command::Disc.code(), 0xB3, 0, 0);
     finish(sock, &out);
 }
 
@@ -570,27 +584,62 @@ fn nbd_seeds() -> Vec<Vec<u8>> {
     // write-zeroes, an unknown command, a request past the end, then a disconnect.
     let page = PAGE as u64;
     let mut reqs = Vec::new();
-    nbd_request(&mut reqs, 0, 1, 1, 0, 4096);
+    nbd_request(&mut reqs, 0, Command::Write.code(), 1, 0, 4096);
     reqs.extend(std::iter::repeat_n(0x5A, 4096));
-    nbd_request(&mut reqs, CMD_FLAG_FUA, 1, 2, 3 * page + 7, 5000);
+    nbd_request(
+        &mut reqs,
+        CMD_FLAG_FUA,
+        Command::Write.code(),
+        2,
+        3 * page + 7,
+        5000,
+    );
     reqs.extend(std::iter::repeat_n(0xC3, 5000));
-    nbd_request(&mut reqs, 0, 0, 3, 2 * page, 3 * 4096);
-    nbd_request(&mut reqs, 0, 3, 4, 0, 0);
-    nbd_request(&mut reqs, 0, 4, 5, 10 * page, 2 * 4096);
-    nbd_request(&mut reqs, CMD_FLAG_NO_HOLE, 6, 6, 20 * page + 1, 100);
-    nbd_request(&mut reqs, 0, 0, 7, 20 * page, 4096);
-    nbd_request(&mut reqs, 0, 5, 8, 0, 0);
-    nbd_request(&mut reqs, 0, 0, 9, NBD_BLOCKS * page - 10, 20);
+    nbd_request(&mut reqs, 0, Command::Read.code(), 3, 2 * page, 3 * 4096);
+    nbd_request(&mut reqs, 0, Command::Flush.code(), 4, 0, 0);
+    nbd_request(&mut reqs, 0, Command::Trim.code(), 5, 10 * page, 2 * 4096);
+    nbd_request(
+        &mut reqs,
+        CMD_FLAG_NO_HOLE,
+        Command::WriteZeroes.code(),
+        6,
+        20 * page + 1,
+        100,
+    );
+    nbd_request(&mut reqs, 0, Command::Read.code(), 7, 20 * page, 4096);
+    nbd_request(&mut reqs, 0, 5, 8, 0, 0); // NBD_CMD_CACHE: not served
+    nbd_request(
+        &mut reqs,
+        0,
+        Command::Read.code(),
+        9,
+        NBD_BLOCKS * page - 10,
+        20,
+    );
     // Touch more blocks than the cache holds: evictions, write-backs and fetches.
     for b in 0..2 * NBD_CACHE_BLOCKS {
-        nbd_request(&mut reqs, 0, 1, 100 + b, (30 + b) * page, 16);
+        nbd_request(
+            &mut reqs,
+            0,
+            Command::Write.code(),
+            100 + b,
+            (30 + b) * page,
+            16,
+        );
         reqs.extend(std::iter::repeat_n(b as u8, 16));
     }
     for b in 0..2 * NBD_CACHE_BLOCKS {
-        nbd_request(&mut reqs, 0, 0, 200 + b, (30 + b) * page, 16);
+        nbd_request(
+            &mut reqs,
+            0,
+            Command::Read.code(),
+            200 + b,
+            (30 + b) * page,
+            16,
+        );
     }
     let mut disc = Vec::new();
-    nbd_request(&mut disc, 0, 2, 10, 0, 0);
+    nbd_request(&mut disc, 0, Command::Disc.code(), 10, 0, 0);
     let cat = |parts: &[&[u8]]| parts.concat();
     vec![
         cat(&[&[0], &flags, &go, &reqs, &disc]),

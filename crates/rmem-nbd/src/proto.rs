@@ -399,6 +399,19 @@ impl Command {
             t => Command::Other(t),
         }
     }
+
+    /// The command's number on the wire (what [`Command::of`] reads back).
+    pub fn code(self) -> u16 {
+        match self {
+            Command::Read => 0,
+            Command::Write => 1,
+            Command::Disc => 2,
+            Command::Flush => 3,
+            Command::Trim => 4,
+            Command::WriteZeroes => 6,
+            Command::Other(t) => t,
+        }
+    }
 }
 
 /// A request header (a write's payload follows it).
@@ -623,6 +636,17 @@ mod tests {
         assert_eq!(e, Err(ProtoError::ClientFlags(4)));
         let e = Handshake::new().advance(&[0, 0, 0, 0], &export(), &mut Vec::new());
         assert_eq!(e, Err(ProtoError::NotFixedNewstyle));
+    }
+
+    #[test]
+    fn command_numbers_read_back() {
+        for t in 0..=16u16 {
+            assert_eq!(Command::of(t).code(), t);
+        }
+        assert_eq!(
+            Command::of(Command::WriteZeroes.code()),
+            Command::WriteZeroes
+        );
     }
 
     #[test]
