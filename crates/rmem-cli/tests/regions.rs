@@ -14,7 +14,7 @@ use std::time::Duration;
 /// A registry directory of this test's own (the region names are per user otherwise): `name`
 /// must be one no other test of this file uses, since tests run at once.
 fn runtime_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rmem-regions-test-{}-{name}", std::process::id()));
+    let d = scratch_root().join(format!("regions-{name}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     let _ = Command::new("chmod").arg("700").arg(&d).status();

@@ -581,15 +581,33 @@ impl DiskStore {
 pub(crate) mod tests {
     use super::*;
 
-    /// A fresh directory under the temporary directory.
-    pub(crate) fn dir() -> PathBuf {
+    /// A fresh directory under the temporary directory, removed when dropped unless the test is
+    /// failing (then kept for the post-mortem).
+    pub(crate) struct Dir(PathBuf);
+
+    impl std::ops::Deref for Dir {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    pub(crate) fn dir() -> Dir {
         let d = std::env::temp_dir().join(format!(
             "rmem-disk-test-{}-{:x}",
             std::process::id(),
             rand_u64()
         ));
         std::fs::create_dir_all(&d).unwrap();
-        d
+        Dir(d)
     }
 
     fn rand_u64() -> u64 {
@@ -651,7 +669,6 @@ pub(crate) mod tests {
         let e = read(&s, ats[20], 4096).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
         drop(s);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
@@ -725,7 +742,6 @@ pub(crate) mod tests {
         assert_eq!(read(&s, r.at, 4096).unwrap(), unit(4096, 5555));
         assert_eq!(restored.len(), 99);
         drop(s);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
@@ -738,6 +754,5 @@ pub(crate) mod tests {
         let e = DiskStore::open(&foreign, false, 0).unwrap_err();
         assert!(matches!(e, OpenError::Foreign { .. }), "{e}");
         assert_eq!(std::fs::read(&foreign).unwrap(), b"precious");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

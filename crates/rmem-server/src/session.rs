@@ -1154,7 +1154,6 @@ mod tests {
         s.end(&c);
         assert_eq!(used_pages(&s), 0);
         drop((p, c, s, store));
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
@@ -1209,6 +1208,5 @@ mod tests {
             "session 2's pages were cleared"
         );
         drop(s);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

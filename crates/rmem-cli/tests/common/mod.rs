@@ -1,7 +1,7 @@
 //! Helpers for tests that run the real `rmem` binary, real server processes and C programs.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -247,12 +247,50 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A scratch directory under /tmp that anyone can write (for runs as `nobody`).
+/// A scratch directory that anyone can write (for runs as `nobody`), under this test process's
+/// scratch root.
 pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rmem-test-{}-{name}", std::process::id()));
+    let d = scratch_root().join(name);
     std::fs::create_dir_all(&d).unwrap();
     let _ = Command::new("chmod").arg("1777").arg(&d).status();
     d
+}
+
+/// Set by the panic hook `scratch_root` installs: some test (or a thread of one) panicked.
+static PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The one directory (`$TMPDIR/rmem-test-PID`) every scratch directory of this test process
+/// lives in. It is removed when the process exits if nothing panicked; after a failure it stays
+/// for the post-mortem and its path is printed. One root, removed at exit, because scratch
+/// files outlive the functions that make them (shared inputs, a pool's statistics).
+pub fn scratch_root() -> &'static Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("rmem-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let _ = Command::new("chmod").arg("1777").arg(&d).status();
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICKED.store(true, std::sync::atomic::Ordering::SeqCst);
+            default(info);
+        }));
+        extern "C" fn at_exit() {
+            let d = std::env::temp_dir().join(format!("rmem-test-{}", std::process::id()));
+            if PANICKED.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "a test failed: its scratch files are kept in {}",
+                    d.display()
+                );
+            } else {
+                let _ = std::fs::remove_dir_all(&d);
+            }
+        }
+        // SAFETY: at_exit is an extern "C" fn with no arguments; it does not unwind (its only
+        // fallible calls return Results, which it ignores).
+        assert_eq!(unsafe { libc::atexit(at_exit) }, 0);
+        d
+    })
 }
 
 pub fn read_json(p: &Path) -> serde_json::Value {
