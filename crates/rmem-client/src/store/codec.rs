@@ -82,7 +82,13 @@ impl Redundancy {
         if s == "none" {
             return Ok(Redundancy::None);
         }
-        let num = |t: &str| t.trim().parse::<u8>().map_err(|_| bad("not a number"));
+        let num = |t: &str| match t.trim().parse::<u64>() {
+            Ok(n) => u8::try_from(n)
+                .ok()
+                .filter(|&n| n as usize <= WIDTH_MAX)
+                .ok_or_else(|| bad(&format!("at most {WIDTH_MAX} servers a page"))),
+            Err(_) => Err(bad("not a number")),
+        };
         let r = if let Some(n) = s.strip_prefix("replicas:") {
             Redundancy::Replicas(num(n)?)
         } else if let Some(km) = s.strip_prefix("ec:") {
@@ -717,6 +723,14 @@ mod tests {
             assert!(Redundancy::parse(s).is_err(), "{s}");
         }
         assert_eq!(Redundancy::parse("ec:4+2").unwrap().tolerates(), 2);
+        // A number too large for the layout is named as such, not as "not a number".
+        for s in ["ec:300+2", "replicas:40", "replicas:99999999999"] {
+            let e = Redundancy::parse(s).unwrap_err();
+            assert!(e.contains("at most 32 servers"), "{s}: {e}");
+        }
+        assert!(Redundancy::parse("ec:x+2")
+            .unwrap_err()
+            .contains("not a number"));
     }
 
     #[test]

@@ -1194,6 +1194,11 @@ impl Conn {
         });
         self.sock = None;
         self.frees.clear();
+        // A server given up on keeps its slot (pages name servers by index) but no buffer: a
+        // long run in a pool whose servers come and go grew by a receive buffer (256 KiB) for
+        // every server it had lost or seen drained (tools/soak.sh). A new link makes one.
+        self.inbuf = Vec::new();
+        (self.in_start, self.in_end) = (0, 0);
         orphans
     }
 
