@@ -256,6 +256,9 @@ pub fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// The scratch root, once made (`scratch_root`).
+static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 /// Set by the panic hook `scratch_root` installs: some test (or a thread of one) panicked.
 static PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -264,7 +267,6 @@ static PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 /// for the post-mortem and its path is printed. One root, removed at exit, because scratch
 /// files outlive the functions that make them (shared inputs, a pool's statistics).
 pub fn scratch_root() -> &'static Path {
-    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ROOT.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("rmem-test-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
@@ -275,7 +277,7 @@ pub fn scratch_root() -> &'static Path {
             default(info);
         }));
         extern "C" fn at_exit() {
-            let d = std::env::temp_dir().join(format!("rmem-test-{}", std::process::id()));
+            let Some(d) = ROOT.get() else { return };
             if PANICKED.load(std::sync::atomic::Ordering::SeqCst) {
                 let _ = writeln!(
                     std::io::stderr(),
@@ -283,7 +285,7 @@ pub fn scratch_root() -> &'static Path {
                     d.display()
                 );
             } else {
-                let _ = std::fs::remove_dir_all(&d);
+                let _ = std::fs::remove_dir_all(d);
             }
         }
         // SAFETY: at_exit is an extern "C" fn with no arguments; it does not unwind (its only
