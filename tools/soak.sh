@@ -14,10 +14,16 @@
 # descriptors must not grow and its resident set not by more than 25%.
 #
 # usage: tools/soak.sh [MINUTES [LAYOUT [EVERY]]]   (default 10 replicas:2 30)
+# EVENTS="kill drain manager stop" (the default) names the events drawn from; e.g.
+# EVENTS=drain isolates one kind. THREADS (default 4) sets the stress's threads.
 # Run from the repository root after `cargo build --release --workspace`. Prints the samples'
 # summary and the event log; files in the directory it names. Exit status 1 on any failure.
 set -u
 MIN=${1:-10}; L=${2:-replicas:2}; EVERY=${3:-30}; THREADS=${THREADS:-4}
+read -r -a KINDS <<< "${EVENTS:-kill drain manager stop}"
+for k in "${KINDS[@]}"; do
+  case $k in kill|drain|manager|stop) ;; *) echo "EVENTS: unknown event '$k'" >&2; exit 2 ;; esac
+done
 OUT=$(mktemp -d /tmp/rmem-soak.XXXXXX)
 export RMEM_TOKEN=soak-token-0123456789abcdef
 B=$(pwd)/target/release/rmem
@@ -63,11 +69,11 @@ sample() {
 event() {
   local i s pid addr
   i=$((RANDOM % ${#SERVERS[@]})); s=${SERVERS[$i]}; pid=${s%% *}; addr=${s#* }
-  case $((RANDOM % 4)) in
-    0) { kill -KILL "$pid"; wait "$pid"; } 2>/dev/null
+  case ${KINDS[$((RANDOM % ${#KINDS[@]}))]} in
+    kill) { kill -KILL "$pid"; wait "$pid"; } 2>/dev/null
        SERVERS=("${SERVERS[@]:0:$i}" "${SERVERS[@]:$((i + 1))}"); start_server
        echo "$(date +%T) kill $addr; joined ${SERVERS[-1]#* }" ;;
-    1) timeout 120 $B pool drain --manager "$M" "$addr" --wait 100 >> "$OUT/drain.log" 2>&1
+    drain) timeout 120 $B pool drain --manager "$M" "$addr" --wait 100 >> "$OUT/drain.log" 2>&1
        local rc=$? k
        for k in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
        if kill -0 "$pid" 2>/dev/null; then
@@ -76,10 +82,10 @@ event() {
          SERVERS=("${SERVERS[@]:0:$i}" "${SERVERS[@]:$((i + 1))}"); start_server
          echo "$(date +%T) drain $addr: rc=$rc, exited; joined ${SERVERS[-1]#* }"
        fi ;;
-    2) { kill -KILL "$(cat "$OUT/manager.pid")"; wait "$(cat "$OUT/manager.pid")"; } 2>/dev/null
+    manager) { kill -KILL "$(cat "$OUT/manager.pid")"; wait "$(cat "$OUT/manager.pid")"; } 2>/dev/null
        sleep 1; start_manager
        echo "$(date +%T) manager killed and started again" ;;
-    3) kill -STOP "$pid"; sleep 3; kill -CONT "$pid"; echo "$(date +%T) stop $addr 3 s" ;;
+    stop) kill -STOP "$pid"; sleep 3; kill -CONT "$pid"; echo "$(date +%T) stop $addr 3 s" ;;
   esac
 }
 start=$(date +%s); next_event=$((start + EVERY)); next_sample=$start

@@ -118,7 +118,7 @@ const NONE: u16 = u16::MAX;
 #[derive(Default)]
 struct Meta {
     /// Group index + 1; 0: nothing stored.
-    groups: Vec<Option<Box<[u16]>>>,
+    groups: Vec<Option<Box<[u32]>>>,
     /// Each page's latest stamp (its last write's, whole or of pieces).
     stamps: Vec<Option<Box<[Stamp]>>>,
     /// The cells' own stamps of pages whose pieces were written alone since they were last
@@ -128,14 +128,14 @@ struct Meta {
 }
 
 impl Meta {
-    fn group(&self, page: u64) -> Option<u16> {
+    fn group(&self, page: u64) -> Option<GroupId> {
         match self.groups.get(page as usize / CHUNK) {
             Some(Some(c)) => c[page as usize % CHUNK].checked_sub(1),
             _ => None,
         }
     }
 
-    fn set_group(&mut self, page: u64, g: Option<u16>) {
+    fn set_group(&mut self, page: u64, g: Option<GroupId>) {
         let c = page as usize / CHUNK;
         if c >= self.groups.len() {
             if g.is_none() {
@@ -206,7 +206,7 @@ impl Meta {
     }
 
     /// Every page with a group, in order.
-    fn located(&self) -> impl Iterator<Item = (u64, u16)> + '_ {
+    fn located(&self) -> impl Iterator<Item = (u64, GroupId)> + '_ {
         self.groups.iter().enumerate().flat_map(|(c, ch)| {
             ch.iter().flat_map(move |ch| {
                 ch.iter().enumerate().filter_map(move |(i, &g)| {
@@ -217,27 +217,82 @@ impl Meta {
     }
 }
 
+/// A group's index in [`Groups`]. Not a `u16`: a page's group is healed server by server
+/// from the page's own start ([`RemoteStore::heal`]), so every loss or drain splits the groups
+/// it touches, and a long run in a changing pool names far more than 65,535 of them (ten
+/// drains of an `ec:4+2` pool of 10 servers made 1,700 groups of 3,000 pages; a large memory
+/// over 16 servers can have that many in use at once).
+type GroupId = u32;
+
+/// Slots in use past which groups no page and no operation names are first freed
+/// ([`Groups::collect`]); after each collection, twice those left in use.
+const GROUPS_COLLECT_MIN: usize = 1024;
+
 /// The distinct server lists pages are placed on, interned, with how many pages use each.
+/// A group no page is in and no operation in flight names is freed now and then (its slot
+/// reused by the next new list), so the table follows the groups in use, not every group a
+/// long run ever made.
 #[derive(Default)]
 struct Groups {
-    members: Vec<Box<[u16]>>,
-    index: HashMap<Box<[u16]>, u16>,
+    /// Each slot's servers; empty for a free slot (a group has at least one member).
+    members: Vec<Members>,
+    index: HashMap<Members, GroupId>,
     pages: Vec<u64>,
+    free: Vec<GroupId>,
+    /// Slots in use at which [`RemoteStore::collect_groups`] next frees what it can.
+    collect_at: usize,
 }
 
 impl Groups {
-    fn intern(&mut self, m: &[u16]) -> u16 {
+    fn intern(&mut self, m: &[u16]) -> GroupId {
+        debug_assert!(!m.is_empty(), "a group of no server");
         if let Some(&g) = self.index.get(m) {
             return g;
         }
-        let g = u16::try_from(self.members.len())
-            .ok()
-            .filter(|&g| g < u16::MAX)
-            .expect("fewer than 65535 distinct server groups");
-        self.members.push(m.into());
+        let g = match self.free.pop() {
+            Some(g) => {
+                self.members[g as usize] = m.into();
+                g
+            }
+            None => {
+                let g = GroupId::try_from(self.members.len())
+                    .ok()
+                    .filter(|&g| g < GroupId::MAX)
+                    .expect("fewer than 2^32 - 1 server groups in use");
+                self.members.push(m.into());
+                self.pages.push(0);
+                g
+            }
+        };
         self.index.insert(m.into(), g);
-        self.pages.push(0);
         g
+    }
+
+    /// Slots that name a group.
+    fn in_use(&self) -> usize {
+        self.members.len() - self.free.len()
+    }
+
+    fn due(&self) -> bool {
+        self.in_use() >= self.collect_at.max(GROUPS_COLLECT_MIN)
+    }
+
+    /// Free every group no page is in and `named` does not name (the groups operations in
+    /// flight hold). The caller holds no group of its own meanwhile: a freed index is the
+    /// next new group's.
+    fn collect(&mut self, named: impl IntoIterator<Item = GroupId>) {
+        let mut keep = vec![false; self.members.len()];
+        for g in named {
+            keep[g as usize] = true;
+        }
+        for (g, kept) in keep.into_iter().enumerate() {
+            if self.pages[g] == 0 && !kept && !self.members[g].is_empty() {
+                let m = std::mem::take(&mut self.members[g]);
+                self.index.remove(&m);
+                self.free.push(g as GroupId);
+            }
+        }
+        self.collect_at = 2 * self.in_use();
     }
 }
 
@@ -247,7 +302,7 @@ struct Fetch {
     /// What sealed the page's cells when the fetch began (writes sent after it are on the
     /// same links, behind its reads).
     stamps: Stamps,
-    group: u16,
+    group: GroupId,
     /// The pieces in, each in its slot (`Codec::decode`); empty for unsealed pages, which
     /// are handed on as they come.
     buf: Vec<u8>,
@@ -288,7 +343,7 @@ struct Fetch {
 /// page read whole from any K, the pieces put in, written as any page.
 struct Patch {
     page: u64,
-    group: u16,
+    group: GroupId,
     /// What sealed the page's cells before: the old cells read are checked with it.
     old: Stamps,
     pieces: u64,
@@ -393,7 +448,7 @@ enum Todo {
 /// which its group tells: [`RemoteStore::overtaken`]).
 struct PullMove {
     /// The group it leaves, and the members it takes when every pull succeeded.
-    from: u16,
+    from: GroupId,
     to: Box<[u16]>,
     /// The pieces being pulled.
     moving: u32,
@@ -1896,12 +1951,12 @@ impl RemoteStore {
     /// Move `page` from group `old` to `new`: its servers' byte counts, the groups' page
     /// counts, and frees on the live servers it leaves. Nothing is sent to the servers it
     /// joins (the caller writes there).
-    fn relocate(&mut self, page: u64, old: Option<u16>, new: Option<u16>) {
+    fn relocate(&mut self, page: u64, old: Option<GroupId>, new: Option<GroupId>) {
         if old == new {
             return;
         }
         let unit = self.book.unit() as u64;
-        let members = |g: Option<u16>, b: &Book| {
+        let members = |g: Option<GroupId>, b: &Book| {
             g.map(|g| b.groups.members[g as usize].to_vec())
                 .unwrap_or_default()
         };
@@ -1933,7 +1988,7 @@ impl RemoteStore {
     /// kept and the dead replaced; a new one for a page with none. `prompt`: a write of
     /// every piece, which also leaves slow members where a prompt server can take their
     /// piece (a repair writes only the pieces it rebuilt).
-    fn target(&mut self, page: u64, prompt: bool) -> Result<(u16, u32), StoreError> {
+    fn target(&mut self, page: u64, prompt: bool) -> Result<(GroupId, u32), StoreError> {
         let old = self.book.meta.group(page);
         let members = match old {
             Some(g) => {
@@ -2051,7 +2106,7 @@ impl RemoteStore {
     }
 
     /// Write the pieces of `page` in `mask` to their group's members.
-    fn send_pieces(&mut self, op: u64, page: u64, g: u16, mask: u32, out: Outgoing<'_>) {
+    fn send_pieces(&mut self, op: u64, page: u64, g: GroupId, mask: u32, out: Outgoing<'_>) {
         let unit = self.book.unit();
         let members = self.book.groups.members[g as usize].clone();
         let replicated = !matches!(self.book.codec.redundancy(), Redundancy::Ec { .. });
@@ -2121,7 +2176,7 @@ impl RemoteStore {
 
     /// Start a [`Patch`] of `page` (in group `g`) for its written `pieces` of `data`: read
     /// each member's cells that they change.
-    fn start_patch(&mut self, page: u64, data: &[u8], pieces: u64, g: u16) {
+    fn start_patch(&mut self, page: u64, data: &[u8], pieces: u64, g: GroupId) {
         let codec = &self.book.codec;
         let (k, w, per) = (
             codec.redundancy().needed(),
@@ -2357,7 +2412,7 @@ impl RemoteStore {
     fn send_store(
         &mut self,
         page: u64,
-        g: u16,
+        g: GroupId,
         stamp: Stamp,
         mask: u32,
         out: Outgoing<'_>,
@@ -2401,7 +2456,7 @@ impl RemoteStore {
 
     /// The group `page` is stored on, to `what` it (a pager's request for a page it never
     /// stored is a bug, reported as the store's).
-    fn group_of(&self, page: u64, what: &str) -> Result<u16, StoreError> {
+    fn group_of(&self, page: u64, what: &str) -> Result<GroupId, StoreError> {
         self.book
             .meta
             .group(page)
@@ -3115,7 +3170,7 @@ impl RemoteStore {
     /// copy). `None` where the page must go through this client: pulls off, a member that
     /// cannot be read from (in an outage, or lost under erasure coding: a rebuild), or a
     /// server that would take a piece full, in an outage or failed a pull before.
-    fn pull_move(&self, page: u64, g: u16) -> Option<(Members, Members)> {
+    fn pull_move(&self, page: u64, g: GroupId) -> Option<(Members, Members)> {
         if self.pulls.off {
             return None;
         }
@@ -3152,7 +3207,7 @@ impl RemoteStore {
 
     /// Whether every server that would take a piece of a page in group `g` (to members `to`)
     /// may pull one more now ([`PULL_PER_SERVER`]).
-    fn may_take(&self, g: u16, to: &[u16]) -> bool {
+    fn may_take(&self, g: GroupId, to: &[u16]) -> bool {
         let m = &self.book.groups.members[g as usize];
         (0..m.len())
             .filter(|&i| to[i] != m[i])
@@ -3164,7 +3219,7 @@ impl RemoteStore {
     fn start_pull(
         &mut self,
         page: u64,
-        g: u16,
+        g: GroupId,
         to: Box<[u16]>,
         from: &[u16],
         pulls: &mut HashMap<(u16, u16), Vec<(u64, u8)>>,
@@ -3365,6 +3420,22 @@ impl RemoteStore {
         moving
     }
 
+    /// Free the groups no page is in and nothing in flight names, once enough have been made
+    /// since the last time ([`Groups::collect`]). Called where no group is held in a local:
+    /// the named ones are those reads and patches started with and those pulls leave.
+    fn collect_groups(&mut self) {
+        if !self.book.groups.due() {
+            return;
+        }
+        let ops = self.book.ops.values().filter_map(|op| match op {
+            Op::Fetch(fe) => Some(fe.group),
+            Op::Patch(pa) => Some(pa.group),
+            Op::Store(_) => None,
+        });
+        let moves = self.pulls.moves.values().map(|mv| mv.from);
+        self.book.groups.collect(ops.chain(moves));
+    }
+
     /// Server `s` is leaving: no new pieces go there, and every page with a piece there is
     /// queued to move (by pulls where they can, see [`PullMove`]); how many.
     fn drain(&mut self, s: usize) -> usize {
@@ -3514,10 +3585,10 @@ impl RemoteStore {
             let m = &book.groups.members[g];
             if m.contains(&s) {
                 let m: Vec<u16> = m.iter().map(|&x| if x == s { NONE } else { x }).collect();
-                to.insert(g as u16, book.groups.intern(&m));
+                to.insert(g as GroupId, book.groups.intern(&m));
             }
         }
-        let pages: Vec<(u64, u16)> = book
+        let pages: Vec<(u64, GroupId)> = book
             .meta
             .located()
             .filter(|(_, g)| to.contains_key(g))
@@ -4170,6 +4241,7 @@ impl PageStore for RemoteStore {
 
     fn tick(&mut self, now: Instant) -> Result<(), StoreError> {
         self.each_live(|c| c.tick(now))?;
+        self.collect_groups();
         // No `hedge` here: it judges a server by how long it has been silent, and answers may
         // wait unread in its socket (the pager was away); `poll`, which every front end calls
         // on each pass, hedges after reading them.
@@ -4430,3 +4502,40 @@ fn client_name() -> String {
 #[cfg(test)]
 #[path = "cluster_pulls_test.rs"]
 mod pulls_test;
+
+#[cfg(test)]
+mod groups_test {
+    use super::*;
+
+    /// More distinct groups than a `u16` names are interned; those no page is in and nothing
+    /// names are freed, and their slots go to new groups; a list interned again is the same
+    /// group.
+    #[test]
+    fn groups_past_u16_are_named_and_freed_ones_reused() {
+        let mut g = Groups::default();
+        let n = 70_000u32;
+        let list = |i: u32| [(i >> 16) as u16, i as u16, 7];
+        for i in 0..n {
+            assert_eq!(g.intern(&list(i)), i);
+        }
+        assert_eq!(g.intern(&list(65_535)), 65_535);
+        g.pages[1] = 3;
+        g.collect([2, 69_999]);
+        assert_eq!(g.in_use(), 3);
+        assert_eq!(g.collect_at, 6);
+        assert_eq!(g.intern(&list(1)), 1, "a group with pages keeps its index");
+        let reused = g.intern(&[9, 9, 9]);
+        assert!(reused < n && ![1, 2, 69_999].contains(&reused));
+        assert_eq!(&*g.members[reused as usize], &[9, 9, 9]);
+        assert_eq!(g.intern(&[9, 9, 9]), reused);
+        assert!(
+            g.members[0].is_empty() || reused == 0,
+            "freed slots are emptied"
+        );
+        assert_eq!(
+            g.members.len(),
+            n as usize,
+            "no slot added while some were free"
+        );
+    }
+}
