@@ -1,7 +1,8 @@
 //! A memory pool end to end: a real `rmem manager`, real `rmem server --manager` processes and
 //! programs under `rmem run --manager`: two programs at once with outputs identical to plain
 //! runs (one as `nobody` when run as root); a server that joins mid-run and receives pages
-//! while the 8-thread verifying stress runs; the manager killed and restarted mid-run (the
+//! while the 8-thread verifying stress runs; a lost server not dialled while gone from the
+//! pool, called back once it registers again; the manager killed and restarted mid-run (the
 //! programs finish, `rmem pool status` is right again within a few heartbeats) and one client
 //! killed without touching the other's pages; a drain that could not finish, asked before the
 //! manager restarted, finished after it; a server drained mid-run (`rmem pool drain`)
@@ -121,6 +122,100 @@ fn a_server_that_joins_mid_run_receives_pages() {
     );
     // The server's own count agrees that it holds pages of that session.
     let _ = status_json(&late.addr, TOKEN);
+}
+
+/// A server lost in a pool is dialled again only while the manager offers it. Killed (the
+/// program goes on under `ec:2+1`) and gone from the pool, nothing connects to its address
+/// for three of the client's tries at lost servers (before, every server a run had lost was
+/// dialled every 2 s for the rest of the run, each try on a thread of its own); started again
+/// on its address, it registers, and the program calls it back (a fresh session there).
+#[test]
+fn a_lost_server_is_called_back_only_while_the_pool_offers_it() {
+    let _one = serial();
+    let m = ManagerProcess::start("127.0.0.1:0", &[]);
+    let mut pool = servers(&m.addr, 4, "256M");
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 4).unwrap();
+    let stop = scratch("pool-call-back").join("stop");
+    let _ = std::fs::remove_file(&stop);
+    let prog = build_c("tests/c/stress.c");
+    let run = run_in_pool_env(
+        &m.addr,
+        &[
+            "--api",
+            "--page-size",
+            "4K",
+            "--local",
+            "4M",
+            "--redundancy",
+            "ec:2+1",
+        ],
+        &[prog.to_str().unwrap(), "4", "16", "1000"],
+        false,
+        &[("STRESS_UNTIL", stop.to_str().unwrap())],
+    );
+    let lost = pool.remove(0);
+    let addr = lost.addr.clone();
+    let holds = |st: &serde_json::Value| {
+        server_row(st, &addr)["used_bytes"].as_u64().unwrap_or(0) > 1 << 20
+    };
+    await_status(&m.addr, Duration::from_secs(30), holds).unwrap();
+    drop(lost); // SIGKILL
+    await_status(&m.addr, Duration::from_secs(10), |st| live_servers(st) == 3).unwrap();
+    // The program hears it from the manager with its next beats.
+    std::thread::sleep(Duration::from_millis(5 * BEAT_MS));
+    // Its port, listened on by no server: what connects there is the program calling it back.
+    let l = std::net::TcpListener::bind(&addr).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let mut dialled = 0;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(6) {
+        if l.accept().is_ok() {
+            dialled += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(l);
+    let back = ServerProcess::start(
+        TOKEN,
+        &[
+            "--listen",
+            &addr,
+            "--capacity",
+            "256M",
+            "--lease",
+            "10",
+            "--manager",
+            &m.addr,
+        ],
+    );
+    // Called back at the program's next try once the manager offers it (every 2 s at most):
+    // a fresh session of the program's opens there.
+    let has_session = |st: &serde_json::Value| {
+        server_row(st, &back.addr)["sessions"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+    };
+    let called_back = await_status(&m.addr, Duration::from_secs(30), has_session);
+    std::fs::write(&stop, b"").unwrap();
+    let out = wait_bounded(
+        run,
+        Duration::from_secs(240),
+        "stress in a pool losing a server",
+    );
+    assert_stress_ok(&out);
+    assert_eq!(
+        dialled,
+        0,
+        "a server gone from the pool was dialled\n{}",
+        shown(&out)
+    );
+    called_back.unwrap_or_else(|e| panic!("{e}\n{}", shown(&out)));
+    assert!(
+        out.stderr
+            .contains(&format!("memory server {addr} is back")),
+        "{}",
+        shown(&out)
+    );
 }
 
 #[test]

@@ -3548,8 +3548,24 @@ impl RemoteStore {
         }
         self.next_revive = now + self.revive_wait;
         self.revive_wait = (self.revive_wait * 2).min(REVIVE_EVERY);
+        // In a pool, a lost server is called back only while the manager offers it for pages:
+        // one gone from the pool (killed, its host down) is not dialled, where every server a
+        // run had ever lost cost a thread and a connect every REVIVE_EVERY for the rest of the
+        // run (a pool whose servers come and go); one that registers again is dialled at the
+        // next try. (While the manager cannot be reached its last word stands.)
+        let offered: Option<std::collections::HashSet<String>> = self.pool.as_ref().map(|p| {
+            let view = p.link.view();
+            let offers = view.servers.into_iter().filter(|o| o.takes_pages());
+            offers.map(|o| o.addr).collect()
+        });
         for s in 0..self.conns.len() {
             if self.book.dead[s].is_none() || self.book.draining[s] || self.reviving[s].is_some() {
+                continue;
+            }
+            if offered
+                .as_ref()
+                .is_some_and(|o| !o.contains(&self.conns[s].name))
+            {
                 continue;
             }
             let Ok(session) = SessionId::random() else {

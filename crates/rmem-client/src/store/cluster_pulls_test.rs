@@ -332,6 +332,12 @@ fn a_taking_server_lost_in_the_middle_of_a_drain_loses_nothing() {
     assert_eq!(c.servers_lost.load(Relaxed), 1);
     assert!(c.pieces_pulled.load(Relaxed) > 0);
     assert_eq!(s.conns[0].used_bytes, 0);
+    // Its slot stays (pages name servers by index), holding nothing for a link.
+    assert_eq!(
+        s.conns[3].kept_bytes(),
+        0,
+        "the lost server's slot keeps buffers"
+    );
     check_all(&mut s, pages, |_| 0);
     let deadline = Instant::now() + Duration::from_secs(5);
     while a_state.used_bytes() > 0 {

@@ -1184,7 +1184,9 @@ impl Conn {
         let mut orphans = Vec::with_capacity(self.pending.len());
         // The pieces held for a server given up on (up to RELEASED_MAX_BYTES of them) are in
         // memory once while they are taken, not twice (Outbox::drain_frames).
-        let kinds = self.pending.drain(..).map(|p| (p.len, p.kind));
+        let kinds = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|p| (p.len, p.kind));
         std::mem::take(&mut self.out).drain_frames(kinds, |kind, frame| {
             let unit = match kind {
                 Kind::Write { .. } => Some(written_page(frame)),
@@ -1193,13 +1195,25 @@ impl Conn {
             orphans.push(Orphan { kind, unit });
         });
         self.sock = None;
-        self.frees.clear();
-        // A server given up on keeps its slot (pages name servers by index) but no buffer: a
-        // long run in a pool whose servers come and go grew by a receive buffer (256 KiB) for
-        // every server it had lost or seen drained (tools/soak.sh). A new link makes one.
+        // A server given up on keeps its slot (pages name servers by index) but no buffer
+        // (a new link makes its own): a long run in a pool whose servers come and go grew by
+        // a receive buffer (256 KiB) for every server it had lost or seen drained, and by the
+        // room its unanswered requests and frees had taken at their most (tools/soak.sh).
+        self.frees = Vec::new();
         self.inbuf = Vec::new();
         (self.in_start, self.in_end) = (0, 0);
         orphans
+    }
+
+    /// Bytes this connection holds for its link and its requests: buffers, unanswered
+    /// frames, spare segments, frees (a server given up on holds none).
+    #[cfg(test)]
+    pub(crate) fn kept_bytes(&self) -> usize {
+        let segs = self.out.segs.iter().chain(&self.out.spare);
+        self.inbuf.capacity()
+            + self.pending.capacity() * std::mem::size_of::<Pending>()
+            + self.frees.capacity() * std::mem::size_of::<PageKey>()
+            + segs.map(Vec::capacity).sum::<usize>()
     }
 
     /// Read what is available and hand complete responses to `f`. A broken link is lost
