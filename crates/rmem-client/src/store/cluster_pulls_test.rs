@@ -30,6 +30,8 @@ enum Mode {
     RefusePulls,
     /// Goes away the moment a pull reaches it: a taking server killed mid-drain.
     DieAtFirstPull,
+    /// Holds each answer to a read 1 ms: reads stay in flight while other work goes on.
+    SlowReads,
 }
 
 /// A proxy to `real`, and the flag that kills it: once set (by the test, or by the proxy
@@ -85,6 +87,9 @@ fn pump(
         if upstream && mode == Mode::DieAtFirstPull && h.op == Op::Pull {
             dead.store(true, Relaxed);
             break;
+        }
+        if !upstream && mode == Mode::SlowReads && h.op == Op::Read {
+            std::thread::sleep(Duration::from_millis(1));
         }
         out.clear();
         if !upstream && mode == Mode::RefusePulls && h.op == Op::Pulled {
@@ -608,5 +613,74 @@ fn groups_are_freed_as_drains_split_them() {
         s.book.groups.members.len() < made,
         "no slot was reused ({made} groups made)"
     );
+    check_all(&mut s, pages, |_| 0);
+}
+
+/// Groups freed at every tick (`every_tick`) while drains move pages and the pager's reads
+/// of every page are in flight, answers held 1 ms each: no group with a page is freed (every
+/// page reads back as written, during the drains and after), and the group each read started
+/// with keeps its servers under its index until the read is done. (A drain waits to move a
+/// page being read, so here a read's group always keeps that page; `collect_groups` names the
+/// reads' groups for the case where a page moves under a read: a server called back,
+/// `forget_pieces_on`.)
+#[test]
+fn reads_in_flight_keep_their_groups_through_freeing() {
+    let slow = || proxy(server().0, Mode::SlowReads).0;
+    let servers: Vec<String> = (0..6).map(|_| slow()).collect();
+    let mut s = store_on(&servers, "ec:2+1");
+    s.book.groups.every_tick = true;
+    let pages = 400;
+    write_all(&mut s, pages, 0);
+    let mut live: Vec<usize> = (0..6).collect();
+    let mut freed = 0;
+    for round in 0..6 {
+        let c = Conn::connect(&slow(), TOKEN, s.book.unit(), s.session, s.timing).unwrap();
+        s.join(c);
+        live.push(s.conns.len() - 1);
+        s.drain(live.remove((round * 5) % live.len()));
+        // Every page asked at once, as the drain starts: the reads and the moves overlap.
+        for p in 0..pages {
+            s.fetch(PageIndex(p)).unwrap();
+        }
+        s.flush().unwrap();
+        // What each read's group is as it starts: the same lists under the same indices for
+        // as long as it is in flight.
+        let named = |s: &RemoteStore| -> Vec<(u64, GroupId, Members)> {
+            let reads = s.book.ops.iter().filter_map(|(&op, o)| match o {
+                super::Op::Fetch(fe) => Some((op, fe.group)),
+                _ => None,
+            });
+            let g = &s.book.groups;
+            reads
+                .map(|(op, at)| (op, at, g.members[at as usize].clone()))
+                .collect()
+        };
+        let started: HashMap<u64, Members> =
+            named(&s).into_iter().map(|(op, _, m)| (op, m)).collect();
+        let mut got = std::collections::HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while (got.len() as u64) < pages || !repair_done(&s) {
+            assert!(Instant::now() < deadline, "round {round}: not done in 20 s");
+            s.poll(&mut |c| {
+                if let Completion::Fetched { page: at, data } = c {
+                    got.insert(at.0, data == page(at.0, 0));
+                }
+            })
+            .unwrap();
+            s.tick(Instant::now()).unwrap();
+            freed = freed.max(s.book.groups.free.len());
+            for (op, at, m) in named(&s) {
+                if let Some(was) = started.get(&op) {
+                    assert_eq!(m, *was, "round {round}: read {op}'s group {at} changed");
+                }
+            }
+        }
+        let wrong: Vec<&u64> = got.iter().filter(|(_, &ok)| !ok).map(|(p, _)| p).collect();
+        assert!(
+            wrong.is_empty(),
+            "round {round}: pages read wrong: {wrong:?}"
+        );
+    }
+    assert!(freed > 0, "no group was ever freed: the test tests nothing");
     check_all(&mut s, pages, |_| 0);
 }
