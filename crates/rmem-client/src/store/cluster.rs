@@ -219,9 +219,9 @@ impl Meta {
 
 /// A group's index in [`Groups`]. Not a `u16`: a page's group is healed server by server
 /// from the page's own start ([`RemoteStore::heal`]), so every loss or drain splits the groups
-/// it touches, and a long run in a changing pool names far more than 65,535 of them (ten
-/// drains of an `ec:4+2` pool of 10 servers made 1,700 groups of 3,000 pages; a large memory
-/// over 16 servers can have that many in use at once).
+/// it touches, and a long run in a changing pool names far more than 65,535 of them (thirty
+/// drains of an `ec:4+2` pool of 10 servers holding 3,000 pages made 6,036, about 700 of them
+/// in use; a large memory spread over 16 servers could have more than 65,535 in use at once).
 type GroupId = u32;
 
 /// Slots in use past which groups no page and no operation names are first freed
