@@ -583,6 +583,15 @@ fn a_fetch_that_nothing_can_finish_is_an_error_not_a_hang() {
     );
 }
 
+/// A fresh server at `addr` joins; the live server at `pick` (modulo) of `live` starts
+/// leaving; `live` follows.
+fn join_and_drain(s: &mut RemoteStore, addr: &str, live: &mut Vec<usize>, pick: usize) {
+    let c = Conn::connect(addr, TOKEN, s.book.unit(), s.session, s.timing).unwrap();
+    s.join(c);
+    live.push(s.conns.len() - 1);
+    s.drain(live.remove(pick % live.len()));
+}
+
 /// Every drain splits the groups it touches (each page is healed from its own start), so a
 /// long run in a pool whose servers come and go made groups without end: past 65,535 the
 /// client panicked, and each took memory for good. The groups no page is in are freed and
@@ -598,11 +607,8 @@ fn groups_are_freed_as_drains_split_them() {
     let mut live: Vec<usize> = (0..10).collect();
     let (mut made, mut most) = (0, 0);
     for round in 0..30 {
-        let c = Conn::connect(&server().0, TOKEN, s.book.unit(), s.session, s.timing).unwrap();
-        s.join(c);
-        live.push(s.conns.len() - 1);
         let before = s.book.groups.in_use();
-        s.drain(live.remove((round * 7) % live.len()));
+        join_and_drain(&mut s, &server().0, &mut live, round * 7);
         drive(&mut s, "the drain", |s, _| repair_done(s));
         made += s.book.groups.in_use().saturating_sub(before);
         let g = &s.book.groups;
@@ -690,10 +696,7 @@ fn reads_in_flight_keep_their_groups_through_freeing() {
     let mut live: Vec<usize> = (0..6).collect();
     let mut freed = 0;
     for round in 0..6 {
-        let c = Conn::connect(&slow(), TOKEN, s.book.unit(), s.session, s.timing).unwrap();
-        s.join(c);
-        live.push(s.conns.len() - 1);
-        s.drain(live.remove((round * 5) % live.len()));
+        join_and_drain(&mut s, &slow(), &mut live, round * 5);
         // Every page asked as the drain starts: the reads and the moves overlap.
         let what = format!("round {round}");
         freed = freed.max(read_all_through(&mut s, pages, &what, |_| true));
