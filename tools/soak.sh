@@ -13,13 +13,21 @@
 # mismatches) and exit 0, and from the first sample after a minute to the last the program's
 # descriptors must not grow and its resident set not by more than 25%.
 #
+# With TARGET=nbd the program is `rmem nbd --manager --redundancy LAYOUT` instead (512 MiB,
+# a 32 MiB cache, a Unix socket) under fio's verifying random writes (two jobs of 4 KiB
+# writes, each block read back checked within 4096 writes of it) for MINUTES; it is sampled
+# the same way, fio must end with no verify error and `rmem nbd` must stop cleanly (SIGINT,
+# exit 0).
+#
 # usage: tools/soak.sh [MINUTES [LAYOUT [EVERY]]]   (default 10 replicas:2 30)
 # EVENTS="kill drain manager stop" (the default) names the events drawn from; e.g.
 # EVENTS=drain isolates one kind. THREADS (default 4) sets the stress's threads.
+# TARGET=run (the default) or nbd.
 # Run from the repository root after `cargo build --release --workspace`. Prints the samples'
 # summary and the event log; files in the directory it names. Exit status 1 on any failure.
 set -u
-MIN=${1:-10}; L=${2:-replicas:2}; EVERY=${3:-30}; THREADS=${THREADS:-4}
+MIN=${1:-10}; L=${2:-replicas:2}; EVERY=${3:-30}; THREADS=${THREADS:-4}; TARGET=${TARGET:-run}
+case $TARGET in run|nbd) ;; *) echo "TARGET: run or nbd, not '$TARGET'" >&2; exit 2 ;; esac
 read -r -a KINDS <<< "${EVENTS:-kill drain manager stop}"
 for k in "${KINDS[@]}"; do
   case $k in kill|drain|manager|stop) ;; *) echo "EVENTS: unknown event '$k'" >&2; exit 2 ;; esac
@@ -46,12 +54,14 @@ start_server() {
 cleanup() {
   for s in "${SERVERS[@]}"; do kill -CONT "${s%% *}" 2>/dev/null; kill "${s%% *}" 2>/dev/null; done
   kill "$(cat "$OUT/manager.pid")" 2>/dev/null
+  [ "$TARGET" = nbd ] && kill "${PROG:-}" 2>/dev/null
 }
 trap cleanup EXIT
 start_manager
 sleep 0.5
 for _ in 1 2 3 4; do start_server; done
 sleep 1
+if [ "$TARGET" = run ]; then
 gcc -O2 -pthread -I include tests/c/stress.c -o "$OUT/stress" -L target/release -lrmem || exit 2
 ( LD_LIBRARY_PATH=target/release STRESS_UNTIL="$OUT/stop" \
     timeout $((MIN * 60 + 300)) $B run --manager "$M" --api --redundancy "$L" \
@@ -61,6 +71,20 @@ RUN=$!
 sleep 3
 PROG=$(pgrep -f "^$OUT/stress" | head -1)
 [ -n "$PROG" ] || { echo "the program did not start:"; cat "$OUT/err"; exit 1; }
+else
+command -v fio > /dev/null || { echo "no fio: scripts/deps.sh installs it" >&2; exit 2; }
+$B nbd --manager "$M" --redundancy "$L" --size 512M --cache 32M --socket "$OUT/s.sock" \
+  > "$OUT/nbd.out" 2> "$OUT/err" &
+PROG=$!
+for _ in $(seq 100); do [ -S "$OUT/s.sock" ] && break; sleep 0.1; done
+[ -S "$OUT/s.sock" ] || { echo "rmem nbd did not start:"; cat "$OUT/err"; exit 1; }
+( cd "$OUT" && timeout $((MIN * 60 + 300)) fio --name=soak --ioengine=nbd \
+    --uri="nbd+unix:///?socket=$OUT/s.sock" --rw=randwrite --bs=4k --iodepth=16 \
+    --numjobs=2 --size=256M --offset_increment=256M --loops=1000000 --runtime=$((MIN * 60)) \
+    --verify=crc32c --verify_fatal=1 --verify_backlog=4096 --output=fio.txt
+  echo "rc=$?" > "$OUT/out" ) &
+RUN=$!
+fi
 sample() {
   local t=$1 p=$2 who=$3
   [ -r "/proc/$p/status" ] || return
@@ -102,7 +126,14 @@ sample $(($(date +%s) - start)) "$PROG" program
 touch "$OUT/stop"
 wait $RUN
 fail=0
-tail -1 "$OUT/out"; grep -q '^stress: ok' "$OUT/out" && grep -q '^rc=0' "$OUT/out" || fail=1
+if [ "$TARGET" = run ]; then
+  tail -1 "$OUT/out"; grep -q '^stress: ok' "$OUT/out" && grep -q '^rc=0' "$OUT/out" || fail=1
+else
+  echo "fio $(cat "$OUT/out")"; grep -E "verify|err=|WRITE:|READ:" "$OUT/fio.txt" | head -4
+  grep -q '^rc=0' "$OUT/out" && ! grep -q "verify: bad" "$OUT/fio.txt" || fail=1
+  kill -INT "$PROG"; wait "$PROG"; rc=$?
+  echo "rmem nbd rc=$rc"; [ $rc = 0 ] || fail=1
+fi
 cat "$OUT/events" 2>/dev/null
 python3 - "$OUT/samples" <<'PY' || fail=1
 import sys

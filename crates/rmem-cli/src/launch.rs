@@ -118,9 +118,18 @@ pub struct Plan {
     verbose: bool,
     /// More arguments for each local server (benchmarks: `--manager`, `--store`).
     server_args: Vec<String>,
+    /// Servers started on this host lock their memory (`rmem server --lock`).
+    lock_local: bool,
 }
 
 impl Plan {
+    /// Have the servers started on this host lock their memory (`rmem server --lock`): `rmem
+    /// nbd --lock`, whose device may be swap on this node, where a swapped-out server page
+    /// would wait on the device it backs.
+    pub fn lock_local_servers(&mut self) {
+        self.lock_local = true;
+    }
+
     /// Check the launch options and resolve them into servers; starts nothing.
     pub fn new(a: &LaunchArgs) -> Result<Plan, String> {
         let local_rmem = rmem_exe()?;
@@ -179,6 +188,7 @@ impl Plan {
             start_timeout: Duration::from_secs(a.start_timeout),
             verbose: std::env::var("RMEM_VERBOSE").is_ok_and(|v| v == "1"),
             server_args: Vec::new(),
+            lock_local: false,
         })
     }
 
@@ -803,6 +813,9 @@ fn server_command(plan: &Plan, spec: &ServerSpec) -> Command {
         args.push("--verbose".into());
     }
     args.extend(plan.server_args.iter().cloned());
+    if plan.lock_local && spec.how == How::Local {
+        args.push("--lock".into());
+    }
     match spec.how {
         How::Local => {
             let mut c = Command::new(&plan.local_rmem);
@@ -981,6 +994,7 @@ pub fn start_local_servers_with(
         start_timeout: Duration::from_secs(10),
         verbose: false,
         server_args: args.to_vec(),
+        lock_local: false,
     })
 }
 

@@ -9,6 +9,7 @@ pub mod cc;
 pub mod hostfile;
 pub mod launch;
 pub mod launch_cmd;
+pub mod lock;
 pub mod manager_cmd;
 pub mod nbd_cmd;
 pub mod pool_cmd;

@@ -61,6 +61,13 @@ pub struct NbdArgs {
     /// Requests one connection may have in flight before the server stops reading it.
     #[arg(long, default_value_t = 256)]
     pub requests_max: usize,
+    /// Lock rmem nbd's memory, and that of the memory servers it starts on this host, so
+    /// that none of it is ever swapped out (mlockall): for a device used as swap on this
+    /// node, where a page of rmem nbd swapped out to its own device would wait on itself.
+    /// Needs RLIMIT_MEMLOCK unlimited (each local server: its capacity plus 256 MiB), or
+    /// CAP_IPC_LOCK (root).
+    #[arg(long)]
+    pub lock: bool,
     /// Write the statistics as JSON to this file at exit.
     #[arg(long)]
     pub stats_json: Option<PathBuf>,
@@ -148,7 +155,7 @@ fn check(a: &NbdArgs, plan: &launch::Plan) -> Result<Checked, String> {
 
 pub fn run(a: NbdArgs) -> i32 {
     crate::server_cmd::init_log_as("rmem-nbd", a.verbose).ok();
-    let plan = match launch::Plan::new(&a.launch) {
+    let mut plan = match launch::Plan::new(&a.launch) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("rmem nbd: {e}");
@@ -162,6 +169,19 @@ pub fn run(a: NbdArgs) -> i32 {
             return 2;
         }
     };
+    if a.lock {
+        // Before anything is started: a limit too low costs nothing. Children are not locked
+        // by this (a fork does not inherit it); the local servers lock themselves.
+        let need = crate::lock::Need::Unlimited {
+            why: "what it maps grows with its clients' requests, up to 128 MiB a connection",
+        };
+        if let Err(e) = crate::lock::lock_memory("rmem nbd", need) {
+            eprintln!("rmem nbd: {e}");
+            return 2;
+        }
+        plan.lock_local_servers();
+        log::info!("memory locked (mlockall), and the servers it starts here lock theirs");
+    }
     // Listen before starting anything, so a busy port costs no servers.
     let mut listeners = Vec::new();
     let mut wheres = Vec::new();

@@ -37,8 +37,8 @@ pub struct ServerArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
     /// Lock the server's memory so it is never swapped out (mlockall: what is mapped now and
-    /// everything mapped later). RLIMIT_MEMLOCK must allow the capacity plus
-    /// LOCK_MARGIN_BYTES, unless the server has CAP_IPC_LOCK.
+    /// everything mapped later). RLIMIT_MEMLOCK must allow the capacity plus 256 MiB, unless
+    /// the server has CAP_IPC_LOCK.
     #[arg(long)]
     pub lock: bool,
     /// Join the pool of this manager (`rmem manager`): register, then beat every heartbeat
@@ -153,7 +153,12 @@ fn serve(a: ServerArgs) -> Result<(), String> {
         .map_err(|e| format!("--reclaim-below: {e}"))?;
     let token = token(a.token_file.as_deref(), a.token_stdin)?;
     if a.lock {
-        lock_memory(capacity_bytes)?;
+        let need = crate::lock::Need::Holding {
+            held: "the capacity",
+            bytes: capacity_bytes,
+        };
+        crate::lock::lock_memory("the server", need)?;
+        log::info!("memory locked (mlockall): pages are never swapped out");
     }
     let server = Server::bind(ServerConfig {
         listen: a.listen,
@@ -488,62 +493,6 @@ fn watch_memory(floor: Floor, server: &Server) -> Result<(), String> {
         })
         .map(drop)
         .map_err(|e| format!("--reclaim-below: cannot start its thread: {e}"))
-}
-
-/// Beyond the capacity, what a locked server may map for itself: connection threads' stacks
-/// and buffers, the index of its pages.
-pub const LOCK_MARGIN_BYTES: u64 = 256 << 20;
-
-/// `--lock`: mlockall(MCL_CURRENT | MCL_FUTURE), refused up front where RLIMIT_MEMLOCK would
-/// stop the server from holding its capacity (a locked mapping beyond the limit fails to map,
-/// and the server would abort at an allocation instead of saying why).
-fn lock_memory(capacity_bytes: u64) -> Result<(), String> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
-        return Err(format!(
-            "--lock: getrlimit(RLIMIT_MEMLOCK): {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let want = capacity_bytes.saturating_add(LOCK_MARGIN_BYTES);
-    if lim.rlim_cur != libc::RLIM_INFINITY && lim.rlim_cur < want && !has_cap_ipc_lock() {
-        return Err(format!(
-            "--lock: RLIMIT_MEMLOCK is {} bytes, less than the capacity ({capacity_bytes} bytes)              plus {LOCK_MARGIN_BYTES} for the server itself: raise it (`ulimit -l unlimited`,              systemd's LimitMEMLOCK=infinity, /etc/security/limits.conf), give the server              CAP_IPC_LOCK, or run without --lock",
-            lim.rlim_cur
-        ));
-    }
-    // SAFETY: mlockall only changes how the kernel treats this process's mappings.
-    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
-        return Err(format!(
-            "--lock: mlockall: {} (RLIMIT_MEMLOCK {} bytes)",
-            std::io::Error::last_os_error(),
-            lim.rlim_cur
-        ));
-    }
-    log::info!("memory locked (mlockall): pages are never swapped out");
-    Ok(())
-}
-
-/// linux/capability.h
-const CAP_IPC_LOCK: u32 = 14;
-
-/// The effective capabilities include CAP_IPC_LOCK, which lifts RLIMIT_MEMLOCK.
-fn has_cap_ipc_lock() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let hex = s
-                .lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))?
-                .trim()
-                .to_string();
-            u64::from_str_radix(&hex, 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
 /// The first line of stdin is the token; a thread then exits the process when stdin reaches

@@ -3,9 +3,10 @@
 //! unaligned reads and writes, write-zeroes, discard, FUA, flush, all checked), an ext4 file
 //! system on nbdfuse + a loop device (mkfs, a tree of files, fsck -f, remount, checksums),
 //! swap on that loop device under a cgroup memory limit, fio --verify while a memory server
-//! is killed (replicas:2 and ec:2+1), malformed input on one connection, and SIGTERM in the
-//! middle of a write. The file system and swap tests need root and say that they skip
-//! without it. Every wait is bounded; mounts, loop devices and nbdfuse are undone on failure.
+//! is killed (replicas:2 and ec:2+1), malformed input on one connection, SIGTERM in the
+//! middle of a write, `--lock` (rmem nbd and its servers locked in memory, for swap) and the
+//! whole device as `nobody` (where `--lock` is refused, naming the limit). The file system,
+//! swap and lock tests need root and say that they skip without it. Every wait is bounded; mounts, loop devices and nbdfuse are undone on failure.
 
 mod common;
 use common::*;
@@ -23,6 +24,8 @@ struct Nbd {
     child: Child,
     uri: String,
     log: Arc<Mutex<String>>,
+    /// Started under a command (`runuser`) whose child is rmem nbd.
+    under: bool,
 }
 
 impl Nbd {
@@ -33,7 +36,12 @@ impl Nbd {
 
     /// [`Nbd::start`] with the servers' token `token`.
     fn start_as(token: &str, args: &[&str]) -> Nbd {
-        let mut cmd = Command::new(rmem());
+        Nbd::start_in(&[], token, args)
+    }
+
+    /// [`Nbd::start_as`] under the command `prefix` (`runuser -u nobody --`).
+    fn start_in(prefix: &[&str], token: &str, args: &[&str]) -> Nbd {
+        let mut cmd = under(prefix, &rmem());
         cmd.arg("nbd").args(args);
         if !args.contains(&"--socket") && !args.contains(&"--listen") {
             cmd.args(["--listen", "127.0.0.1:0"]);
@@ -74,7 +82,12 @@ impl Nbd {
                 )
             })
             .to_string();
-        Nbd { child, uri, log }
+        Nbd {
+            child,
+            uri,
+            log,
+            under: !prefix.is_empty(),
+        }
     }
 
     fn log(&self) -> String {
@@ -83,8 +96,16 @@ impl Nbd {
 
     /// SIGTERM, and its exit within 30 s; returns its stderr.
     fn stop(mut self) -> String {
-        // SAFETY: signalling our own child, not reaped yet.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // Under runuser, rmem nbd itself: runuser would kill it on a SIGTERM of its own.
+        let pid = if self.under {
+            let c = children(self.child.id());
+            assert_eq!(c.len(), 1, "{c:?}");
+            c[0]
+        } else {
+            self.child.id()
+        };
+        // SAFETY: signalling our own child (or its only child), not reaped yet.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         let t = Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
@@ -553,7 +574,9 @@ fn swap_on_the_device_serves_a_program_under_a_cgroup_memory_limit() {
     }
     let dir = scratch("swap");
     let stats = dir.join("stats.json");
+    // Swap on this node: locked, as the README says to run it.
     let nbd = Nbd::start(&[
+        "--lock",
         "--size",
         "256M",
         "--cache",
@@ -827,6 +850,159 @@ fn children(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// `program` run under the command `prefix` (none: itself).
+fn under(prefix: &[&str], program: &Path) -> Command {
+    match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Resident pages of `pid` that are locked (mlock), in KiB.
+fn locked_resident_kib(pid: u32) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Locked:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Locked in {rollup}"))
+}
+
+/// Waits up to 10 s for `n` lines containing `what` in `nbd`'s stderr; its stderr.
+fn wait_lines(nbd: &Nbd, what: &str, n: usize) -> String {
+    let t = Instant::now();
+    loop {
+        let log = nbd.log();
+        if log.matches(what).count() >= n || t.elapsed() > Duration::from_secs(10) {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A device of 48 MiB with a 16 MiB cache on two local servers: room for [`round_trip`].
+const SMALL_DEVICE: [&str; 8] = [
+    "--size",
+    "48M",
+    "--cache",
+    "16M",
+    "--servers",
+    "2",
+    "--server-capacity",
+    "128M",
+];
+
+/// Writes a 32 MiB random file through `uri` and reads it back identical (nbdcopy).
+fn round_trip(uri: &str, dir: &Path) {
+    let (src, back) = (dir.join("src"), dir.join("back"));
+    random_file(&src, 32 << 20, 11);
+    must(Command::new("nbdcopy").arg(&src).arg(uri));
+    let _ = std::fs::remove_file(&back);
+    must(Command::new("nbdcopy").arg(uri).arg(&back));
+    assert!(
+        same_prefix(&src, &back, 32 << 20),
+        "the data read back differs"
+    );
+}
+
+/// `--lock`, for a device used as swap on its own node (where a page of rmem nbd swapped out
+/// to the device would wait on itself): rmem nbd's memory is locked, its whole cache resident,
+/// and the servers it starts here lock theirs; the device serves as before.
+#[test]
+fn lock_holds_rmem_nbd_and_the_servers_it_starts_in_memory() {
+    if !is_root() {
+        eprintln!(
+            "lock_holds_rmem_nbd...: skipped: --lock needs CAP_IPC_LOCK or an unlimited \
+             RLIMIT_MEMLOCK (root; CI runs it); its refusal is checked unprivileged below"
+        );
+        return;
+    }
+    if !have("nbdcopy", "lock") {
+        return;
+    }
+    let dir = scratch("nbd-lock");
+    let args: Vec<&str> = ["--lock", "--redundancy", "none"]
+        .into_iter()
+        .chain(SMALL_DEVICE)
+        .collect();
+    let nbd = Nbd::start(&args);
+    let log = wait_lines(&nbd, "pages are never swapped out", 2);
+    assert!(log.contains("rmem-nbd INFO  memory locked"), "{log}");
+    assert_eq!(
+        log.matches("pages are never swapped out").count(),
+        2,
+        "both servers lock their memory:\n{log}"
+    );
+    let pid = nbd.child.id();
+    let locked = locked_resident_kib(pid);
+    assert!(
+        locked >= 16 << 10,
+        "rmem nbd: {locked} KiB locked, less than its cache"
+    );
+    let servers = children(pid);
+    assert_eq!(servers.len(), 2, "{servers:?}");
+    for s in &servers {
+        assert!(
+            locked_resident_kib(*s) > 1024,
+            "server {s} holds nothing locked"
+        );
+    }
+    round_trip(&nbd.uri, &dir);
+    let log = nbd.stop();
+    assert!(log.contains("served"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Unprivileged (as `nobody` when the suite runs as root): rmem nbd and its servers serve, and
+/// `--lock`, which needs a limit an ordinary user lacks, is refused before anything starts,
+/// naming RLIMIT_MEMLOCK and how to raise it.
+#[test]
+fn unprivileged_it_serves_and_lock_is_refused_naming_the_limit() {
+    if !have("nbdcopy", "unprivileged") {
+        return;
+    }
+    let prefix: &[&str] = if is_root() {
+        &["runuser", "-u", "nobody", "--"]
+    } else {
+        &[]
+    };
+    let dir = scratch("nbd-nobody");
+    let args = SMALL_DEVICE;
+    let nbd = Nbd::start_in(prefix, TOKEN, &args);
+    round_trip(&nbd.uri, &dir);
+    let log = nbd.stop();
+    assert!(log.contains("served"), "{log}");
+
+    let memlock = run_bounded(
+        under(prefix, Path::new("/bin/sh")).args(["-c", "ulimit -l"]),
+        LIMIT,
+    );
+    if memlock.stdout.trim() == "unlimited" {
+        eprintln!("unprivileged: RLIMIT_MEMLOCK is unlimited here: --lock's refusal not checked");
+    } else {
+        let out = run_bounded(
+            under(prefix, &rmem())
+                .args(["nbd", "--lock", "--listen", "127.0.0.1:0"])
+                .args(args)
+                .env("RMEM_TOKEN", TOKEN),
+            LIMIT,
+        );
+        assert_eq!(out.status.code(), Some(2), "{}\n{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr.contains("--lock: RLIMIT_MEMLOCK is")
+                && out.stderr.contains("ulimit -l unlimited"),
+            "{}",
+            out.stderr
+        );
+        assert!(!out.stdout.contains("serving"), "{}", out.stdout);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
