@@ -29,7 +29,7 @@ use crate::stats::Stats;
 use crate::store::{Completion, PageStore, StoreError};
 use crate::PageIndex;
 use rmem_policy::Policy;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -76,6 +76,11 @@ struct Cache {
     landed: Vec<PageIndex>,
     /// Server copies to forget (pages freed while in flight).
     frees: Vec<PageIndex>,
+    /// Every page written since a barrier last found it clean: a superset of the pages a
+    /// barrier may wait for (written, or with a write-back in flight), kept so that a FLUSH
+    /// visits what was written since the last one rather than every page of the cache. A
+    /// page leaves it only when [`BlockCache::sync`] finds it in no such state.
+    written: BTreeSet<PageIndex>,
     stats: Arc<Stats>,
 }
 
@@ -188,6 +193,7 @@ impl BlockCache {
                 next_barrier: 0,
                 landed: Vec::new(),
                 frees: Vec::new(),
+                written: BTreeSet::new(),
                 stats,
             },
             evict_ahead: (n / 64).clamp(1, 256),
@@ -237,6 +243,15 @@ impl BlockCache {
 
     /// Copy `data` into `page` from byte `off`.
     pub fn write(&mut self, page: PageIndex, off: usize, data: &[u8]) -> Result<Step, StoreError> {
+        let step = self.write_page(page, off, data)?;
+        if step == Step::Done {
+            // Every page with a write a barrier must cover passes here.
+            self.c.written.insert(page);
+        }
+        Ok(step)
+    }
+
+    fn write_page(&mut self, page: PageIndex, off: usize, data: &[u8]) -> Result<Step, StoreError> {
         let ps = self.c.page_size;
         debug_assert!(off + data.len() <= ps);
         let whole = off == 0 && data.len() == ps;
@@ -354,19 +369,14 @@ impl BlockCache {
     pub fn sync(&mut self, pages: Option<Range<u64>>) -> Result<Barrier, StoreError> {
         let id = Barrier(self.c.next_barrier);
         self.c.next_barrier += 1;
+        let written = &self.c.written;
         let list: Vec<PageIndex> = match pages {
-            Some(r) if r.end - r.start <= self.c.buffer_of.len() as u64 => r
-                .map(PageIndex)
-                .filter(|p| self.c.buffer_of.contains_key(p))
-                .collect(),
-            Some(r) => self
-                .c
-                .buffer_of
-                .keys()
+            Some(r) if r.end <= r.start => Vec::new(),
+            Some(r) => written
+                .range(PageIndex(r.start)..PageIndex(r.end))
                 .copied()
-                .filter(|p| r.contains(&p.0))
                 .collect(),
-            None => self.c.buffer_of.keys().copied().collect(),
+            None => written.iter().copied().collect(),
         };
         let mut count = 0;
         for p in list {
@@ -379,7 +389,11 @@ impl BlockCache {
                 PageState::Syncing | PageState::Leaving | PageState::LeavingWanted => 1,
                 // Written since its write-back left: that one, then another.
                 PageState::SyncingDirty => 2,
-                _ => 0,
+                // Nothing of it to wait for: a later barrier need not look at it again.
+                _ => {
+                    self.c.written.remove(&p);
+                    0
+                }
             };
             if landings > 0 {
                 self.c.waiters.entry(p).or_default().push(Waiter {
@@ -710,6 +724,73 @@ mod tests {
         let b2 = c.sync(Some(0..2)).unwrap();
         c.take_done(&mut done);
         assert!(done.contains(&b2), "nothing dirty there: done at once");
+    }
+
+    /// Polls until `b` is done; how many polls that took.
+    fn wait_barrier(c: &mut BlockCache, b: Barrier) -> usize {
+        let mut done = Vec::new();
+        for polls in 0..1000 {
+            c.take_done(&mut done);
+            if done.contains(&b) {
+                return polls;
+            }
+            c.flush().unwrap();
+            let _ = c.poll().unwrap();
+        }
+        panic!("barrier {b:?} never done");
+    }
+
+    /// A barrier visits the pages written since a barrier last found them clean, not every
+    /// page of the cache (a FLUSH over a large cache walked all of it: 107 fsyncs a second
+    /// over a full 1 GiB cache against 8,520 over 16 MiB), and still waits for every write:
+    /// dirty victims whose write-back has not landed included.
+    #[test]
+    fn a_barrier_visits_only_what_was_written_since_and_waits_for_all_of_it() {
+        let (mut c, _) = cache(8);
+        for p in 0..8 {
+            until_done(&mut c, |c| c.write(PageIndex(p), 0, &fill(p, PS)).unwrap());
+        }
+        let b = c.sync(None).unwrap();
+        assert!(wait_barrier(&mut c, b) > 0, "eight write-backs to wait for");
+        assert_eq!(c.c.written.len(), 8, "not yet seen clean");
+        let b = c.sync(None).unwrap();
+        assert_eq!(wait_barrier(&mut c, b), 0, "all clean: done at once");
+        assert!(c.c.written.is_empty(), "seen clean: not visited again");
+
+        // Written again, then pushed out by new pages: dirty victims in flight.
+        for p in 0..8 {
+            until_done(&mut c, |c| {
+                c.write(PageIndex(p), 0, &fill(p + 50, PS)).unwrap()
+            });
+        }
+        for p in 8..10 {
+            let _ = c.write(PageIndex(p), 0, &fill(p + 50, PS)).unwrap();
+        }
+        let leaving: Vec<u64> = (0..8)
+            .filter(|&p| c.state(PageIndex(p)) == PageState::Leaving)
+            .collect();
+        assert!(!leaving.is_empty(), "no dirty victim in flight");
+        let b = c.sync(None).unwrap();
+        assert!(
+            wait_barrier(&mut c, b) > 0,
+            "the victims' write-backs to wait for"
+        );
+        for p in 8..10 {
+            until_done(&mut c, |c| {
+                c.write(PageIndex(p), 0, &fill(p + 50, PS)).unwrap()
+            });
+        }
+        let b = c.sync(Some(8..10)).unwrap();
+        wait_barrier(&mut c, b);
+        assert!(
+            c.c.written.range(PageIndex(8)..PageIndex(10)).count() == 2,
+            "a range's barrier keeps its pages until it sees them clean"
+        );
+        for p in 0..10 {
+            let mut out = vec![0; PS];
+            until_done(&mut c, |c| c.read(PageIndex(p), 0, &mut out).unwrap());
+            assert_eq!(out, fill(p + 50, PS), "page {p}");
+        }
     }
 
     /// Requests that together want more pages than the cache holds, retried in order after
