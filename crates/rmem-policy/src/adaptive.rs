@@ -60,6 +60,7 @@
 //! Selection is O(log n) on B-tree maps keyed by admission number plus fifo's bitset; per
 //! page it keeps 12 bytes in arrays indexed by page, grown to the highest page admitted.
 
+use crate::per_page::PerPage;
 use crate::{Admission, PageIndex, PageSet, Policy, PolicyParams};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,9 +86,9 @@ pub struct Adaptive {
     /// Just after the previous address-order victim.
     cursor: PageIndex,
     /// Per page: admission number of its last admission (0: never admitted).
-    fetched_at: Vec<u64>,
+    fetched_at: PerPage<u64>,
     /// Per page: its previous fetch period in misses (0: unknown).
-    period: Vec<u32>,
+    period: PerPage<u32>,
     /// The most recent fetch period seen, of any page.
     last_period: u32,
     score: i32,
@@ -184,17 +185,14 @@ impl Adaptive {
     }
 
     fn vote(&mut self, page: usize, now: u64) {
-        if page >= self.fetched_at.len() {
-            self.fetched_at.resize(page + 1, 0);
-            self.period.resize(page + 1, 0);
-        }
-        let last = self.fetched_at[page];
+        let page = page as u64;
+        let last = self.fetched_at.get(page);
         if last != 0 {
             let d = (now - last).min(u32::MAX as u64) as u32;
             // Regular: like the page's own previous period, or like the period of the re-fetch
             // just before (any page). The latter recognises a loop on its second pass, and
             // keeps recognising it while the mode switch changes every period at once.
-            let own = self.period[page];
+            let own = self.period.get(page);
             let other = std::mem::replace(&mut self.last_period, d);
             let near = |p: u32| p != 0 && d.abs_diff(p) <= p / 8;
             if own != 0 || other != 0 {
@@ -210,15 +208,15 @@ impl Adaptive {
                     self.looping = false;
                 }
             }
-            self.period[page] = d;
+            self.period.set(page, d);
         }
-        self.fetched_at[page] = now;
+        self.fetched_at.set(page, now);
     }
 
     /// A page leaving the guard: listed as a loop page if its period is long or unknown.
     /// Pages that came back sooner stay with fifo's sweep.
     fn file_body(&mut self, seq: u64, page: PageIndex) {
-        let period = self.period[page.0 as usize] as usize;
+        let period = self.period.get(page.0) as usize;
         if period == 0 || 2 * period >= self.len() {
             self.long.insert(seq, page);
         }
@@ -234,7 +232,7 @@ impl Adaptive {
 
     /// Forget `page` in the admission-order maps.
     fn unlist(&mut self, page: PageIndex) {
-        let k = self.fetched_at[page.0 as usize];
+        let k = self.fetched_at.get(page.0);
         if self.long.get(&k) == Some(&page) {
             self.long.remove(&k);
         } else if self.young.get(&k) == Some(&page) {
@@ -247,7 +245,7 @@ impl Adaptive {
     /// A prefetched page joins the others by its admission number: it was used, or it
     /// waited too long.
     fn join(&mut self, page: PageIndex) {
-        let seq = self.fetched_at[page.0 as usize];
+        let seq = self.fetched_at.get(page.0);
         self.ahead.remove(&page.0);
         self.ahead_by_seq.remove(&seq);
         self.young.insert(seq, page);
@@ -282,7 +280,7 @@ impl Adaptive {
     /// The oldest prefetched page, forgotten: the victim when nothing else may go.
     fn oldest_ahead(&mut self) -> Option<PageIndex> {
         let (k, p) = self.ahead_by_seq.pop_first()?;
-        debug_assert_eq!(self.fetched_at[p.0 as usize], k);
+        debug_assert_eq!(self.fetched_at.get(p.0), k);
         self.ahead.remove(&p.0);
         self.resident.remove(p);
         Some(p)
@@ -313,7 +311,7 @@ impl Policy for Adaptive {
         self.resident.insert(page);
         if how == Admission::Declined {
             // Back where it was: same admission number, no vote.
-            let k = self.fetched_at[page.0 as usize];
+            let k = self.fetched_at.get(page.0);
             self.file_body(k, page);
             return;
         }

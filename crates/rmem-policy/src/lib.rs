@@ -18,6 +18,7 @@ mod fifo;
 mod history;
 mod nru;
 pub mod patterns;
+pub mod per_page;
 pub mod sim;
 pub mod trace;
 

@@ -107,7 +107,8 @@ const JOIN_TIMEOUT: Duration = Duration::from_millis(250);
 /// client's memory by a write-heavy program's whole output).
 pub const RELEASED_MAX_BYTES: u64 = 32 << 20;
 
-const CHUNK: usize = 1 << 16;
+/// Pages per chunk of [`Meta`]'s tables: the same as the page states'.
+const CHUNK: usize = crate::pages::CHUNK_PAGES;
 /// Fetch buffers kept for reuse.
 const BUFS_KEPT: usize = 64;
 /// A group member that is no server: a piece not stored (fewer servers left than the
@@ -137,10 +138,11 @@ impl Meta {
 
     fn set_group(&mut self, page: u64, g: Option<GroupId>) {
         let c = page as usize / CHUNK;
+        if g.is_none() && !matches!(self.groups.get(c), Some(Some(_))) {
+            // Nothing stored there already.
+            return;
+        }
         if c >= self.groups.len() {
-            if g.is_none() {
-                return;
-            }
             self.groups.resize_with(c + 1, || None);
         }
         let ch = self.groups[c].get_or_insert_with(|| vec![0; CHUNK].into_boxed_slice());
