@@ -27,6 +27,7 @@
 //!   first candidate - the page fifo would have chosen - is the victim: the exclusion is a
 //!   hint, and a miss on a hinted page costs one fetch while a stalled pager costs them all.
 
+use crate::per_page::PerPage;
 use crate::{Admission, PageIndex, PageSet, Policy};
 
 const EMPTY: u64 = u64::MAX;
@@ -45,9 +46,9 @@ pub struct History {
     /// Where the next swap-in is written.
     pos: usize,
     /// Per page: index of its previous swap-in in `hist`, or `NONE`.
-    prev: Vec<u32>,
+    prev: PerPage<u32>,
     /// Per page: the exclusion generation that excludes it; `excluded(p)` iff equal to `gen`.
-    stamp: Vec<u32>,
+    stamp: PerPage<u32>,
     gen: u32,
 }
 
@@ -67,22 +68,14 @@ impl History {
             known: PageSet::new(),
             hist: Vec::new(),
             pos: 0,
-            prev: Vec::new(),
-            stamp: Vec::new(),
+            prev: PerPage::new(NONE),
+            stamp: PerPage::new(0),
             gen: 1,
         }
     }
 
-    fn slot(v: &mut Vec<u32>, page: u64, fill: u32) -> &mut u32 {
-        let i = page as usize;
-        if i >= v.len() {
-            v.resize(i + 1, fill);
-        }
-        &mut v[i]
-    }
-
     fn excluded(&self, page: PageIndex) -> bool {
-        self.stamp.get(page.0 as usize) == Some(&self.gen)
+        self.stamp.get(page.0) == self.gen
     }
 
     /// Record a swap-in of `page` at the write position.
@@ -96,7 +89,7 @@ impl History {
             self.pos = 0;
         }
         self.hist[self.pos] = page.0;
-        *Self::slot(&mut self.prev, page.0, NONE) = self.pos as u32;
+        self.prev.set(page.0, self.pos as u32);
         self.pos += 1;
     }
 
@@ -114,12 +107,10 @@ impl Policy for History {
     fn on_miss(&mut self, page: PageIndex) {
         self.gen = self.gen.wrapping_add(1);
         if self.gen == 0 {
-            self.stamp.iter_mut().for_each(|s| *s = 0);
+            self.stamp.reset();
             self.gen = 1;
         }
-        let Some(&i) = self.prev.get(page.0 as usize) else {
-            return;
-        };
+        let i = self.prev.get(page.0);
         if i == NONE {
             return;
         }
@@ -127,7 +118,7 @@ impl Policy for History {
         for k in 1..=self.reflect().min(n - 1) {
             let q = self.hist[(i as usize + k) % n];
             if q != EMPTY {
-                *Self::slot(&mut self.stamp, q, 0) = self.gen;
+                self.stamp.set(q, self.gen);
             }
         }
     }
