@@ -231,7 +231,9 @@ pub fn run(a: NbdArgs) -> i32 {
     checked.config.manager = plan.manager.clone();
     checked.config.max_remote_bytes = plan.max_remote_bytes;
     // The servers are watched while the device serves (a local one that ends is started
-    // again, as under `rmem run`), from a thread that ends with serving.
+    // again, as under `rmem run`), from a thread that ends with serving. That thread also
+    // finalizes them: a server it started again has it as the parent whose end sends the
+    // server its death signal (PR_SET_PDEATHSIG follows the thread), so it ends only after.
     let serving = std::sync::atomic::AtomicBool::new(true);
     let code = std::thread::scope(|scope| {
         let servers = &mut servers;
@@ -242,12 +244,12 @@ pub fn run(a: NbdArgs) -> i32 {
                 watch.check(servers, plan, "rmem nbd");
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
+            launch::finalize_all(servers, launch::FINALIZE_GRACE);
         });
         let code = serve(&a, &checked, listeners, &wheres, stop);
         serving.store(false, std::sync::atomic::Ordering::Relaxed);
         code
     });
-    launch::finalize_all(&mut servers, launch::FINALIZE_GRACE);
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
     }
