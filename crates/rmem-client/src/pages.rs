@@ -109,6 +109,19 @@ impl PageState {
         )
     }
 
+    /// Holds a write not yet on the servers, or whose write-back is in flight: what a
+    /// durability barrier of the block cache waits for.
+    pub fn holds_a_write(self) -> bool {
+        matches!(
+            self,
+            PageState::Dirty
+                | PageState::Syncing
+                | PageState::SyncingDirty
+                | PageState::Leaving
+                | PageState::LeavingWanted
+        )
+    }
+
     /// Mapped and possibly different from any copy on a server: an eviction moves it out
     /// and writes it back (a forked page only if the child wrote it), so it needs a staging
     /// slot.
