@@ -1078,13 +1078,7 @@ impl Drop for MemCgroup {
 
 /// A process's resident memory (VmRSS), in bytes.
 fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    kib << 10
+    proc_kib(pid, "status", "VmRSS") << 10
 }
 
 /// Issue 13, "no loan while in debt": a server lends from a node (a 256 MiB memory cgroup)

@@ -12,12 +12,7 @@ const TOKEN: &str = "server-memory-token";
 
 /// Kilobytes of the process's locked memory (VmLck).
 fn locked_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmLck:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmLck in {status}"))
+    proc_kib(pid, "status", "VmLck")
 }
 
 #[test]

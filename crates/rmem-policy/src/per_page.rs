@@ -6,8 +6,10 @@
 //! adaptive policy hold 3.2 GB for pages it had seen once. Here memory grows with the chunks
 //! touched (4 Ki pages each), plus 8 bytes per chunk up to the highest.
 
-/// Pages per chunk.
-const CHUNK: usize = 1 << 12;
+/// Pages per chunk; rmem-client's page states, locations and stamps use the same (the
+/// reasons are in its `pages::CHUNK_PAGES`).
+pub const CHUNK_PAGES: usize = 1 << 12;
+const CHUNK: usize = CHUNK_PAGES;
 
 /// `T` per page; `fill` for every page never set.
 #[derive(Debug, Clone)]

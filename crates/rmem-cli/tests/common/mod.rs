@@ -242,6 +242,16 @@ pub fn launched_servers(launcher: u32, n: usize) -> Vec<u32> {
     }
 }
 
+/// A `FIELD: N kB` line of a /proc file of `pid` (`status`: VmRSS, VmLck; `smaps_rollup`:
+/// Locked), in KiB.
+pub fn proc_kib(pid: u32, file: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/{file}:\n{text}"))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
